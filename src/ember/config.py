@@ -1,0 +1,159 @@
+"""Validated run configuration: the one place for defaults and error messages (leaf module)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ember.errors import ConfigError
+
+STRATEGIES: dict[str, tuple[str, str]] = {
+    # strategy -> (algorithm, consistency)
+    "single": ("single", "none"),
+    "bsp": ("sgd", "bsp"),
+    "ssp": ("sgd", "ssp"),
+    "async": ("sgd", "async"),
+    "easgd": ("easgd", "bsp"),
+    "easgd-async": ("easgd", "async"),
+    "allreduce": ("allreduce", "none"),
+}
+ENGINES = ("local", "spark")
+SERVER_STRATEGIES = tuple(s for s, (algo, _) in STRATEGIES.items() if algo in ("sgd", "easgd"))
+
+
+@dataclass
+class RunConfig:
+    """Everything a run needs; the CLI flags, the YAML file and `ember.fit` all fill this."""
+
+    data: str = "mnist"  # mnist | digits | synthetic-lr | path to .npz, .parquet or an IDX folder
+    model: str = "mlp"  # mlp | logreg | lenet | package.module:factory
+    strategy: str = "easgd-async"  # a key of STRATEGIES
+    workers: int = 2  # data-parallel worker processes
+    servers: int = 1  # parameter-server processes (key-range shards)
+    epochs: int = 5  # passes over the training set (each worker over its shard)
+    batch_size: int = 64  # per-worker minibatch
+    lr: float = 0.05  # learning rate (server optimizer for sgd, local optimizer otherwise)
+    momentum: float = 0.9  # SGD momentum (server-side for sgd, local for easgd/single/allreduce)
+    nesterov: bool = False  # Nesterov momentum on the local optimizer (EAMSGD)
+    tau: int = 8  # easgd: local steps between exchanges with the center
+    alpha: float | None = None  # easgd moving rate; None means 0.9 / workers (the paper's beta/p)
+    staleness: int = 2  # ssp: how many clocks a worker may run ahead of the slowest
+    n_push: int = 1  # sgd: push accumulated gradients every n_push steps
+    n_fetch: int = 1  # sgd: pull parameters every n_fetch steps
+    engine: str = "local"  # local | spark
+    master: str | None = None  # spark master URL; default local[workers]
+    out: str | None = None  # run directory; default runs/<timestamp>-<strategy>
+    resume: str | None = None  # auto | path to a checkpoint directory
+    seed: int = 0  # seeds model init, data shuffling and synthetic data
+    threads: int = 1  # torch threads per worker
+    synthetic_samples: int = 100_000  # synthetic-lr: training rows (a test set of 10% is added)
+    synthetic_features: int = 100  # synthetic-lr: feature columns
+    checkpoint_seconds: float = 30.0  # write a checkpoint at least this often
+    checkpoint_steps: int = 0  # also every this many server steps (0: by time only)
+    keep_checkpoints: int = 3  # newest checkpoints kept besides `last`
+    worker_timeout: float = 30.0  # a silent worker is dropped from the clock table after this
+    request_timeout: float = 60.0  # a server that does not answer within this is an error
+    log_every: int = 50  # steps between metrics records
+    tensorboard: bool = False  # also write scalars as TensorBoard event files
+    extra: dict[str, Any] = field(default_factory=dict)  # reserved for engine-specific settings
+
+    @property
+    def algorithm(self) -> str:
+        return STRATEGIES[self.strategy][0]
+
+    @property
+    def consistency(self) -> str:
+        return STRATEGIES[self.strategy][1]
+
+    @property
+    def uses_server(self) -> bool:
+        return self.algorithm in ("sgd", "easgd")
+
+    @property
+    def effective_alpha(self) -> float:
+        return self.alpha if self.alpha is not None else 0.9 / self.workers
+
+    def validate(self) -> RunConfig:
+        """Raise ConfigError naming the first invalid field; return self when all are valid."""
+        _one_of("strategy", self.strategy, tuple(STRATEGIES))
+        _one_of("engine", self.engine, ENGINES)
+        for name in ("workers", "servers", "epochs", "batch_size", "tau", "n_push", "n_fetch",
+                     "threads", "synthetic_samples", "synthetic_features", "keep_checkpoints",
+                     "log_every"):
+            _at_least(name, getattr(self, name), 1)
+        for name in ("staleness", "checkpoint_steps", "seed"):
+            _at_least(name, getattr(self, name), 0)
+        for name in ("lr", "checkpoint_seconds", "worker_timeout", "request_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ConfigError(f"{name} must be > 0, got {value!r}")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        if self.alpha is not None and not 0 < self.alpha <= 1:
+            raise ConfigError(f"alpha must be in (0, 1], got {self.alpha!r}")
+        if self.nesterov and self.momentum == 0:
+            raise ConfigError("nesterov needs momentum > 0, got momentum 0")
+        if self.servers > 1 and not self.uses_server:
+            raise ConfigError(
+                f"servers must be 1 for strategy {self.strategy!r}, which uses no parameter server;"
+                f" got {self.servers}")
+        if self.strategy == "single" and self.workers != 1:
+            raise ConfigError(f"workers must be 1 for strategy 'single', got {self.workers}")
+        return self
+
+    def run_dir(self) -> Path:
+        if self.out:
+            return Path(self.out)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        return Path("runs") / f"{stamp}-{self.strategy}-{os.getpid()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _at_least(name: str, value: object, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "extra")
+
+
+def make_config(overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:
+    """Defaults <- YAML file <- overrides (flags win); unknown keys are an error naming them."""
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        values.update(_read_yaml(config_file))
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    unknown = sorted(set(values) - set(FIELD_NAMES))
+    if unknown:
+        raise ConfigError(
+            f"unknown configuration field(s) {', '.join(unknown)}; allowed: {', '.join(FIELD_NAMES)}")
+    return RunConfig(**values).validate()
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read ({exc.strerror})") from exc
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: not valid YAML ({exc})") from exc
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of field: value")
+    return {str(k).replace("-", "_"): v for k, v in loaded.items()}

@@ -1,0 +1,25 @@
+"""The exception types ember raises; leaf module, imports nothing from ember."""
+
+
+class EmberError(Exception):
+    """Base class of every error ember raises on purpose."""
+
+
+class ConfigError(EmberError):
+    """A run configuration, flag or data/model spec is invalid; names the field and allowed values."""
+
+
+class ProtocolError(EmberError):
+    """A frame or message violated the wire protocol (bad HMAC, size, shape or dtype)."""
+
+
+class ServerUnavailable(EmberError):
+    """A parameter server did not answer within the timeout; names its address."""
+
+
+class WorkerFailed(EmberError):
+    """A worker process raised or died; carries its rank, exit code and last output lines."""
+
+
+class CheckpointError(EmberError):
+    """A checkpoint is missing, truncated or corrupt; names the file."""
