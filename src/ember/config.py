@@ -83,9 +83,20 @@ class RunConfig:
         """Raise ConfigError naming the first invalid field; return self when all are valid."""
         _one_of("strategy", self.strategy, tuple(STRATEGIES))
         _one_of("engine", self.engine, ENGINES)
-        for name in ("workers", "servers", "epochs", "batch_size", "tau", "n_push", "n_fetch",
-                     "threads", "synthetic_samples", "synthetic_features", "keep_checkpoints",
-                     "log_every"):
+        for name in (
+            "workers",
+            "servers",
+            "epochs",
+            "batch_size",
+            "tau",
+            "n_push",
+            "n_fetch",
+            "threads",
+            "synthetic_samples",
+            "synthetic_features",
+            "keep_checkpoints",
+            "log_every",
+        ):
             _at_least(name, getattr(self, name), 1)
         for name in ("staleness", "checkpoint_steps", "seed"):
             _at_least(name, getattr(self, name), 0)
@@ -102,7 +113,8 @@ class RunConfig:
         if self.servers > 1 and not self.uses_server:
             raise ConfigError(
                 f"servers must be 1 for strategy {self.strategy!r}, which uses no parameter server;"
-                f" got {self.servers}")
+                f" got {self.servers}"
+            )
         if self.strategy == "single" and self.workers != 1:
             raise ConfigError(f"workers must be 1 for strategy 'single', got {self.workers}")
         return self
@@ -139,7 +151,9 @@ def make_config(overrides: dict[str, Any], config_file: str | None = None) -> Ru
     unknown = sorted(set(values) - set(FIELD_NAMES))
     if unknown:
         raise ConfigError(
-            f"unknown configuration field(s) {', '.join(unknown)}; allowed: {', '.join(FIELD_NAMES)}")
+            f"unknown configuration field(s) {', '.join(unknown)}; "
+            f"allowed: {', '.join(FIELD_NAMES)}"
+        )
     return RunConfig(**values).validate()
 
 

@@ -6,7 +6,7 @@ class EmberError(Exception):
 
 
 class ConfigError(EmberError):
-    """A run configuration, flag or data/model spec is invalid; names the field and allowed values."""
+    """A configuration field, flag or data/model spec is invalid; names it and what is allowed."""
 
 
 class ProtocolError(EmberError):

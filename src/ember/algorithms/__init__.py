@@ -1,0 +1,82 @@
+"""Algorithms: what a worker sends and how the server folds it in.
+
+Map:
+- make_algorithm, make_update_rule -> __init__.py: the strategy registry (one dict each)
+- WorkerContext, CommStats, Algorithm -> base.py: shared context, counters and protocol
+- FlatModel, flatten_parameters, load_flat_parameters -> flat.py: parameters as one buffer
+- SGDRule, EASGDRule -> rules.py: server-side update rules (ps.UpdateRule)
+- ServerSGD -> sgd.py: push gradients / pull parameters (bsp, ssp, async)
+- SyncEASGD, AsyncEASGD -> easgd.py: elastic averaging, the async one with an exchanger thread
+- AllReduceSGD -> allreduce.py: gloo all-reduce of gradients (Horovod/DDP baseline)
+- LocalSGD -> local.py: the single-process baseline
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ember.algorithms.allreduce import AllReduceSGD
+from ember.algorithms.base import Algorithm, CommStats, WorkerContext, local_optimizer
+from ember.algorithms.easgd import AsyncEASGD, SyncEASGD
+from ember.algorithms.flat import FlatModel, flatten_parameters, load_flat_parameters
+from ember.algorithms.local import LocalSGD
+from ember.algorithms.rules import EASGDRule, SGDRule
+from ember.algorithms.sgd import ServerSGD
+from ember.config import RunConfig
+from ember.errors import ConfigError
+from ember.ps import UpdateRule
+
+ALGORITHMS: dict[str, Callable[[WorkerContext], Algorithm]] = {
+    "single": LocalSGD,
+    "bsp": ServerSGD,
+    "ssp": ServerSGD,
+    "async": ServerSGD,
+    "easgd": SyncEASGD,
+    "easgd-async": AsyncEASGD,
+    "allreduce": AllReduceSGD,
+}
+
+
+def make_algorithm(context: WorkerContext) -> Algorithm:
+    try:
+        factory = ALGORITHMS[context.config.strategy]
+    except KeyError:
+        raise ConfigError(
+            f"strategy must be one of {', '.join(ALGORITHMS)}; got {context.config.strategy!r}"
+        ) from None
+    return factory(context)
+
+
+def make_update_rule(config: RunConfig) -> UpdateRule:
+    """The server's half of a strategy; only server strategies have one."""
+    if config.algorithm == "sgd":
+        return SGDRule(lr=config.lr, momentum=config.momentum)
+    if config.algorithm == "easgd":
+        return EASGDRule(alpha=config.effective_alpha)
+    raise ConfigError(f"strategy {config.strategy!r} uses no parameter server")
+
+
+def uses_local_optimizer(config: RunConfig) -> bool:
+    return config.algorithm != "sgd"
+
+
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "AllReduceSGD",
+    "AsyncEASGD",
+    "CommStats",
+    "EASGDRule",
+    "FlatModel",
+    "LocalSGD",
+    "SGDRule",
+    "ServerSGD",
+    "SyncEASGD",
+    "WorkerContext",
+    "flatten_parameters",
+    "load_flat_parameters",
+    "local_optimizer",
+    "make_algorithm",
+    "make_update_rule",
+    "uses_local_optimizer",
+]

@@ -1,0 +1,49 @@
+"""`allreduce`: gradient all-reduce through torch.distributed (gloo), no server: Horovod/DDP."""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import torch
+import torch.distributed as dist
+
+from ember.algorithms.base import CommStats, WorkerContext
+from ember.algorithms.flat import FlatModel
+from ember.ps import ExchangeResult
+
+
+class AllReduceSGD:
+    def __init__(self, context: WorkerContext) -> None:
+        self.context = context
+        self.stats = CommStats()
+        self.flat: FlatModel | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    def start(self, flat: FlatModel, optimizer: torch.optim.Optimizer | None) -> int:
+        ctx = self.context
+        self.flat, self.optimizer = flat, optimizer
+        dist.init_process_group(
+            "gloo",
+            init_method=ctx.rendezvous,
+            rank=ctx.rank,
+            world_size=ctx.world,
+            timeout=datetime.timedelta(seconds=ctx.config.request_timeout),
+        )
+        dist.broadcast(flat.params, src=0)  # identical start, also after a resume
+        return 0
+
+    def after_backward(self, step: int) -> None:
+        assert self.flat is not None and self.optimizer is not None
+        started = time.perf_counter()
+        dist.all_reduce(self.flat.grads, op=dist.ReduceOp.SUM)
+        self.flat.grads.div_(self.context.world)
+        elapsed = time.perf_counter() - started
+        # A ring all-reduce sends and receives 2 (n - 1) / n of the buffer per worker.
+        moved = int(2 * (self.context.world - 1) / self.context.world * self.flat.grads.nbytes)
+        self.stats.record(ExchangeResult(elapsed, moved, moved, 0), elapsed)
+        self.optimizer.step()
+
+    def finish(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

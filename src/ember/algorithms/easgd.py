@@ -1,0 +1,160 @@
+"""`easgd`: local SGD (optionally Nesterov: EAMSGD) with an elastic exchange every tau steps;
+synchronous under BSP, or asynchronous on a background exchanger thread as in DeepSpark."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import torch
+
+from ember.algorithms.base import CommStats, WorkerContext
+from ember.algorithms.flat import FlatModel
+from ember.errors import EmberError
+from ember.ps import PSClient
+
+
+class _EASGDBase:
+    def __init__(self, context: WorkerContext) -> None:
+        self.context = context
+        self.stats = CommStats()
+        self.flat: FlatModel | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.elastic = np.empty(0, dtype=np.float32)  # e = alpha * (x_i - center), from the server
+
+    def _client(self) -> PSClient:
+        ctx = self.context
+        return PSClient(
+            ctx.servers,
+            ctx.secret,
+            worker=ctx.rank,
+            incarnation=ctx.incarnation,
+            timeout=ctx.config.request_timeout,
+        )
+
+
+class SyncEASGD(_EASGDBase):
+    """Every tau steps all workers meet the center: the server answers each with
+    e_i = alpha * (x_i - center^t) and commits center += sum_i e_i once the round is complete."""
+
+    client: PSClient
+
+    def start(self, flat: FlatModel, optimizer: torch.optim.Optimizer | None) -> int:
+        self.flat, self.optimizer = flat, optimizer
+        self.elastic = np.empty(flat.size, dtype=np.float32)
+        self.client = self._client()
+        resumed = self.client.register()
+        self.client.pull(flat.params_np)  # x_i starts at the center
+        return resumed["step"]
+
+    def after_backward(self, step: int) -> None:
+        assert self.optimizer is not None and self.flat is not None
+        self.optimizer.step()
+        if (step + 1) % self.context.config.tau == 0:
+            self.client.step = step + 1
+            started = time.perf_counter()
+            result = self.client.push(self.flat.params_np, reply_into=self.elastic)
+            self.flat.params_np -= self.elastic  # x_i -= alpha * (x_i - center)
+            self.stats.record(result, time.perf_counter() - started)
+
+    def finish(self) -> None:
+        self.client.done()
+        self.client.close()
+
+
+class AsyncEASGD(_EASGDBase):
+    """The DeepSpark parameter exchanger: every tau steps the main thread hands a snapshot of
+    x_i to a background thread and keeps computing; the elastic difference the server returns
+    is applied at the first step boundary after it arrives. Compute waits only when the next
+    exchange is due while the previous one is still in flight."""
+
+    def start(self, flat: FlatModel, optimizer: torch.optim.Optimizer | None) -> int:
+        self.flat, self.optimizer = flat, optimizer
+        self.elastic = np.empty(flat.size, dtype=np.float32)
+        self.snapshot = np.empty(flat.size, dtype=np.float32)  # x_i as sent; the thread owns it
+        self._due = threading.Event()  # main -> exchanger: snapshot is ready to send
+        self._arrived = threading.Event()  # exchanger -> main: elastic difference is ready
+        self._idle = threading.Event()
+        self._idle.set()
+        self._stop = False
+        self._error: BaseException | None = None
+        self._resumed: dict[str, int] = {}
+        self._blocked = 0.0  # seconds compute waited for the exchange in flight
+        self._thread = threading.Thread(
+            target=self._exchange_loop, name="ember-exchanger", daemon=True
+        )
+        self._thread.start()
+        # The exchanger owns the socket, so it also registers and pulls the starting center.
+        if not self._arrived.wait(self.context.config.request_timeout + 5):
+            raise EmberError("exchanger thread did not start in time")
+        self._arrived.clear()
+        self._raise_if_failed()
+        return self._resumed["step"]
+
+    def _exchange_loop(self) -> None:
+        assert self.flat is not None
+        try:
+            client = self._client()
+            self._resumed = client.register()
+            client.pull(self.flat.params_np)
+        except BaseException as exc:  # re-raised on the main thread
+            self._error = exc
+            self._arrived.set()
+            return
+        self._arrived.set()
+        try:
+            while True:
+                self._due.wait()
+                self._due.clear()
+                if self._stop:
+                    break
+                result = client.push(self.snapshot, reply_into=self.elastic)
+                self._last_result = result
+                self._arrived.set()
+            client.done()
+        except BaseException as exc:
+            self._error = exc
+            self._arrived.set()
+            self._idle.set()
+        finally:
+            client.close()
+
+    def _apply_arrived(self) -> None:
+        """x_i -= e for a finished exchange; the exchanger is idle again afterwards."""
+        assert self.flat is not None
+        if self._arrived.is_set():
+            self._arrived.clear()
+            self._raise_if_failed()
+            self.flat.params_np -= self.elastic
+            self.stats.record(self._last_result, self._blocked)
+            self._idle.set()
+
+    def after_backward(self, step: int) -> None:
+        assert self.optimizer is not None and self.flat is not None
+        self.optimizer.step()
+        self._apply_arrived()
+        if (step + 1) % self.context.config.tau == 0:
+            if not self._idle.is_set():  # previous exchange still in flight: compute waits
+                started = time.perf_counter()
+                if not self._arrived.wait(self.context.config.request_timeout + 5):
+                    raise EmberError(f"worker {self.context.rank}: exchange did not finish")
+                self._blocked = time.perf_counter() - started
+                self._apply_arrived()
+            self._blocked = 0.0
+            self._idle.clear()
+            np.copyto(self.snapshot, self.flat.params_np)
+            self._due.set()
+
+    def finish(self) -> None:
+        if not self._idle.is_set():
+            self._arrived.wait(self.context.config.request_timeout + 5)
+            self._apply_arrived()
+        self._stop = True
+        self._due.set()
+        self._thread.join(self.context.config.request_timeout + 5)
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error

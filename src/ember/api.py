@@ -1,0 +1,52 @@
+"""The Python API: `ember.fit(...)` takes the CLI's fields and returns summary and model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ember.config import RunConfig, make_config
+
+
+def fit(config_file: str | None = None, show_progress: bool = False, **fields: Any) -> Any:
+    """Train with the same fields as `ember train` (e.g. model="mlp", strategy="bsp",
+    workers=4); returns a RunResult with `.summary`, `.model` and `.run_dir`."""
+    from ember.engines import train
+
+    config = make_config({k.replace("-", "_"): v for k, v in fields.items()}, config_file)
+    return train(config, show_progress)
+
+
+def evaluate_checkpoint(checkpoint: str | Path, data: str | None = None) -> dict[str, Any]:
+    """Load a checkpoint (a step directory or a run's checkpoints folder) and score its
+    parameters on the test split of `data` (default: the data it was trained on)."""
+    from ember.algorithms import load_flat_parameters
+    from ember.checkpoint import load_checkpoint
+    from ember.errors import CheckpointError
+    from ember.worker import evaluate, load_data, make_model
+
+    loaded = load_checkpoint(Path(checkpoint))
+    saved = dict(loaded.meta.get("config", {}))
+    config = RunConfig(**{k: v for k, v in saved.items() if k in RunConfig.__dataclass_fields__})
+    if data is not None:
+        config.data = data
+    dataset = load_data(config)
+    model = make_model(config, dataset)
+    params = loaded.tensors.get("params")
+    expected = sum(p.numel() for p in model.parameters())
+    if params is None or params.size != expected:
+        raise CheckpointError(
+            f"checkpoint {loaded.path}: holds "
+            f"{'no params' if params is None else f'{params.size} parameters'}"
+            f", model {config.model!r} on {config.data!r} needs {expected}"
+        )
+    load_flat_parameters(model, params)
+    accuracy, loss = evaluate(model, dataset.x_test, dataset.y_test)
+    return {
+        "checkpoint": str(loaded.path),
+        "data": config.data,
+        "model": config.model,
+        "test_accuracy": accuracy,
+        "test_loss": loss,
+        "step": loaded.step,
+    }

@@ -1,0 +1,13 @@
+"""Training data: named datasets, user files (.npz, .parquet, MNIST IDX) and per-worker shards.
+
+Dataset        datasets.py  train/test arrays (float32 features, int64 labels), classes and shape
+load_dataset   datasets.py  mnist, digits, synthetic-lr or a .npz/.parquet/IDX path -> Dataset
+shard_indices  datasets.py  the contiguous, equal-size rows worker `rank` of `world` trains on
+DATASET_NAMES  datasets.py  the names load_dataset accepts besides paths
+read_idx       idx.py       one IDX file, gzipped or raw, checked and read into a NumPy array
+"""
+
+from ember.data.datasets import DATASET_NAMES, Dataset, load_dataset, shard_indices
+from ember.data.idx import read_idx
+
+__all__ = ["DATASET_NAMES", "Dataset", "load_dataset", "read_idx", "shard_indices"]

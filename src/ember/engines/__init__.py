@@ -1,0 +1,33 @@
+"""Engines: where workers and servers run.
+
+Map:
+- train -> __init__.py: dispatch a validated RunConfig to its engine
+- train_local -> local.py: spawned server and worker processes on this machine
+- ServerGroup -> servers.py: S parameter-server processes, their checkpoints and shutdown
+- RunResult, prepare_run, finish_run -> run.py: run directory, resume, final evaluation
+- start_child, reap -> process.py: spawned children tied to the launcher's life
+- Progress -> progress.py: the live progress bar
+"""
+
+from __future__ import annotations
+
+from ember.config import RunConfig
+from ember.engines.run import RunResult
+from ember.errors import ConfigError
+
+
+def train(config: RunConfig, show_progress: bool = True) -> RunResult:
+    if config.engine == "local":
+        from ember.engines.local import train_local
+
+        return train_local(config, show_progress)
+    if config.engine == "spark":
+        try:
+            from ember.engines.spark import train_spark
+        except ImportError as exc:
+            raise ConfigError(f"engine 'spark' is not available here: {exc}") from exc
+        return train_spark(config, show_progress)
+    raise ConfigError(f"engine must be one of local, spark; got {config.engine!r}")
+
+
+__all__ = ["RunResult", "train"]

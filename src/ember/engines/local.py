@@ -1,0 +1,171 @@
+"""The local engine: S server processes and N worker processes on this machine."""
+
+from __future__ import annotations
+
+import queue
+import socket
+import time
+import traceback
+from typing import Any
+
+from ember.checkpoint import latest_valid_checkpoint
+from ember.engines.process import SPAWN, reap, start_child, tail
+from ember.engines.progress import Progress
+from ember.engines.run import RunResult, RunSetup, finish_run, prepare_run
+from ember.engines.servers import ServerGroup
+from ember.errors import CheckpointError, WorkerFailed
+from ember.worker import WorkerSpec, checkpoint_meta, run_worker
+
+
+def train_local(setup_or_config: Any, show_progress: bool = True) -> RunResult:
+    setup: RunSetup = (
+        setup_or_config if isinstance(setup_or_config, RunSetup) else prepare_run(setup_or_config)
+    )
+    config = setup.config
+    servers = (
+        ServerGroup(config, setup.initial, setup.secret, setup.run_dir / "logs", setup.resume)
+        if config.uses_server
+        else None
+    )
+    processes: list[Any] = []
+    try:
+        addresses = servers.start() if servers is not None else []
+        records = SPAWN.Queue()
+        rendezvous = f"tcp://127.0.0.1:{_free_port()}"
+        started = time.perf_counter()
+        for rank in range(config.workers):
+            spec = WorkerSpec(
+                config,
+                rank,
+                config.workers,
+                addresses,
+                setup.secret,
+                rendezvous,
+                str(setup.run_dir),
+                0,
+                None if config.uses_server or setup.resume is None else setup.initial,
+                setup.resumed_step,
+            )
+            processes.append(
+                start_child(
+                    _work,
+                    (spec, records),
+                    f"ember-worker-{rank}",
+                    setup.run_dir / "logs" / f"worker-{rank}.log",
+                )
+            )
+        results = _watch(setup, processes, records, servers)
+        seconds = time.perf_counter() - started
+        extra: dict[str, Any] = {}
+        if servers is not None:
+            params = servers.snapshot()["params"]
+            servers.checkpoint(setup.checkpoints, checkpoint_meta(config, params.size, 0))
+            extra["server"] = _merge_server_stats(servers.stop())
+        else:
+            final = latest_valid_checkpoint(setup.checkpoints)
+            if final is None:
+                raise CheckpointError(f"worker 0 left no checkpoint in {setup.checkpoints}")
+            params = final.tensors["params"]
+        last = latest_valid_checkpoint(setup.checkpoints)
+        extra["checkpoint"] = str(last.path) if last else None
+        return finish_run(setup, params, results, seconds, extra)
+    finally:
+        reap(processes)
+        if servers is not None:
+            reap(servers.processes)
+
+
+def _watch(
+    setup: RunSetup, processes: list[Any], records: Any, servers: ServerGroup | None
+) -> list[dict[str, Any]]:
+    """Relay progress, checkpoint the servers on schedule, and fail fast when a child dies."""
+    config = setup.config
+    rows = len(setup.dataset.x_train) // config.workers
+    total = config.epochs * (rows // config.batch_size) * config.batch_size * config.workers
+    done: dict[int, dict[str, Any]] = {}
+    last_checkpoint = time.monotonic()
+    with Progress(total, enabled=True) as bar:
+        while len(done) < len(processes):
+            record = _next(records, 0.25)
+            while record is not None:
+                _handle(setup, record, done, bar)
+                record = _next(records, 0.0)
+            for rank, process in enumerate(processes):
+                if rank not in done and process.exitcode is not None:
+                    record = _next(records, 1.0)  # its last words may still be in the pipe
+                    while record is not None:
+                        _handle(setup, record, done, bar)
+                        record = _next(records, 0.0)
+                    if rank not in done:
+                        _fail(setup, rank, process.exitcode, "")
+            if servers is not None:
+                servers.check_alive()
+                if time.monotonic() - last_checkpoint > config.checkpoint_seconds:
+                    servers.checkpoint(
+                        setup.checkpoints, checkpoint_meta(config, setup.initial.size, 0)
+                    )
+                    last_checkpoint = time.monotonic()
+    return [done[rank] for rank in sorted(done)]
+
+
+def _handle(
+    setup: RunSetup, record: dict[str, Any], done: dict[int, dict[str, Any]], bar: Progress
+) -> None:
+    kind = record.get("kind")
+    if kind == "error":
+        _fail(setup, record["rank"], None, record.get("error", ""))
+    setup.metrics.write(record)
+    if kind == "done":
+        done[record["rank"]] = record
+    bar.update(record)
+
+
+def _fail(setup: RunSetup, rank: int, exitcode: int | None, error: str) -> None:
+    log = setup.run_dir / "logs" / f"worker-{rank}.log"
+    how = f"exited with code {exitcode}" if exitcode is not None else "raised"
+    setup.metrics.write({"kind": "failure", "rank": rank, "exitcode": exitcode, "error": error})
+    raise WorkerFailed(
+        f"worker {rank} {how}:\n{error.strip() or '(no traceback)'}\n"
+        f"--- last lines of {log} ---\n{tail(log)}"
+    )
+
+
+def _next(records: Any, timeout: float) -> dict[str, Any] | None:
+    try:
+        return records.get(timeout=timeout) if timeout > 0 else records.get_nowait()
+    except queue.Empty:
+        return None
+
+
+def _work(spec: WorkerSpec, records: Any) -> None:
+    try:
+        records.put(run_worker(spec, records.put))
+    except BaseException as exc:
+        text = traceback.format_exc()
+        print(text, flush=True)
+        records.put(
+            {"kind": "error", "rank": spec.rank, "error": f"{type(exc).__name__}: {exc}\n{text}"}
+        )
+        raise SystemExit(1) from None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _merge_server_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
+    rejected: dict[str, int] = {}
+    for shard in stats:
+        for reason, count in shard.get("rejected", {}).items():
+            rejected[reason] = rejected.get(reason, 0) + count
+    return {
+        "shards": len(stats),
+        "updates": max((s.get("step", 0) for s in stats), default=0),
+        "rejected": rejected,
+        "events": [e for s in stats for e in s.get("events", [])],
+    }
+
+
+__all__ = ["train_local"]

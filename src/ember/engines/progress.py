@@ -1,0 +1,65 @@
+"""The live progress bar of a run: epoch, samples/s, loss and the latest accuracy."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from tqdm import tqdm
+
+
+class Progress:
+    """A tqdm bar over all workers' samples; on a non-terminal it prints one line per epoch."""
+
+    def __init__(self, total: int, enabled: bool = True) -> None:
+        self.interactive = enabled and sys.stderr.isatty()
+        self.enabled = enabled
+        self.bar = tqdm(
+            total=total,
+            unit="samples",
+            unit_scale=True,
+            dynamic_ncols=True,
+            disable=not self.interactive,
+            file=sys.stderr,
+        )
+        self.seen: dict[int, int] = {}  # samples per rank, from each worker's step count
+        self.speed: dict[int, float] = {}
+        self.loss: dict[int, float] = {}
+        self.epoch, self.accuracy = 0, float("nan")
+
+    def update(self, record: dict[str, Any]) -> None:
+        kind, rank = record.get("kind"), record.get("rank", 0)
+        if kind == "worker":
+            self.speed[rank] = record["samples_per_second"]
+            self.loss[rank] = record["loss"]
+            self.epoch = max(self.epoch, record["epoch"])
+        elif kind == "eval":
+            self.accuracy = record["test_accuracy"]
+            if self.enabled and not self.interactive:
+                print(
+                    f"epoch {record['epoch']}: test accuracy {self.accuracy:.4f} "
+                    f"(worker 0), {sum(self.speed.values()):,.0f} samples/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        elif kind in ("rejoin", "failure"):
+            self.bar.write(f"{kind}: {record}")
+        if kind == "worker" and "samples" in record:
+            self.seen[rank] = record["samples"]
+            self.bar.n = sum(self.seen.values())
+        if kind in ("worker", "eval"):
+            loss = sum(self.loss.values()) / max(1, len(self.loss))
+            self.bar.set_postfix(
+                epoch=self.epoch,
+                samples_s=f"{sum(self.speed.values()):,.0f}",
+                loss=f"{loss:.4f}",
+                acc=f"{self.accuracy:.4f}",
+                refresh=False,
+            )
+            self.bar.refresh()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.close()

@@ -1,0 +1,159 @@
+"""ServerGroup: S parameter-server processes for one run, their checkpoints and their end."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ember.algorithms import make_update_rule
+from ember.checkpoint import Checkpoint, save_checkpoint
+from ember.config import RunConfig
+from ember.engines.process import reap, start_child, tail
+from ember.errors import EmberError, ServerUnavailable
+from ember.ps import (
+    ParameterServer,
+    ShardSpec,
+    control,
+    fetch_state,
+    make_consistency,
+    shard_ranges,
+)
+from ember.ps.server import UpdateRule
+
+
+class ServerGroup:
+    """Starts one process per key-range shard on this machine and talks to them as a whole."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        initial: np.ndarray,
+        secret: bytes,
+        log_dir: Path,
+        resume: Checkpoint | None = None,
+    ) -> None:
+        self.config, self.secret, self.log_dir = config, secret, log_dir
+        self.initial, self.resume = initial, resume
+        self.processes: list[Any] = []
+        self.addresses: list[str] = []
+        self._saved_step = -1 if resume is None else int(resume.meta.get("server_step", -1))
+
+    def start(self) -> list[str]:
+        rule = make_update_rule(self.config)
+        ranges = shard_ranges(self.initial.size, self.config.servers)
+        pipes = []
+        for index, (start, stop) in enumerate(ranges):
+            shard = ShardSpec(index, len(ranges), start, stop)
+            state, workers, step = {}, {}, 0
+            if self.resume is not None:
+                state = {
+                    k: v[start:stop]
+                    for k, v in self.resume.tensors.items()
+                    if k in rule.state_names
+                }
+                workers = self.resume.meta.get("workers", {})
+                step = int(self.resume.meta.get("server_step", 0))
+            receiver, sender = _pipe()
+            args = (
+                shard,
+                self.initial[start:stop].copy(),
+                rule,
+                self.config,
+                self.secret,
+                state,
+                workers,
+                step,
+                sender,
+            )
+            log = self.log_dir / f"server-{index}.log"
+            self.processes.append(start_child(_serve, args, f"ember-server-{index}", log))
+            pipes.append((receiver, log))
+        for index, (receiver, log) in enumerate(pipes):
+            if not receiver.poll(60):
+                self.stop()
+                raise ServerUnavailable(
+                    f"parameter server {index} did not start within 60s; its log ends:\n{tail(log)}"
+                )
+            self.addresses.append(receiver.recv())
+        return self.addresses
+
+    def check_alive(self) -> None:
+        for index, process in enumerate(self.processes):
+            if process.exitcode is not None:
+                raise EmberError(
+                    f"parameter server {index} exited with code {process.exitcode};"
+                    f" its log ends:\n{tail(self.log_dir / f'server-{index}.log')}"
+                )
+
+    def checkpoint(self, root: Path, meta: dict[str, Any]) -> Path | None:
+        """Save the servers' state named by their update count; None if nothing changed."""
+        tensors, state_meta = fetch_state(self.addresses, self.secret, self.config.request_timeout)
+        step = int(state_meta["step"])
+        if step == self._saved_step:
+            return None
+        full_meta = {**meta, "server_step": step, "workers": state_meta["workers"]}
+        path = save_checkpoint(root, step, tensors, full_meta, keep=self.config.keep_checkpoints)
+        self._saved_step = step
+        return path
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        return fetch_state(self.addresses, self.secret, self.config.request_timeout)[0]
+
+    def stats(self) -> list[dict[str, Any]]:
+        return control(self.addresses, self.secret, "stats")
+
+    def stop(self) -> list[dict[str, Any]]:
+        final: list[dict[str, Any]] = []
+        try:
+            if self.addresses:
+                final = control(self.addresses, self.secret, "stop", timeout=5.0)
+        except EmberError:
+            pass  # a dead server is reaped below either way
+        reap(self.processes)
+        return final
+
+
+def _pipe() -> Any:
+    from ember.engines.process import SPAWN
+
+    return SPAWN.Pipe(duplex=False)
+
+
+def _serve(
+    shard: ShardSpec,
+    params: np.ndarray,
+    rule: UpdateRule,
+    config: RunConfig,
+    secret: bytes,
+    state: dict[str, np.ndarray],
+    workers: dict[str, Any],
+    step: int,
+    address_pipe: Any,
+) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    server = ParameterServer(
+        shard,
+        params,
+        rule,
+        make_consistency(config.consistency, config.staleness),
+        secret,
+        state=state,
+        expected_workers=config.workers,
+        workers={int(k): v for k, v in workers.items()},
+        step=step,
+        worker_timeout=config.worker_timeout,
+        send_timeout=config.request_timeout,
+    )
+    address_pipe.send(server.address)
+    print(
+        f"server {shard.index} pid {os.getpid()} serving keys [{shard.start}, {shard.stop}) "
+        f"at {server.address}",
+        flush=True,
+    )
+    server.serve()
+    print(f"server {shard.index} stopped: {server.stats()}", flush=True)

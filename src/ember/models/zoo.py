@@ -1,0 +1,174 @@
+"""Reference models (mlp, logreg, lenet) and user model factories, built by name (imports torch)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ember.errors import ConfigError
+
+Shape = tuple[int, ...]
+
+
+def build_model(
+    spec: str, input_shape: tuple[int, ...], num_classes: int, seed: int = 0
+) -> nn.Module:
+    """Build model `spec` for inputs of `input_shape`, outputting (batch, num_classes) logits.
+
+    `spec` is a name in MODEL_NAMES or a factory "package.module:function", called with
+    input_shape= and num_classes= when its signature takes them. Parameters are initialized from
+    `seed` without touching torch's global RNG, so equal seeds give equal parameters.
+    """
+    input_shape = tuple(int(d) for d in input_shape)
+    if not input_shape or min(input_shape) < 1:
+        raise ConfigError(f"input_shape must be one or more sizes >= 1, got {input_shape}")
+    if num_classes < 1:
+        raise ConfigError(f"num_classes must be >= 1, got {num_classes}")
+    builtin = _BUILTINS.get(spec)
+    if builtin is None and ":" not in spec:
+        raise ConfigError(
+            f"model must be one of {', '.join(MODEL_NAMES)} or package.module:function;"
+            f" got {spec!r}"
+        )
+    # forked so seeding here leaves the caller's RNG stream (data shuffling, dropout) untouched
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        if builtin is not None:
+            return builtin(input_shape, num_classes)
+        return _from_factory(spec, input_shape, num_classes)
+
+
+def _mlp(input_shape: Shape, num_classes: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(math.prod(input_shape), 256),
+        nn.ReLU(),
+        nn.Linear(256, 256),
+        nn.ReLU(),
+        nn.Linear(256, num_classes),
+    )
+
+
+def _logreg(input_shape: Shape, num_classes: int) -> nn.Module:
+    # softmax over num_classes logits; with 2 classes this is binary logistic regression
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+
+
+def _lenet(input_shape: Shape, num_classes: int) -> nn.Module:
+    if len(input_shape) != 3:
+        raise ConfigError(
+            f"model 'lenet' needs image input (C, H, W); data has input shape {input_shape}"
+        )
+    features = [
+        nn.Conv2d(input_shape[0], 6, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+    ]
+    try:
+        # 16*5*5 for 28x28 input; a dummy forward gets it for any size without the arithmetic
+        with torch.no_grad():
+            flat = nn.Sequential(*features)(torch.zeros(1, *input_shape)).shape[1]
+    except RuntimeError as exc:
+        raise ConfigError(
+            f"model 'lenet' needs images of at least 12x12; data has input shape {input_shape}"
+        ) from exc
+    return nn.Sequential(
+        *features,
+        nn.Linear(flat, 120),
+        nn.ReLU(),
+        nn.Linear(120, 84),
+        nn.ReLU(),
+        nn.Linear(84, num_classes),
+    )
+
+
+_BUILTINS: dict[str, Callable[[Shape, int], nn.Module]] = {
+    "mlp": _mlp,
+    "logreg": _logreg,
+    "lenet": _lenet,
+}
+MODEL_NAMES = tuple(_BUILTINS)
+
+
+def _from_factory(spec: str, input_shape: Shape, num_classes: int) -> nn.Module:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"model factory {spec!r} must look like package.module:function")
+    try:
+        target: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"model factory {spec!r} cannot be imported: {exc}") from exc
+    except Exception as exc:  # the user's module raised while running its top level
+        raise ConfigError(
+            f"model factory {spec!r} cannot be imported: {type(exc).__name__}: {exc}"
+        ) from exc
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise ConfigError(
+                f"model factory {spec!r}: module {module_name!r} has no attribute {attr!r}"
+            )
+        target = getattr(target, part)
+    if not callable(target):
+        raise ConfigError(
+            f"model factory {spec!r} is not callable (it is a {type(target).__name__})"
+        )
+    try:
+        model = target(**_accepted_kwargs(target, input_shape, num_classes))
+    except Exception as exc:
+        raise ConfigError(f"model factory {spec!r} raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"model factory {spec!r} must return a torch.nn.Module, got {type(model).__name__}"
+        )
+    _check_logits(spec, model, input_shape, num_classes)
+    return model
+
+
+def _accepted_kwargs(
+    factory: Callable[..., object], input_shape: Shape, num_classes: int
+) -> dict[str, object]:
+    offered: dict[str, object] = {"input_shape": input_shape, "num_classes": num_classes}
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # some builtins and C extensions have no signature
+        return {}
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return offered
+    by_name = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {k: v for k, v in offered.items() if k in params and params[k].kind in by_name}
+
+
+def _check_logits(spec: str, model: nn.Module, input_shape: Shape, num_classes: int) -> None:
+    """Fail now, naming the factory, rather than inside cross-entropy on a worker later."""
+    first = next(model.parameters(), None)
+    device = first.device if first is not None else torch.device("cpu")
+    dtype = first.dtype if first is not None and first.is_floating_point() else torch.float32
+    # eval mode so batch-norm running statistics are not moved by the probe; modes restored after
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(torch.zeros(2, *input_shape, device=device, dtype=dtype))
+    except Exception as exc:
+        raise ConfigError(
+            f"model factory {spec!r} fails on input of shape {(2, *input_shape)}:"
+            f" {type(exc).__name__}: {exc}"
+        ) from exc
+    finally:
+        for module, training in modes:
+            module.training = training
+    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    if shape != (2, num_classes):
+        raise ConfigError(
+            f"model factory {spec!r} must output logits of shape (batch, {num_classes});"
+            f" got {shape} for input of shape {(2, *input_shape)}"
+        )

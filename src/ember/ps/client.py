@@ -1,0 +1,178 @@
+"""PSClient: a worker's push/pull view of all server shards (one connection per shard)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ember.errors import ProtocolError
+from ember.wire import ClientConnection, gather, tensors_from_frames
+
+
+@dataclass
+class ExchangeResult:
+    seconds: float  # wall time of the whole exchange, all shards
+    bytes_pushed: int
+    bytes_pulled: int
+    staleness: int  # largest, over shards, of server updates between this worker's read and write
+
+
+class PSClient:
+    """Push, pull and exchange against S shards. Requests go to every shard before any reply is
+    awaited, so shards work in parallel. Not thread-safe: one thread owns a client."""
+
+    def __init__(
+        self,
+        addresses: list[str],
+        secret: bytes,
+        *,
+        worker: int,
+        incarnation: int = 0,
+        timeout: float = 60.0,
+    ) -> None:
+        self.worker, self.incarnation, self.timeout = worker, incarnation, timeout
+        self.connections = [ClientConnection(a, secret, timeout) for a in addresses]
+        self.seq = 0
+        self.clock = 0
+        self.step = 0  # the caller's local step, sent along as the resume point
+        self.ranges: list[tuple[int, int]] = []
+
+    def register(self) -> dict[str, int]:
+        """Join every shard; returns the clock and step the servers remember for this worker."""
+        replies = self._round_trip("register", [None] * len(self.connections), {})
+        self.ranges = [(int(h["keys"][0]), int(h["keys"][1])) for h, _ in replies]
+        clocks = {h["clock"] for h, _ in replies}
+        self.clock = min(clocks)
+        self.step = min(h["step"] for h, _ in replies)
+        return {"clock": self.clock, "step": self.step}
+
+    @property
+    def size(self) -> int:
+        return self.ranges[-1][1] if self.ranges else 0
+
+    def push(
+        self, values: np.ndarray, reply_into: np.ndarray | None = None, pull: bool = False
+    ) -> ExchangeResult:
+        """Push `values` (flat float32, all keys); if `reply_into` is given, write each shard's
+        reply there (parameters when `pull`, easgd's elastic difference otherwise).
+
+        `values` is sent zero-copy: the caller must not modify it until this call returns.
+        """
+        started = time.perf_counter()
+        parts: list[np.ndarray | None] = [values[a:b] for a, b in self.ranges]
+        replies = self._round_trip("push", parts, {"pull": pull})
+        self.clock += 1
+        pulled = self._scatter(replies, reply_into)
+        return ExchangeResult(
+            time.perf_counter() - started,
+            values.nbytes,
+            pulled,
+            max(h.get("staleness", 0) for h, _ in replies),
+        )
+
+    def pull(self, out: np.ndarray) -> ExchangeResult:
+        started = time.perf_counter()
+        replies = self._round_trip("pull", [None] * len(self.connections), {})
+        pulled = self._scatter(replies, out)
+        return ExchangeResult(time.perf_counter() - started, 0, pulled, 0)
+
+    def done(self) -> None:
+        """Leave the clock table so synchronous peers stop waiting for this worker."""
+        self._round_trip("done", [None] * len(self.connections), {})
+
+    def close(self) -> None:
+        for connection in self.connections:
+            connection.close()
+
+    def _round_trip(
+        self, op: str, parts: list[np.ndarray | None], extra: dict[str, Any]
+    ) -> list[tuple[dict[str, Any], list[Any]]]:
+        self.seq += 1
+        for index, (connection, part) in enumerate(zip(self.connections, parts, strict=True)):
+            header = {
+                "op": op,
+                "worker": self.worker,
+                "incarnation": self.incarnation,
+                "seq": self.seq,
+                "clock": self.clock,
+                "step": self.step,
+                **extra,
+            }
+            if part is not None:
+                header["keys"] = list(self.ranges[index])
+            connection.send(header, [part] if part is not None else [])
+        replies = []
+        for connection in self.connections:
+            header, frames = connection.recv()
+            if header.get("seq", self.seq) != self.seq:
+                raise ProtocolError(
+                    f"server at {connection.address} answered request "
+                    f"{header.get('seq')}, expected {self.seq}"
+                )
+            replies.append((header, frames))
+        return replies
+
+    def _scatter(
+        self, replies: list[tuple[dict[str, Any], list[Any]]], out: np.ndarray | None
+    ) -> int:
+        if out is None:
+            return 0
+        received = 0
+        for (a, b), (header, frames) in zip(self.ranges, replies, strict=True):
+            chunks = tensors_from_frames(header.get("tensors", []), frames, max_bytes=4 * (b - a))
+            if len(chunks) != 1:
+                raise ProtocolError(f"expected one tensor in the reply for keys [{a}, {b}]")
+            gather(chunks[0], out[a:b])
+            received += 4 * (b - a)
+        return received
+
+
+def fetch_state(
+    addresses: list[str], secret: bytes, timeout: float = 60.0
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Gather every shard's parameters and rule state into full flat arrays (for checkpoints and
+    the final model), plus step and per-worker clocks from shard 0."""
+    connections = [ClientConnection(a, secret, timeout) for a in addresses]
+    try:
+        for connection in connections:
+            connection.send({"op": "snapshot", "seq": 0})
+        parts = [connection.recv() for connection in connections]
+    finally:
+        for connection in connections:
+            connection.close()
+    names = parts[0][0]["names"]
+    sizes = [_shard_size(h) for h, _ in parts]
+    full = {name: np.empty(sum(sizes), dtype=np.float32) for name in names}
+    offset = 0
+    for (header, frames), size in zip(parts, sizes, strict=True):
+        tensors = tensors_from_frames(header["tensors"], frames, max_bytes=4 * size * len(names))
+        for name, chunks in zip(names, tensors, strict=True):
+            gather(chunks, full[name][offset : offset + size])
+        offset += size
+    meta = {"step": parts[0][0]["step"], "workers": parts[0][0]["workers"]}
+    return full, meta
+
+
+def control(
+    addresses: list[str], secret: bytes, op: str, timeout: float = 10.0
+) -> list[dict[str, Any]]:
+    """Send a payload-free op (`stats`, `stop`) to every shard; return their reply headers."""
+    out = []
+    for address in addresses:
+        connection = ClientConnection(address, secret, timeout)
+        try:
+            connection.send({"op": op, "seq": 0})
+            out.append(connection.recv()[0])
+        finally:
+            connection.close()
+    return out
+
+
+def _shard_size(header: dict[str, Any]) -> int:
+    table = header.get("tensors")
+    if not isinstance(table, list) or not table or not isinstance(table[0], list):
+        raise ProtocolError("snapshot reply carries no tensor table")
+    return int(table[0][1][0])

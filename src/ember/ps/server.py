@@ -1,0 +1,386 @@
+"""ParameterServer: one contiguous key range of the flat parameters, with an injected rule."""
+
+from __future__ import annotations
+
+import itertools
+import time
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import zmq
+
+from ember.errors import ProtocolError
+from ember.ps.consistency import Consistency
+from ember.wire import Request, ServerEndpoint, tensors_from_frames
+
+# Payload views alias zmq's read-only receive buffers; the rules only ever read them.
+warnings.filterwarnings("ignore", message="The given buffer is not writable")
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+class UpdateRule(Protocol):
+    """How pushes fold into the shard. Algorithms implement it; the server never imports them."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def replies(self) -> bool:
+        """Whether a push is answered with the tensor `contribute` wrote into `out`."""
+        ...
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        """Per-key state the rule keeps beside the parameters (saved in checkpoints)."""
+        ...
+
+    def contribute(
+        self, params: torch.Tensor, payload: torch.Tensor, out: torch.Tensor | None
+    ) -> torch.Tensor:
+        """What this push adds to the round (it may alias `payload` or `out`)."""
+        ...
+
+    def commit(
+        self, params: torch.Tensor, state: dict[str, torch.Tensor], folded: torch.Tensor, count: int
+    ) -> None:
+        """Apply the sum of `count` contributions to the parameters in place."""
+        ...
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    index: int  # which shard of `count`
+    count: int
+    start: int  # first key (element of the flat parameter vector) this shard owns
+    stop: int
+
+
+def shard_ranges(total: int, count: int) -> list[tuple[int, int]]:
+    """Split [0, total) into `count` contiguous ranges whose sizes differ by at most one."""
+    bounds = [total * i // count for i in range(count + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+@dataclass
+class WorkerEntry:
+    incarnation: int
+    clock: int = 0  # pushes folded so far
+    step: int = 0  # the worker's own step count, reported with each request (resume point)
+    last_seq: int = -1
+    last_seen: float = field(default_factory=time.monotonic)
+    live: bool = True
+    pulled_at: int = 0  # server updates at this worker's last read, for staleness
+
+
+@dataclass
+class _Held:
+    request: Request
+    worker: WorkerEntry
+    payload: torch.Tensor | None
+    folded: bool = False
+
+
+class ParameterServer:
+    """A store with an injected update rule; the consistency policy decides when to answer."""
+
+    def __init__(
+        self,
+        shard: ShardSpec,
+        params: np.ndarray,
+        rule: UpdateRule,
+        consistency: Consistency,
+        secret: bytes,
+        *,
+        bind: str = "tcp://127.0.0.1:0",
+        state: dict[str, np.ndarray] | None = None,
+        expected_workers: int = 0,
+        workers: dict[int, dict[str, int]] | None = None,
+        step: int = 0,
+        worker_timeout: float = 30.0,
+        send_timeout: float = 60.0,
+    ) -> None:
+        size = shard.stop - shard.start
+        if params.shape != (size,) or params.dtype != np.float32:
+            raise ValueError(
+                f"shard {shard.index} wants float32[{size}], got {params.dtype}{list(params.shape)}"
+            )
+        self.shard, self.rule, self.consistency = shard, rule, consistency
+        self.params = torch.from_numpy(np.array(params, dtype=np.float32, copy=True))
+        self.state = {name: torch.zeros(size) for name in rule.state_names}
+        for name, value in (state or {}).items():
+            self.state[name].copy_(torch.from_numpy(np.asarray(value, dtype=np.float32)))
+        self.round_sum = torch.zeros(size) if consistency.synchronous else None
+        self.round_count = 0
+        self.round_clock = 0  # the clock whose contributions round_sum holds
+        self.step = step  # commits applied to the parameters
+        # Workers the run expects count in the clock table before they register (at clock 0, or
+        # where a checkpoint left them), so an early starter cannot finish a BSP round alone.
+        self.workers = {w: WorkerEntry(incarnation=-1) for w in range(expected_workers)}
+        for w, saved in (workers or {}).items():
+            self.workers[int(w)] = WorkerEntry(-1, clock=saved["clock"], step=saved["step"])
+        self.endpoint = ServerEndpoint(secret, bind)
+        self.address = self.endpoint.address
+        self.worker_timeout, self.send_timeout = worker_timeout, send_timeout
+        self.rejected: Counter[str] = Counter()
+        self.counters: Counter[str] = Counter()
+        self.events: list[dict[str, Any]] = []
+        self._held: list[_Held] = []
+        self._trackers: list[zmq.MessageTracker] = []  # replies that still read self.params
+        self._reply_pool: list[tuple[torch.Tensor, zmq.MessageTracker | None]] = []
+        self._running = True
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def serve(self) -> None:
+        """Serve until a `stop` request; checks for silent workers between requests."""
+        while self._running:
+            request = self.endpoint.poll(timeout=0.2)
+            if request is not None:
+                try:
+                    self._handle(request)
+                except ProtocolError as exc:
+                    self.rejected["request"] += 1
+                    self.endpoint.reply(request, {"op": "error", "message": str(exc)})
+            self._drop_silent_workers()
+        self.endpoint.close()
+
+    def _handle(self, request: Request) -> None:
+        header, op = request.header, request.header["op"]
+        if op in ("push", "pull"):
+            worker = self._known_worker(header)
+            worker.last_seen = time.monotonic()
+            seq = _int(header, "seq")
+            if seq <= worker.last_seq:  # a repeated (worker, incarnation, seq): ack, never re-apply
+                self.counters["duplicates"] += 1
+                self.endpoint.reply(request, {"op": "ok", "duplicate": True, "seq": seq})
+                return
+            worker.last_seq, worker.step = seq, _int(header, "step")
+            payload = self._payload(request) if op == "push" else None
+            self._held.append(_Held(request, worker, payload))
+            self._drain()
+        elif op == "register":
+            self._register(request)
+        elif op == "done":
+            worker = self._known_worker(header)
+            worker.live = False
+            self.endpoint.reply(request, {"op": "ok"})
+            self._drain()
+        elif op == "snapshot":
+            self._snapshot(request)
+        elif op == "stats":
+            self.endpoint.reply(request, {"op": "ok", **self.stats()})
+        elif op == "stop":
+            self.endpoint.reply(request, {"op": "ok", **self.stats()})
+            self._running = False
+        else:
+            raise ProtocolError(f"unknown op {op!r}")
+
+    def _register(self, request: Request) -> None:
+        worker_id, incarnation = _int(request.header, "worker"), _int(request.header, "incarnation")
+        entry = self.workers.get(worker_id)
+        if entry is not None and incarnation <= entry.incarnation:
+            raise ProtocolError(
+                f"worker {worker_id} incarnation {incarnation} is not newer than "
+                f"{entry.incarnation}"
+            )
+        live = [w.clock for w in self.workers.values() if w.live]
+        # A new incarnation keeps its clock; a newcomer starts level with the slowest live worker.
+        clock = entry.clock if entry is not None else (min(live) if live else 0)
+        step = entry.step if entry is not None else 0
+        self.workers[worker_id] = WorkerEntry(
+            incarnation, clock=clock, step=step, pulled_at=self.step
+        )
+        self.events.append(
+            {
+                "event": "register",
+                "worker": worker_id,
+                "incarnation": incarnation,
+                "clock": clock,
+                "step": step,
+            }
+        )
+        self.endpoint.reply(
+            request,
+            {"op": "ok", "clock": clock, "step": step, "keys": [self.shard.start, self.shard.stop]},
+        )
+
+    def _known_worker(self, header: dict[str, Any]) -> WorkerEntry:
+        worker_id, incarnation = _int(header, "worker"), _int(header, "incarnation")
+        entry = self.workers.get(worker_id)
+        if entry is None or entry.incarnation != incarnation:
+            self.rejected["incarnation"] += 1
+            raise ProtocolError(f"worker {worker_id} incarnation {incarnation} is not registered")
+        if not entry.live:
+            raise ProtocolError(f"worker {worker_id} was dropped or finished; register again")
+        return entry
+
+    def _payload(self, request: Request) -> torch.Tensor:
+        size = self.shard.stop - self.shard.start
+        if request.header.get("keys") != [self.shard.start, self.shard.stop]:
+            self.rejected["keys"] += 1
+            raise ProtocolError(
+                f"push for keys {request.header.get('keys')!r}, this shard holds "
+                f"[{self.shard.start}, {self.shard.stop}]"
+            )
+        table = request.header.get("tensors")
+        if table != [["float32", [size]]]:
+            self.rejected["shape"] += 1
+            raise ProtocolError(
+                f"push must carry one float32 tensor of shape [{size}], got {table!r}"
+            )
+        chunks = tensors_from_frames(table, request.frames, max_bytes=4 * size)[0]
+        if len(chunks) == 1:
+            return torch.from_numpy(chunks[0])
+        return torch.cat([torch.from_numpy(c) for c in chunks])  # one copy, multi-chunk pushes
+
+    # ---- folding and answering -----------------------------------------------------------------
+    def _min_clock(self) -> int:
+        live = [w.clock for w in self.workers.values() if w.live]
+        return min(live) if live else 1 << 62
+
+    def _drain(self) -> None:
+        """Serve every held request the policy now allows, until nothing changes."""
+        progress = True
+        while progress:
+            progress = False
+            for held in list(self._held):
+                if self._try_serve(held):
+                    self._held.remove(held)
+                    progress = True
+
+    def _try_serve(self, held: _Held) -> bool:
+        worker, header = held.worker, held.request.header
+        if not worker.live:
+            return True  # dropped while waiting: nobody to answer
+        if held.payload is not None and not held.folded:
+            if not self.consistency.ready(worker.clock, self._min_clock()):
+                return False
+            reply = self._fold(held.payload, worker.clock)
+            held.folded, worker.clock = True, worker.clock + 1
+            self._maybe_commit_round()
+            if reply is not None:  # easgd: the elastic difference answers the push at once
+                self._answer(held, reply_tensor=reply)
+                return True
+        if header.get("pull", header["op"] == "pull"):
+            if not self.consistency.ready(worker.clock, self._min_clock()):
+                return False
+            self._answer(held, reply_tensor=self.params, aliases_params=True)
+            worker.pulled_at = self.step
+        else:
+            self._answer(held)
+        return True
+
+    def _fold(self, payload: torch.Tensor, clock: int) -> torch.Tensor | None:
+        out = self._reply_buffer() if self.rule.replies else None
+        contribution = self.rule.contribute(self.params, payload, out)
+        self.counters["pushes"] += 1
+        if self.round_sum is not None:
+            # BSP folds only clock == min_clock, so a round never mixes clocks.
+            self.round_sum.add_(contribution)
+            self.round_count, self.round_clock = self.round_count + 1, clock
+        else:
+            self._commit(contribution, 1)
+        return out
+
+    def _maybe_commit_round(self) -> None:
+        if self.round_sum is None or self.round_count == 0:
+            return
+        if self._min_clock() > self.round_clock:  # every live worker has folded this round
+            self._commit(self.round_sum, self.round_count)
+            self.round_sum.zero_()
+            self.round_count = 0
+
+    def _commit(self, folded: torch.Tensor, count: int) -> None:
+        self._wait_for_replies_reading_params()
+        self.rule.commit(self.params, self.state, folded, count)
+        self.step += 1
+
+    def _answer(
+        self, held: _Held, reply_tensor: torch.Tensor | None = None, aliases_params: bool = False
+    ) -> None:
+        worker = held.worker
+        header = {
+            "op": "ok",
+            "seq": held.request.header["seq"],
+            "clock": worker.clock,
+            "step": self.step,
+            "staleness": self.step - worker.pulled_at - 1 if held.payload is not None else 0,
+        }
+        arrays = [reply_tensor.numpy()] if reply_tensor is not None else []
+        tracker = self.endpoint.reply(held.request, header, arrays, track=bool(arrays))
+        if tracker is not None:
+            if aliases_params:
+                self._trackers.append(tracker)
+            elif reply_tensor is not None:
+                self._reply_pool.append((reply_tensor, tracker))
+        self.counters["replies"] += 1
+
+    def _reply_buffer(self) -> torch.Tensor:
+        """A reusable reply buffer zmq has finished sending (fresh pages cost a first touch)."""
+        for i, (buffer, tracker) in enumerate(self._reply_pool):
+            if tracker is None or tracker.done:
+                del self._reply_pool[i]
+                return buffer
+        return torch.empty(self.shard.stop - self.shard.start)
+
+    def _wait_for_replies_reading_params(self) -> None:
+        for tracker in self._trackers:
+            try:
+                tracker.wait(self.send_timeout)
+            except zmq.NotDone:
+                self.counters["reply_send_timeouts"] += 1  # a stuck peer must not stall training
+        self._trackers.clear()
+
+    def _drop_silent_workers(self) -> None:
+        now, waiting = time.monotonic(), {id(h.worker) for h in self._held}
+        dropped = False
+        for worker_id, entry in self.workers.items():
+            silent = now - entry.last_seen > self.worker_timeout
+            if entry.live and silent and id(entry) not in waiting:
+                entry.live, dropped = False, True
+                self.events.append(
+                    {
+                        "event": "drop",
+                        "worker": worker_id,
+                        "silent_seconds": round(now - entry.last_seen, 1),
+                    }
+                )
+        if dropped:
+            self._maybe_commit_round()
+            self._drain()
+
+    # ---- introspection -------------------------------------------------------------------------
+    def _snapshot(self, request: Request) -> None:
+        names = ["params", *self.rule.state_names]
+        arrays = [self.params.numpy(), *(self.state[n].numpy() for n in self.rule.state_names)]
+        header = {
+            "op": "ok",
+            "names": names,
+            "step": self.step,
+            "workers": {
+                str(w): {"clock": e.clock, "step": e.step} for w, e in self.workers.items()
+            },
+        }
+        tracker = self.endpoint.reply(request, header, arrays, track=True)
+        if tracker is not None:
+            self._trackers.append(tracker)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "shard": self.shard.index,
+            "step": self.step,
+            "counters": dict(self.counters),
+            "rejected": dict(self.rejected + self.endpoint.rejected),
+            "events": self.events,
+            "live_workers": sorted(w for w, e in self.workers.items() if e.live),
+        }
+
+
+def _int(header: dict[str, Any], key: str) -> int:
+    value = header.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ProtocolError(f"header field {key!r} must be an integer, got {value!r}")
+    return value

@@ -1,0 +1,151 @@
+"""Message framing: HMAC-sealed msgpack headers and raw tensor chunk frames (no zmq here)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from ember.errors import ProtocolError
+
+MAC_BYTES = 32  # HMAC-SHA256 digest length
+MAX_HEADER_BYTES = 64 * 1024
+CHUNK_BYTES = 2 << 20  # tensors travel in frames of at most 2 MiB: bounded allocations, pipelining
+DTYPES: dict[str, np.dtype] = {
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+    "int64": np.dtype(np.int64),
+    "int32": np.dtype(np.int32),
+}
+
+
+def mac(key: bytes, *parts: bytes) -> bytes:
+    digest = hmac.new(key, digestmod=hashlib.sha256)
+    for part in parts:
+        digest.update(part)
+    return digest.digest()
+
+
+def seal(key: bytes, header: dict[str, Any]) -> bytes:
+    """Header frame = HMAC-SHA256(key, body) || msgpack(body)."""
+    body = msgpack.packb(header, use_bin_type=True)
+    if len(body) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {len(body)} bytes exceeds the {MAX_HEADER_BYTES} limit")
+    return mac(key, body) + body
+
+
+def unseal(key: bytes, frame: bytes | memoryview) -> dict[str, Any]:
+    """Check the MAC before parsing anything, then decode a msgpack map with bounded sizes."""
+    data = bytes(frame)
+    if not MAC_BYTES < len(data) <= MAC_BYTES + MAX_HEADER_BYTES:
+        raise ProtocolError(f"header frame of {len(data)} bytes is outside the allowed size")
+    body = data[MAC_BYTES:]
+    if not hmac.compare_digest(data[:MAC_BYTES], mac(key, body)):
+        raise ProtocolError("header HMAC does not match")
+    try:
+        header = msgpack.unpackb(
+            body,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=0,
+            max_array_len=4096,
+            max_map_len=256,
+            max_str_len=4096,
+        )
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise ProtocolError(f"header is not valid msgpack: {exc}") from exc
+    if not isinstance(header, dict) or not isinstance(header.get("op"), str):
+        raise ProtocolError("header must be a map with a string 'op'")
+    return header
+
+
+def describe(arrays: Sequence[np.ndarray]) -> list[list[Any]]:
+    """The header's tensor table: [dtype name, shape] per tensor."""
+    return [[a.dtype.name, list(a.shape)] for a in arrays]
+
+
+def chunk_frames(arrays: Sequence[np.ndarray]) -> Iterator[memoryview]:
+    """Yield each tensor's bytes as views of at most CHUNK_BYTES; nothing is copied."""
+    for array in arrays:
+        if not array.flags.c_contiguous:
+            raise ProtocolError("tensors must be C-contiguous to be sent without a copy")
+        flat = memoryview(array.reshape(-1).view(np.uint8).data)
+        if flat.nbytes == 0:
+            yield flat
+        for start in range(0, flat.nbytes, CHUNK_BYTES):
+            yield flat[start : start + CHUNK_BYTES]
+
+
+def expected_chunks(table: object, max_bytes: int) -> list[tuple[np.dtype, tuple[int, ...], int]]:
+    """Validate a header's tensor table before any payload is touched.
+
+    Returns (dtype, shape, nbytes) per tensor. The total declared size must fit `max_bytes`, so
+    a header cannot make the receiver trust a payload larger than it is willing to hold.
+    """
+    if not isinstance(table, list) or len(table) > 64:
+        raise ProtocolError("tensor table must be a list of at most 64 [dtype, shape] entries")
+    out: list[tuple[np.dtype, tuple[int, ...], int]] = []
+    total = 0
+    for entry in table:
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and entry[0] in DTYPES
+            and isinstance(entry[1], list)
+            and len(entry[1]) <= 8
+            and all(isinstance(d, int) and 0 <= d < 2**40 for d in entry[1])
+        ):
+            raise ProtocolError(f"bad tensor entry {entry!r}: want [dtype, shape]")
+        dtype, shape = DTYPES[entry[0]], tuple(entry[1])
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        total += nbytes
+        if total > max_bytes:
+            raise ProtocolError(f"declared payload exceeds the {max_bytes}-byte limit")
+        out.append((dtype, shape, nbytes))
+    return out
+
+
+def tensors_from_frames(
+    table: object, frames: Sequence[Any], max_bytes: int
+) -> list[list[np.ndarray]]:
+    """Map payload frames to per-tensor lists of 1-D chunk views, checking every frame length.
+
+    The views alias the frames' buffers (zero-copy): they are valid while the frames are alive.
+    """
+    layout = expected_chunks(table, max_bytes)
+    tensors: list[list[np.ndarray]] = []
+    index = 0
+    for dtype, _shape, nbytes in layout:
+        chunks = []
+        sizes = [min(CHUNK_BYTES, nbytes - s) for s in range(0, nbytes, CHUNK_BYTES)] or [0]
+        for size in sizes:
+            if index >= len(frames):
+                raise ProtocolError(f"payload has {len(frames)} frames, header declares more")
+            buffer = memoryview(
+                frames[index].buffer if hasattr(frames[index], "buffer") else frames[index]
+            )
+            if buffer.nbytes != size:
+                raise ProtocolError(
+                    f"payload frame {index} has {buffer.nbytes} bytes, header declares {size}"
+                )
+            chunks.append(np.frombuffer(buffer, dtype=dtype))
+            index += 1
+        tensors.append(chunks)
+    if index != len(frames):
+        raise ProtocolError(f"payload has {len(frames)} frames, header declares {index}")
+    return tensors
+
+
+def gather(chunks: Sequence[np.ndarray], out: np.ndarray) -> np.ndarray:
+    """Copy chunk views into `out` (1-D) in order: the one copy into the caller's own storage."""
+    offset = 0
+    for chunk in chunks:
+        out[offset : offset + chunk.size] = chunk
+        offset += chunk.size
+    if offset != out.size:
+        raise ProtocolError(f"received {offset} elements, expected {out.size}")
+    return out

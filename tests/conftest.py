@@ -1,0 +1,74 @@
+"""Shared fixtures: in-process parameter servers on 127.0.0.1, and a check for stray children."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import psutil
+import pytest
+
+from ember.ps import ParameterServer, ShardSpec, control, make_consistency, shard_ranges
+from ember.ps.server import UpdateRule
+
+SECRET = b"s" * 32
+
+
+@contextmanager
+def running_servers(
+    params: np.ndarray,
+    rule: UpdateRule,
+    consistency: str = "async",
+    shards: int = 1,
+    staleness: int = 0,
+    **kwargs: object,
+) -> Iterator[list[ParameterServer]]:
+    """Serve `params` split over `shards` servers, each on its own thread."""
+    servers, threads = [], []
+    for index, (start, stop) in enumerate(shard_ranges(params.size, shards)):
+        server = ParameterServer(
+            ShardSpec(index, shards, start, stop),
+            params[start:stop],
+            rule,
+            make_consistency(consistency, staleness),
+            SECRET,
+            **kwargs,
+        )
+        thread = threading.Thread(target=server.serve, daemon=True)
+        thread.start()
+        servers.append(server)
+        threads.append(thread)
+    try:
+        yield servers
+    finally:
+        for server, thread in zip(servers, threads, strict=True):
+            if thread.is_alive():
+                control([server.address], SECRET, "stop", timeout=5)
+            thread.join(5)
+
+
+@pytest.fixture(autouse=True)
+def no_stray_children() -> Iterator[None]:
+    """Every test must reap what it started; survivors are killed and fail the test."""
+    yield
+    me = psutil.Process(os.getpid())
+    stray = [
+        p
+        for p in me.children(recursive=True)
+        if p.is_running()
+        and p.status() != psutil.STATUS_ZOMBIE
+        and "resource_tracker" not in " ".join(_cmdline(p))
+    ]
+    for process in stray:
+        process.kill()
+    assert not stray, f"processes left behind: {[p.pid for p in stray]}"
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []

@@ -1,0 +1,230 @@
+"""Oracle tests: ember's strategies against references written from their equations."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ember.algorithms import (
+    AsyncEASGD,
+    EASGDRule,
+    FlatModel,
+    ServerSGD,
+    SGDRule,
+    SyncEASGD,
+    WorkerContext,
+)
+from ember.config import RunConfig
+from ember.ps import PSClient, fetch_state
+from tests.conftest import SECRET, running_servers
+
+pytestmark = pytest.mark.timeout(60)
+FEATURES, CLASSES, BATCH, WORKERS = 6, 3, 4, 2
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, 5), torch.nn.Tanh(), torch.nn.Linear(5, CLASSES)
+    )
+
+
+def _data(steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    rows = steps * WORKERS * BATCH
+    return (
+        torch.randn(rows, FEATURES, generator=generator),
+        torch.randint(0, CLASSES, (rows,), generator=generator),
+    )
+
+
+def _batch(
+    x: torch.Tensor, y: torch.Tensor, step: int, worker: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    start = (step * WORKERS + worker) * BATCH
+    return x[start : start + BATCH], y[start : start + BATCH]
+
+
+def _run_workers(
+    algorithm: Callable[[WorkerContext], object],
+    config: RunConfig,
+    addresses: list[str],
+    steps: int,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer | None],
+) -> list[FlatModel]:
+    flats = [FlatModel(_model()) for _ in range(WORKERS)]
+    errors: list[BaseException] = []
+
+    def work(rank: int) -> None:
+        try:
+            flat = flats[rank]
+            algo = algorithm(WorkerContext(config, rank, WORKERS, addresses, SECRET))
+            algo.start(flat, optimizer(flat.module))  # type: ignore[attr-defined]
+            for step in range(steps):
+                flat.zero_grad()
+                inputs, labels = _batch(x, y, step, rank)
+                F.cross_entropy(flat.module(inputs), labels).backward()
+                algo.after_backward(step)  # type: ignore[attr-defined]
+            algo.finish()  # type: ignore[attr-defined]
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(rank,)) for rank in range(WORKERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    return flats
+
+
+def _flat(module: torch.nn.Module) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).numpy()
+
+
+def test_bsp_with_n_workers_on_equal_shards_equals_single_process_sgd_on_the_whole_batch() -> None:
+    steps, lr, momentum = 8, 0.1, 0.9
+    x, y = _data(steps)
+    reference = _model()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=lr, momentum=momentum)
+    for step in range(steps):
+        batches = [_batch(x, y, step, w) for w in range(WORKERS)]
+        inputs = torch.cat([b[0] for b in batches])
+        labels = torch.cat([b[1] for b in batches])
+        optimizer.zero_grad()
+        F.cross_entropy(reference(inputs), labels).backward()
+        optimizer.step()
+
+    config = RunConfig(
+        strategy="bsp", workers=WORKERS, lr=lr, momentum=momentum, request_timeout=20
+    )
+    initial = _flat(_model())
+    with running_servers(
+        initial, SGDRule(lr, momentum), "bsp", shards=2, expected_workers=WORKERS
+    ) as servers:
+        addresses = [s.address for s in servers]
+        flats = _run_workers(ServerSGD, config, addresses, steps, x, y, lambda m: None)
+        center = fetch_state(addresses, SECRET)[0]["params"]
+    np.testing.assert_allclose(center, _flat(reference), rtol=1e-5, atol=1e-6)
+    for flat in flats:  # every worker pulled the same parameters after the last round
+        np.testing.assert_allclose(flat.params_np, center, rtol=1e-6, atol=1e-7)
+
+
+def test_synchronous_easgd_matches_the_papers_update_equations() -> None:
+    steps, lr, tau, alpha = 9, 0.1, 3, 0.3
+    x, y = _data(steps)
+    # Zhang, Choromanska, LeCun (2015), synchronous EASGD: local SGD steps; every tau steps
+    # x_i <- x_i - alpha (x_i - c) and c <- c + alpha * sum_i (x_i - c), with the same c.
+    workers = [_model() for _ in range(WORKERS)]
+    center = _flat(_model()).copy()
+    for step in range(steps):
+        for rank, model in enumerate(workers):
+            model.zero_grad()
+            inputs, labels = _batch(x, y, step, rank)
+            F.cross_entropy(model(inputs), labels).backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= lr * p.grad
+        if (step + 1) % tau == 0:
+            diffs = [alpha * (_flat(m) - center) for m in workers]
+            for model, diff in zip(workers, diffs, strict=True):
+                _set_flat(model, _flat(model) - diff)
+            center = center + sum(diffs)
+
+    config = RunConfig(
+        strategy="easgd",
+        workers=WORKERS,
+        lr=lr,
+        momentum=0.0,
+        tau=tau,
+        alpha=alpha,
+        request_timeout=20,
+    )
+    with running_servers(
+        _flat(_model()), EASGDRule(alpha), "bsp", shards=2, expected_workers=WORKERS
+    ) as servers:
+        addresses = [s.address for s in servers]
+        flats = _run_workers(
+            SyncEASGD,
+            config,
+            addresses,
+            steps,
+            x,
+            y,
+            lambda m: torch.optim.SGD(m.parameters(), lr=lr),
+        )
+        served = fetch_state(addresses, SECRET)[0]["params"]
+    np.testing.assert_allclose(served, center, rtol=1e-5, atol=1e-6)
+    for flat, model in zip(flats, workers, strict=True):
+        np.testing.assert_allclose(flat.params_np, _flat(model), rtol=1e-5, atol=1e-6)
+
+
+def test_asynchronous_easgd_server_applies_each_exchange_as_the_equations_say() -> None:
+    alpha = 0.25
+    rng = np.random.default_rng(3)
+    center = rng.standard_normal(50).astype(np.float32)
+    with running_servers(center, EASGDRule(alpha), "async", expected_workers=WORKERS) as (server,):
+        clients = [PSClient([server.address], SECRET, worker=w, timeout=5) for w in range(2)]
+        for client in clients:
+            client.register()
+        expected = center.copy()
+        for worker in (0, 1, 1, 0, 1):
+            x_i = rng.standard_normal(50).astype(np.float32)
+            elastic = np.empty(50, dtype=np.float32)
+            clients[worker].push(x_i, reply_into=elastic)
+            reference = alpha * (x_i - expected)  # e = alpha (x_i - c); x_i -= e; c += e
+            np.testing.assert_allclose(elastic, reference, rtol=1e-6, atol=1e-6)
+            expected = expected + reference
+        served = fetch_state([server.address], SECRET)[0]["params"]
+        for client in clients:
+            client.close()
+    np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_asynchronous_easgd_worker_applies_every_elastic_difference_exactly_once() -> None:
+    # Each exchange moves x_i by -e and the center by +e, so center + sum_i x_i changes only by
+    # the workers' own optimizer steps: a lost or doubled exchange breaks this balance.
+    steps, lr = 40, 0.05
+    x, y = _data(steps)
+    module_moves: dict[int, np.ndarray] = {}  # id(module) -> sum of its optimizer steps
+
+    def recording_optimizer(module: torch.nn.Module) -> torch.optim.Optimizer:
+        module_moves[id(module)] = np.zeros_like(_flat(module))
+        optimizer = torch.optim.SGD(module.parameters(), lr=lr, momentum=0.5)
+        original = optimizer.step
+
+        def step(closure=None):
+            before = _flat(module).copy()
+            result = original(closure)
+            module_moves[id(module)] += _flat(module) - before
+            return result
+
+        optimizer.step = step  # type: ignore[method-assign]
+        return optimizer
+
+    config = RunConfig(
+        strategy="easgd-async", workers=WORKERS, lr=lr, tau=2, alpha=0.4, request_timeout=20
+    )
+    initial = _flat(_model())
+    with running_servers(initial, EASGDRule(0.4), "async", expected_workers=WORKERS) as (server,):
+        flats = _run_workers(AsyncEASGD, config, [server.address], steps, x, y, recording_optimizer)
+        served = fetch_state([server.address], SECRET)[0]["params"]
+    total_moves = sum(module_moves[id(f.module)] for f in flats)
+    balance = served + sum(f.params_np for f in flats)
+    np.testing.assert_allclose(balance, (WORKERS + 1) * initial + total_moves, atol=2e-4)
+    assert not np.allclose(served, initial)  # the center did move
+
+
+def _set_flat(module: torch.nn.Module, values: np.ndarray) -> None:
+    offset = 0
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.from_numpy(values[offset : offset + p.numel()]).view_as(p))
+            offset += p.numel()

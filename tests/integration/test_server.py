@@ -1,0 +1,187 @@
+"""A real ParameterServer on 127.0.0.1: authentication, bad frames, duplicates, liveness."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from ember.algorithms.rules import SGDRule
+from ember.errors import ProtocolError, ServerUnavailable
+from ember.ps import PSClient, control
+from ember.wire import ClientConnection
+from ember.wire.frames import seal
+from tests.conftest import SECRET, running_servers
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _params(n: int = 1000) -> np.ndarray:
+    return np.linspace(-1, 1, n, dtype=np.float32)
+
+
+def _pull(address_list: list[str], n: int, worker: int = 99) -> np.ndarray:
+    client = PSClient(address_list, SECRET, worker=worker, timeout=5)
+    client.register()
+    out = np.empty(n, dtype=np.float32)
+    client.pull(out)
+    client.close()
+    return out
+
+
+def test_garbage_wrong_secret_and_forged_headers_are_rejected_and_counted() -> None:
+    params = _params()
+    with running_servers(params, SGDRule(lr=1.0)) as (server,):
+        raw = zmq.Context.instance().socket(zmq.DEALER)
+        raw.connect(server.address)
+        raw.send_multipart([b"\x00random bytes", b"more"])  # before any handshake
+        raw.send_multipart([seal(b"guess" * 7, {"op": "stop"})])
+        with pytest.raises(ProtocolError, match="refused the run's secret"):
+            ClientConnection(server.address, b"w" * 32, timeout=2)
+        forged = ClientConnection(server.address, SECRET, timeout=2)
+        forged._key = b"f" * 32  # authenticated connection, headers sealed with a wrong key
+        forged.send({"op": "stop", "seq": 1})
+        with pytest.raises(ServerUnavailable):
+            forged.recv(timeout=0.5)
+        stats = control([server.address], SECRET, "stats")[0]
+        assert stats["rejected"]["unauthenticated"] >= 2
+        assert stats["rejected"]["hmac"] == 1
+        np.testing.assert_array_equal(_pull([server.address], params.size), params)
+        raw.close(linger=0)
+        forged.close()
+
+
+def test_push_with_wrong_shape_or_dtype_is_refused_and_parameters_stay_untouched() -> None:
+    params = _params()
+    with running_servers(params, SGDRule(lr=1.0)) as (server,):
+        client = PSClient([server.address], SECRET, worker=0, timeout=5)
+        client.register()
+        for bad in (np.ones(999, np.float32), np.ones(1000, np.float64)):
+            with pytest.raises(ProtocolError, match="must carry one float32 tensor of shape"):
+                client.push(bad)
+        client.close()
+        assert control([server.address], SECRET, "stats")[0]["rejected"]["shape"] == 2
+        np.testing.assert_array_equal(_pull([server.address], params.size), params)
+
+
+def test_frame_larger_than_the_limit_drops_that_peer_and_the_server_keeps_serving() -> None:
+    params = _params()
+    with running_servers(params, SGDRule(lr=1.0)) as (server,):
+        raw = zmq.Context.instance().socket(zmq.DEALER)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.connect(server.address)
+        raw.send(b"x" * (8 << 20))
+        time.sleep(0.3)
+        np.testing.assert_array_equal(_pull([server.address], params.size), params)
+        raw.close()
+
+
+def test_repeated_push_is_acknowledged_and_not_applied_twice() -> None:
+    params = np.zeros(10, dtype=np.float32)
+    with running_servers(params, SGDRule(lr=1.0)) as (server,):
+        client = PSClient([server.address], SECRET, worker=0, timeout=5)
+        client.register()
+        connection = client.connections[0]
+        header = {
+            "op": "push",
+            "worker": 0,
+            "incarnation": 0,
+            "seq": 1,
+            "clock": 0,
+            "step": 1,
+            "keys": [0, 10],
+        }
+        grad = np.ones(10, dtype=np.float32)
+        for _ in range(2):
+            connection.send(header, [grad])
+            reply, _ = connection.recv()
+        assert reply.get("duplicate") is True
+        client.close()
+        np.testing.assert_array_equal(_pull([server.address], 10), -np.ones(10, np.float32))
+
+
+def test_silent_worker_is_dropped_so_a_bsp_peer_does_not_wait_forever() -> None:
+    params = np.zeros(10, dtype=np.float32)
+    with running_servers(params, SGDRule(lr=1.0), "bsp", worker_timeout=1.0) as (server,):
+        silent = PSClient([server.address], SECRET, worker=1, timeout=5)
+        silent.register()
+        time.sleep(1.2)  # worker 1 says nothing after registering
+        active = PSClient([server.address], SECRET, worker=0, timeout=10)
+        active.register()
+        out = np.empty(10, dtype=np.float32)
+        started = time.monotonic()
+        active.push(np.ones(10, np.float32), reply_into=out, pull=True)
+        assert time.monotonic() - started < 5
+        np.testing.assert_array_equal(out, -np.ones(10, np.float32))
+        events = control([server.address], SECRET, "stats")[0]["events"]
+        assert any(e["event"] == "drop" and e["worker"] == 1 for e in events)
+        silent.close()
+        active.close()
+
+
+def test_two_shards_each_hold_a_key_range_and_a_pull_returns_the_whole_vector() -> None:
+    params = _params(1001)
+    with running_servers(params, SGDRule(lr=0.5), shards=2) as servers:
+        addresses = [s.address for s in servers]
+        client = PSClient(addresses, SECRET, worker=0, timeout=5)
+        client.register()
+        assert client.ranges == [(0, 500), (500, 1001)]
+        out = np.empty_like(params)
+        client.push(np.full(1001, 2.0, np.float32), reply_into=out, pull=True)
+        np.testing.assert_allclose(out, params - 1.0)
+        client.close()
+
+
+def test_unreachable_server_is_a_clear_error_naming_its_address() -> None:
+    with pytest.raises(ServerUnavailable, match=r"tcp://127.0.0.1:1 did not answer within 0.5s"):
+        ClientConnection("tcp://127.0.0.1:1", SECRET, timeout=0.5)
+
+
+def test_ssp_never_lets_a_worker_run_more_than_s_clocks_ahead_of_the_slowest() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=12, deadline=None)
+    @given(
+        st.sampled_from([0, 1, 3]),
+        st.lists(st.lists(st.floats(0, 0.004), min_size=12, max_size=12), min_size=3, max_size=3),
+    )
+    def check(staleness: int, delays: list[list[float]]) -> None:
+        consistency = "bsp" if staleness == 0 else "ssp"
+        sent: dict[int, list[float]] = {w: [] for w in range(3)}
+        replied: dict[int, list[float]] = {w: [] for w in range(3)}
+        params = np.zeros(64, dtype=np.float32)
+        with running_servers(params, SGDRule(lr=0.01), consistency, staleness=staleness) as (s,):
+            clients = [PSClient([s.address], SECRET, worker=w, timeout=10) for w in range(3)]
+            for client in clients:
+                client.register()
+
+            def work(w: int) -> None:
+                out = np.empty(64, dtype=np.float32)
+                for delay in delays[w]:
+                    time.sleep(delay)
+                    sent[w].append(time.monotonic())
+                    clients[w].push(np.ones(64, np.float32), reply_into=out, pull=True)
+                    replied[w].append(time.monotonic())
+                clients[w].done()
+
+            threads = [threading.Thread(target=work, args=(w,)) for w in range(3)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+            for client in clients:
+                client.close()
+        # Worker w computing at clock c (after its c-th reply) needs every other worker to have
+        # sent its (c - s)-th push before that reply came back.
+        for w in range(3):
+            for c, reply_time in enumerate(replied[w], start=1):
+                for other in range(3):
+                    needed = c - staleness
+                    if other != w and needed >= 1:
+                        assert sent[other][needed - 1] <= reply_time, (w, c, other)
+
+    check()

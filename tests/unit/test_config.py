@@ -1,0 +1,91 @@
+"""RunConfig and the CLI reject bad input with one clear message naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from ember.cli import main
+from ember.config import RunConfig, make_config
+from ember.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"tau": 0}, "tau must be an integer >= 1, got 0"),
+        ({"alpha": 0.0}, r"alpha must be in \(0, 1\], got 0.0"),
+        ({"alpha": 1.5}, r"alpha must be in \(0, 1\], got 1.5"),
+        ({"staleness": -1}, "staleness must be an integer >= 0, got -1"),
+        ({"workers": 0}, "workers must be an integer >= 1, got 0"),
+        (
+            {"strategy": "gossip"},
+            "strategy must be one of single, bsp, ssp, async, easgd, "
+            "easgd-async, allreduce; got 'gossip'",
+        ),
+        ({"engine": "ray"}, "engine must be one of local, spark; got 'ray'"),
+        ({"lr": -0.1}, "lr must be > 0, got -0.1"),
+        ({"strategy": "single", "workers": 2}, "workers must be 1 for strategy 'single', got 2"),
+        ({"strategy": "allreduce", "servers": 2}, "servers must be 1 for strategy 'allreduce'"),
+        ({"batch_sise": 3}, "unknown configuration field.s. batch_sise; allowed: data, model"),
+    ],
+)
+def test_invalid_field_is_rejected_with_a_message_naming_it(fields, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make_config(fields)
+
+
+def test_defaults_are_the_main_job() -> None:
+    config = make_config({})
+    assert (config.data, config.model, config.strategy, config.workers) == (
+        "mnist",
+        "mlp",
+        "easgd-async",
+        2,
+    )
+    assert config.algorithm == "easgd" and config.consistency == "async"
+    assert config.effective_alpha == pytest.approx(0.45)
+
+
+def test_yaml_file_fills_fields_and_flags_win(tmp_path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("strategy: bsp\nworkers: 3\nbatch-size: 32\n")
+    config = make_config({"workers": 4}, str(path))
+    assert (config.strategy, config.workers, config.batch_size) == ("bsp", 4, 32)
+
+
+def test_yaml_file_that_is_not_a_mapping_is_rejected(tmp_path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        make_config({}, str(path))
+
+
+def test_cli_exits_2_naming_the_field_before_starting_anything(capsys, tmp_path) -> None:
+    code = main(["train", "--tau", "0", "--out", str(tmp_path / "run")])
+    assert code == 2
+    assert "ember: error: tau must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_rejects_unknown_flags_with_exit_code_2(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--tua", "3"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --tua" in capsys.readouterr().err
+
+
+def test_cli_names_an_unreadable_data_path(capsys, tmp_path) -> None:
+    code = main(["train", "--data", str(tmp_path / "missing.npz"), "--out", str(tmp_path / "r")])
+    assert code == 2
+    assert "missing.npz" in capsys.readouterr().err
+
+
+def test_cli_names_a_model_factory_that_cannot_be_imported(capsys, tmp_path) -> None:
+    code = main(["train", "--model", "nowhere.models:make", "--out", str(tmp_path / "r")])
+    assert code == 2
+    assert "model factory 'nowhere.models:make' cannot be imported" in capsys.readouterr().err
+
+
+def test_run_config_round_trips_through_a_dict() -> None:
+    config = RunConfig(strategy="ssp", staleness=3).validate()
+    assert RunConfig(**config.to_dict()) == config
