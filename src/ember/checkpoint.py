@@ -44,6 +44,17 @@ class Checkpoint:
     meta: dict[str, Any]  # the caller's JSON dict, as saved
 
 
+def free_step(root: Path | str, step: int) -> int:
+    """`step` if no checkpoint is named for it yet, else one past the highest existing name: a
+    run resumed from an older checkpoint never collides with the newer ones it left behind."""
+    existing = [
+        int(m.group(1)) for p in list_checkpoints(root) if (m := _STEP_DIR.fullmatch(p.name))
+    ]
+    if step not in existing:
+        return step
+    return max(existing) + 1
+
+
 def save_checkpoint(
     root: Path | str,
     step: int,

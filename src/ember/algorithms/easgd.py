@@ -81,6 +81,7 @@ class AsyncEASGD(_EASGDBase):
         self._error: BaseException | None = None
         self._resumed: dict[str, int] = {}
         self._blocked = 0.0  # seconds compute waited for the exchange in flight
+        self._snapshot_step = 0  # local step at which the snapshot in flight was taken
         self._thread = threading.Thread(
             target=self._exchange_loop, name="ember-exchanger", daemon=True
         )
@@ -109,6 +110,7 @@ class AsyncEASGD(_EASGDBase):
                 self._due.clear()
                 if self._stop:
                     break
+                client.step = self._snapshot_step  # the resume point the servers record
                 result = client.push(self.snapshot, reply_into=self.elastic)
                 self._last_result = result
                 self._arrived.set()
@@ -144,6 +146,7 @@ class AsyncEASGD(_EASGDBase):
             self._blocked = 0.0
             self._idle.clear()
             np.copyto(self.snapshot, self.flat.params_np)
+            self._snapshot_step = step + 1
             self._due.set()
 
     def finish(self) -> None:

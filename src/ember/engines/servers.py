@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ember.algorithms import make_update_rule
-from ember.checkpoint import Checkpoint, save_checkpoint
+from ember.checkpoint import Checkpoint, free_step, save_checkpoint
 from ember.config import RunConfig
 from ember.engines.process import reap, start_child, tail
 from ember.errors import EmberError, ServerUnavailable
@@ -95,7 +95,9 @@ class ServerGroup:
         if step == self._saved_step:
             return None
         full_meta = {**meta, "server_step": step, "workers": state_meta["workers"]}
-        path = save_checkpoint(root, step, tensors, full_meta, keep=self.config.keep_checkpoints)
+        path = save_checkpoint(
+            root, free_step(root, step), tensors, full_meta, keep=self.config.keep_checkpoints
+        )
         self._saved_step = step
         return path
 

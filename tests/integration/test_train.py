@@ -1,0 +1,310 @@
+"""`ember train` end to end: real server and worker processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import ember
+from ember.metrics import read_metrics
+
+pytestmark = pytest.mark.timeout(180)
+QUICK = ["--data", "digits", "--epochs", "1", "--log-every", "10"]
+
+
+def ember_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 150
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ember", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def summary_of(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("strategy", "servers"),
+    [
+        ("single", 1),
+        ("bsp", 1),
+        ("ssp", 1),
+        ("async", 1),
+        ("easgd", 1),
+        ("easgd-async", 1),
+        ("allreduce", 1),
+        ("bsp", 2),
+        ("easgd-async", 2),
+    ],
+)
+def test_every_strategy_trains_and_writes_the_run_directory(tmp_path, strategy, servers) -> None:
+    workers = "1" if strategy == "single" else "2"
+    out = tmp_path / "run"
+    done = ember_cli(
+        "train",
+        *QUICK,
+        "--epochs",
+        "2",
+        "--strategy",
+        strategy,
+        "--workers",
+        workers,
+        "--servers",
+        str(servers),
+        "--out",
+        str(out),
+    )
+    assert done.returncode == 0, done.stderr
+    summary = summary_of(out)
+    assert summary["strategy"] == strategy and summary["servers"] == (
+        servers if strategy not in ("single", "allreduce") else 0
+    )
+    assert summary["test_accuracy"] > 0.85  # 2 epochs over 10,000 images
+    for key in (
+        "test_loss",
+        "train_seconds",
+        "samples_per_second",
+        "bytes_pushed",
+        "bytes_pulled",
+        "exchanges",
+        "t_comp_seconds",
+        "t_comm_seconds",
+        "config",
+    ):
+        assert key in summary
+    if strategy != "single":
+        assert summary["bytes_pushed"] > 0 and summary["exchanges"] > 0
+    records = read_metrics(out / "metrics.jsonl")
+    assert {r["rank"] for r in records if r.get("kind") == "worker"} == set(range(int(workers)))
+    assert (out / "checkpoints" / "last").exists()
+
+
+def test_a_failing_worker_ends_the_run_within_30s_with_its_error_and_no_process_left(
+    tmp_path,
+) -> None:
+    (tmp_path / "faulty.py").write_text(
+        "import os, torch\n"
+        "class Faulty(torch.nn.Module):\n"
+        "    def __init__(self, marker):\n"
+        "        super().__init__()\n"
+        "        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))\n"
+        "        self.calls, self.fails = 0, False\n"
+        "        self.marker = marker\n"
+        "    def forward(self, x):\n"
+        "        self.calls += 1\n"
+        "        if self.calls == 30 and self.training:\n"
+        "            try:\n"
+        "                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))\n"
+        "            except FileExistsError:\n"
+        "                return self.net(x)\n"
+        "            print('about to fail', flush=True)\n"
+        "            raise RuntimeError('injected failure in the forward pass')\n"
+        "        return self.net(x)\n"
+        f"def make():\n    return Faulty({str(tmp_path / 'marker')!r})\n"
+    )
+    started = time.monotonic()
+    done = ember_cli(
+        "train",
+        *QUICK,
+        "--epochs",
+        "5",
+        "--strategy",
+        "bsp",
+        "--model",
+        "faulty:make",
+        "--out",
+        str(tmp_path / "run"),
+        env={"PYTHONPATH": str(tmp_path)},
+    )
+    assert done.returncode == 1
+    assert time.monotonic() - started < 30
+    assert "injected failure in the forward pass" in done.stderr
+    assert "about to fail" in done.stderr  # the last lines of that worker's output
+    assert "worker " in done.stderr
+    leftovers = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if str(tmp_path) in " ".join(p.info["cmdline"] or [])
+    ]
+    assert leftovers == []
+
+
+def test_killed_launcher_leaves_no_process_and_resume_auto_finishes_the_run(tmp_path) -> None:
+    out = tmp_path / "run"
+    args = [
+        "train",
+        "--data",
+        "digits",
+        "--epochs",
+        "6",
+        "--strategy",
+        "easgd-async",
+        "--checkpoint-seconds",
+        "0.5",
+        "--out",
+        str(out),
+    ]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "ember", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not _has_progress(out):
+        time.sleep(0.2)
+    assert _has_progress(out), "no checkpoint appeared"
+    children = psutil.Process(launcher.pid).children(recursive=True)
+    assert len(children) >= 3  # one server and two workers
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait(10)
+    _, alive = psutil.wait_procs(children, timeout=5)
+    assert alive == []
+    last_saved = (out / "checkpoints" / "last").read_text().strip()
+
+    done = ember_cli("train", *args[1:-2], "--out", str(out), "--resume", "auto")
+    assert done.returncode == 0, done.stderr
+    summary = summary_of(out)
+    assert summary["resumed_from"].endswith(last_saved)
+    assert summary["test_accuracy"] > 0.9
+    starts = [r for r in read_metrics(out / "metrics.jsonl") if r.get("kind") == "start"]
+    assert max(r["first_step"] for r in starts) > 0  # workers continued, not from step 0
+
+
+def _has_progress(out: Path) -> bool:
+    """A checkpoint recording that workers had taken steps exists."""
+    last = out / "checkpoints" / "last"
+    if not last.exists():
+        return False
+    manifest = out / "checkpoints" / last.read_text().strip() / "manifest.json"
+    workers = json.loads(manifest.read_text())["meta"]["workers"]
+    return all(w["step"] > 0 for w in workers.values())
+
+
+def test_interrupted_run_exits_130_and_reaps_every_child(tmp_path) -> None:
+    out = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ember",
+            "train",
+            "--data",
+            "digits",
+            "--epochs",
+            "20",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (
+        (out / "metrics.jsonl").exists() and "worker" in (out / "metrics.jsonl").read_text()
+    ):
+        time.sleep(0.2)
+    children = psutil.Process(launcher.pid).children(recursive=True)
+    launcher.send_signal(signal.SIGINT)
+    _, err = launcher.communicate(timeout=30)
+    assert launcher.returncode == 130, err
+    assert "interrupted" in err
+    _, alive = psutil.wait_procs(children, timeout=5)
+    assert alive == []
+
+
+def test_existing_run_directory_is_never_overwritten_without_resume(tmp_path) -> None:
+    out = tmp_path / "run"
+    assert (
+        ember_cli(
+            "train", *QUICK, "--strategy", "single", "--workers", "1", "--out", str(out)
+        ).returncode
+        == 0
+    )
+    before = (out / "summary.json").read_text()
+    again = ember_cli("train", *QUICK, "--strategy", "single", "--workers", "1", "--out", str(out))
+    assert again.returncode == 2
+    assert "already holds checkpoints; pass --resume auto" in again.stderr
+    assert (out / "summary.json").read_text() == before
+
+
+def test_corrupt_newest_checkpoint_is_named_and_resume_auto_falls_back(tmp_path) -> None:
+    out = tmp_path / "run"
+    done = ember_cli(
+        "train",
+        *QUICK,
+        "--epochs",
+        "3",
+        "--strategy",
+        "easgd",
+        "--checkpoint-seconds",
+        "0.2",
+        "--out",
+        str(out),
+    )
+    assert done.returncode == 0, done.stderr
+    steps = sorted((out / "checkpoints").glob("step-*"))
+    assert len(steps) >= 2
+    state = steps[-1] / "state.safetensors"
+    state.write_bytes(state.read_bytes()[:-100])
+    bad = ember_cli("evaluate", "--checkpoint", str(steps[-1]))
+    assert bad.returncode == 2
+    assert f"{state}: sha256 mismatch" in bad.stderr
+    good = ember_cli("evaluate", "--checkpoint", str(steps[-2]))
+    assert good.returncode == 0, good.stderr
+    assert json.loads(good.stdout)["test_accuracy"] > 0.8
+    resumed = ember_cli(
+        "train",
+        *QUICK,
+        "--epochs",
+        "3",
+        "--strategy",
+        "easgd",
+        "--out",
+        str(out),
+        "--resume",
+        "auto",
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert summary_of(out)["resumed_from"] == str(steps[-2])
+
+
+def test_fit_api_returns_the_summary_and_a_trained_model(tmp_path) -> None:
+    import torch
+
+    result = ember.fit(
+        data="digits",
+        model="logreg",
+        strategy="easgd",
+        workers=2,
+        epochs=1,
+        out=str(tmp_path / "run"),
+    )
+    assert isinstance(result.model, torch.nn.Module)
+    assert result.summary["test_accuracy"] > 0.8
+    assert summary_of(tmp_path / "run")["test_accuracy"] == result.summary["test_accuracy"]
+
+
+def test_synthetic_logistic_regression_matches_a_single_process_fit(tmp_path) -> None:
+    common = {
+        "data": "synthetic-lr",
+        "model": "logreg",
+        "synthetic_samples": 40_000,
+        "epochs": 3,
+        "lr": 0.01,
+    }
+    single = ember.fit(strategy="single", workers=1, out=str(tmp_path / "single"), **common)
+    spread = ember.fit(strategy="easgd-async", workers=2, out=str(tmp_path / "easgd"), **common)
+    assert single.summary["test_accuracy"] > 0.8
+    assert abs(spread.summary["test_accuracy"] - single.summary["test_accuracy"]) <= 0.01
