@@ -280,7 +280,7 @@ def test_corrupt_newest_checkpoint_is_named_and_resume_auto_falls_back(tmp_path)
     assert summary_of(out)["resumed_from"] == str(steps[-2])
 
 
-def test_fit_api_returns_the_summary_and_a_trained_model(tmp_path) -> None:
+def test_fit_api_returns_the_summary_and_model_and_writes_tensorboard_events(tmp_path) -> None:
     import torch
 
     result = ember.fit(
@@ -290,10 +290,12 @@ def test_fit_api_returns_the_summary_and_a_trained_model(tmp_path) -> None:
         workers=2,
         epochs=1,
         out=str(tmp_path / "run"),
+        tensorboard=True,
     )
     assert isinstance(result.model, torch.nn.Module)
     assert result.summary["test_accuracy"] > 0.8
     assert summary_of(tmp_path / "run")["test_accuracy"] == result.summary["test_accuracy"]
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def test_synthetic_logistic_regression_matches_a_single_process_fit(tmp_path) -> None:

@@ -54,7 +54,7 @@ def train_local(setup_or_config: Any, show_progress: bool = True) -> RunResult:
                     setup.run_dir / "logs" / f"worker-{rank}.log",
                 )
             )
-        results = _watch(setup, processes, records, servers)
+        results = _watch(setup, processes, records, servers, show_progress)
         seconds = time.perf_counter() - started
         extra: dict[str, Any] = {}
         if servers is not None:
@@ -76,7 +76,11 @@ def train_local(setup_or_config: Any, show_progress: bool = True) -> RunResult:
 
 
 def _watch(
-    setup: RunSetup, processes: list[Any], records: Any, servers: ServerGroup | None
+    setup: RunSetup,
+    processes: list[Any],
+    records: Any,
+    servers: ServerGroup | None,
+    show_progress: bool,
 ) -> list[dict[str, Any]]:
     """Relay progress, checkpoint the servers on schedule, and fail fast when a child dies."""
     config = setup.config
@@ -84,7 +88,7 @@ def _watch(
     total = config.epochs * (rows // config.batch_size) * config.batch_size * config.workers
     done: dict[int, dict[str, Any]] = {}
     last_checkpoint = time.monotonic()
-    with Progress(total, enabled=True) as bar:
+    with Progress(total, enabled=show_progress) as bar:
         while len(done) < len(processes):
             record = _next(records, 0.25)
             while record is not None:
