@@ -17,6 +17,7 @@ from ember.algorithms import (
     WorkerContext,
     local_optimizer,
     make_algorithm,
+    ships_gradients,
     uses_local_optimizer,
 )
 from ember.checkpoint import save_checkpoint
@@ -88,7 +89,7 @@ def run_worker(spec: WorkerSpec, report: Report, dataset: Dataset | None = None)
             f"batch of {config.batch_size}"
         )
     model = make_model(config, dataset)
-    flat = FlatModel(model)
+    flat = FlatModel(model, flat_grads=ships_gradients(config))
     if spec.initial is not None:
         flat.load(spec.initial)
     optimizer = local_optimizer(flat, config) if uses_local_optimizer(config) else None
@@ -110,6 +111,7 @@ def run_worker(spec: WorkerSpec, report: Report, dataset: Dataset | None = None)
 
     started = last_log = time.perf_counter()
     last_checkpoint, t_comp, loss_sum, logged_steps = started, 0.0, torch.zeros(()), 0
+    aside = 0.0  # seconds of evaluation and checkpointing inside the loop, not training
     saved_step = first_step
     order = torch.empty(0, dtype=torch.int64)
     for step in range(first_step, total_steps):
@@ -120,7 +122,9 @@ def run_worker(spec: WorkerSpec, report: Report, dataset: Dataset | None = None)
         batch = order[index * config.batch_size : (index + 1) * config.batch_size]
         step_started, waited_before = time.perf_counter(), algorithm.stats.t_wait
         flat.zero_grad()
-        loss = F.cross_entropy(model(features[batch]), labels[batch])
+        # index_select copies whole rows: several times faster than advanced indexing here.
+        inputs, targets = features.index_select(0, batch), labels.index_select(0, batch)
+        loss = F.cross_entropy(model(inputs), targets)
         loss.backward()
         algorithm.after_backward(step)
         t_comp += time.perf_counter() - step_started - (algorithm.stats.t_wait - waited_before)
@@ -142,6 +146,7 @@ def run_worker(spec: WorkerSpec, report: Report, dataset: Dataset | None = None)
             )
             last_log, loss_sum, logged_steps = now, torch.zeros(()), 0
         if spec.rank == 0 and index + 1 == steps_per_epoch:
+            aside_started = time.perf_counter()
             accuracy, test_loss = evaluate(model, dataset.x_test, dataset.y_test)
             report(
                 {
@@ -153,14 +158,18 @@ def run_worker(spec: WorkerSpec, report: Report, dataset: Dataset | None = None)
                     "source": "worker 0 local parameters",
                 }
             )
+            aside += time.perf_counter() - aside_started
         if (
             not config.uses_server
             and spec.rank == 0
             and time.perf_counter() - last_checkpoint > config.checkpoint_seconds
         ):
+            aside_started = time.perf_counter()
             _save_local(spec, flat, step + 1)
             last_checkpoint, saved_step = time.perf_counter(), step + 1
+            aside += last_checkpoint - aside_started
     algorithm.finish()
+    seconds = time.perf_counter() - started - aside
     if not config.uses_server and spec.rank == 0 and saved_step != total_steps:
         _save_local(spec, flat, total_steps)
     stats = algorithm.stats
@@ -170,7 +179,8 @@ def run_worker(spec: WorkerSpec, report: Report, dataset: Dataset | None = None)
         "rank": spec.rank,
         "steps": steps_run,
         "samples": steps_run * config.batch_size,
-        "seconds": time.perf_counter() - started,
+        "seconds": seconds,  # the training loop, without evaluation and checkpoints
+        "aside_seconds": aside,
         "t_comp": t_comp,
         "t_comm": stats.t_comm,
         "t_wait": stats.t_wait,

@@ -60,6 +60,11 @@ def uses_local_optimizer(config: RunConfig) -> bool:
     return config.algorithm != "sgd"
 
 
+def ships_gradients(config: RunConfig) -> bool:
+    """Strategies whose exchange moves gradients need them in FlatModel's flat buffer."""
+    return config.algorithm in ("sgd", "allreduce")
+
+
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
@@ -78,5 +83,6 @@ __all__ = [
     "local_optimizer",
     "make_algorithm",
     "make_update_rule",
+    "ships_gradients",
     "uses_local_optimizer",
 ]

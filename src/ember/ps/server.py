@@ -80,7 +80,7 @@ class WorkerEntry:
 class _Held:
     request: Request
     worker: WorkerEntry
-    payload: torch.Tensor | None
+    payload: list[torch.Tensor] | None  # chunk views of zmq's receive buffers
     folded: bool = False
 
 
@@ -217,7 +217,7 @@ class ParameterServer:
             raise ProtocolError(f"worker {worker_id} was dropped or finished; register again")
         return entry
 
-    def _payload(self, request: Request) -> torch.Tensor:
+    def _payload(self, request: Request) -> list[torch.Tensor]:
         size = self.shard.stop - self.shard.start
         if request.header.get("keys") != [self.shard.start, self.shard.stop]:
             self.rejected["keys"] += 1
@@ -232,9 +232,7 @@ class ParameterServer:
                 f"push must carry one float32 tensor of shape [{size}], got {table!r}"
             )
         chunks = tensors_from_frames(table, request.frames, max_bytes=4 * size)[0]
-        if len(chunks) == 1:
-            return torch.from_numpy(chunks[0])
-        return torch.cat([torch.from_numpy(c) for c in chunks])  # one copy, multi-chunk pushes
+        return [torch.from_numpy(chunk) for chunk in chunks]
 
     # ---- folding and answering -----------------------------------------------------------------
     def _min_clock(self) -> int:
@@ -273,16 +271,31 @@ class ParameterServer:
             self._answer(held)
         return True
 
-    def _fold(self, payload: torch.Tensor, clock: int) -> torch.Tensor | None:
+    def _fold(self, payload: list[torch.Tensor], clock: int) -> torch.Tensor | None:
+        """Fold a push chunk by chunk straight from zmq's buffers: the rules are elementwise,
+        so no contiguous copy of the payload is ever made."""
         out = self._reply_buffer() if self.rule.replies else None
-        contribution = self.rule.contribute(self.params, payload, out)
+        synchronous = self.round_sum is not None
+        if not synchronous:
+            self._wait_for_replies_reading_params()
+        offset = 0
+        for chunk in payload:
+            keys = slice(offset, offset + chunk.numel())
+            params = self.params[keys]
+            contribution = self.rule.contribute(params, chunk, None if out is None else out[keys])
+            if self.round_sum is not None:
+                # BSP folds only clock == min_clock, so a round never mixes clocks.
+                self.round_sum[keys].add_(contribution)
+            else:
+                self.rule.commit(
+                    params, {k: v[keys] for k, v in self.state.items()}, contribution, 1
+                )
+            offset += chunk.numel()
         self.counters["pushes"] += 1
-        if self.round_sum is not None:
-            # BSP folds only clock == min_clock, so a round never mixes clocks.
-            self.round_sum.add_(contribution)
+        if synchronous:
             self.round_count, self.round_clock = self.round_count + 1, clock
         else:
-            self._commit(contribution, 1)
+            self.step += 1
         return out
 
     def _maybe_commit_round(self) -> None:

@@ -1,0 +1,184 @@
+"""Helpers shared by the benchmark scripts: CLI flags, child processes, statistics, output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import socket
+import statistics
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+SPAWN = mp.get_context("spawn")  # as ember does: fork would copy torch's threads and locks
+CHILD_TIMEOUT = 600.0  # seconds a benchmark child may take before it counts as hung
+
+
+# ---- command line -------------------------------------------------------------------------------
+def make_parser(description: str) -> argparse.ArgumentParser:
+    """The flags every benchmark takes: --repeat, --quick and --out."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(
+        "--repeat",
+        type=positive_int,
+        default=5,
+        help="independent side-by-side repeats; figures are their median (default 5)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke test: smallest settings and one repeat"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="also write the figures to this JSON"
+    )
+    return parser
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for counts: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def set_threads() -> None:
+    """One PyTorch thread per process: the benchmarks share two cores."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+# ---- child processes ----------------------------------------------------------------------------
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start(target: Callable[..., Any], *args: Any) -> Any:
+    """Spawn `target(*args)` in a child process; the caller joins it (see `finish`)."""
+    process = SPAWN.Process(target=target, args=args, daemon=True)
+    process.start()
+    return process
+
+
+def finish(processes: Sequence[Any], timeout: float = 30.0) -> None:
+    """Join children, killing any that outlive `timeout` seconds."""
+    for process in processes:
+        process.join(timeout)
+        if process.is_alive():
+            process.kill()
+            process.join(5.0)
+
+
+def call_in_child(target: Callable[..., Any], *args: Any) -> Any:
+    """Run `target(*args)` in a spawned process and return its (picklable) result."""
+    return call_in_children([(target, args)])[0]
+
+
+def call_in_children(calls: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]]) -> list[Any]:
+    """Start every `target(*args)` at once in its own spawned process; return their results."""
+    started = []
+    for target, args in calls:
+        receiver, sender = SPAWN.Pipe(duplex=False)
+        started.append((start(_send_result, sender, target, args), receiver))
+        sender.close()
+    try:
+        return [_receive(process, receiver) for process, receiver in started]
+    finally:
+        finish([process for process, _ in started])
+
+
+def _send_result(sender: Any, target: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    try:
+        sender.send(("ok", target(*args)))
+    except BaseException:
+        sender.send(("error", traceback.format_exc()))
+        raise
+
+
+def _receive(process: Any, receiver: Any) -> Any:
+    if not receiver.poll(CHILD_TIMEOUT):
+        raise RuntimeError(f"benchmark child {process.name} sent nothing in {CHILD_TIMEOUT:g}s")
+    try:
+        status, value = receiver.recv()
+    except EOFError:
+        process.join(5.0)
+        raise RuntimeError(
+            f"benchmark child {process.name} died (exit code "
+            f"{process.exitcode}) before sending a result"
+        ) from None
+    if status != "ok":
+        raise RuntimeError(f"benchmark child {process.name} failed:\n{value}")
+    return value
+
+
+# ---- statistics and output ----------------------------------------------------------------------
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    """Median, min and max of one figure over the repeats, plus the values themselves."""
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "runs": list(values),
+    }
+
+
+def fmt(stat: dict[str, Any], digits: int = 2) -> str:
+    """`median (min–max)`, or just the value when there was one repeat."""
+    if stat["min"] == stat["max"]:
+        return f"{stat['median']:,.{digits}f}"
+    return f"{stat['median']:,.{digits}f} ({stat['min']:,.{digits}f}–{stat['max']:,.{digits}f})"
+
+
+def check(stat: dict[str, Any], target: float) -> str:
+    """Whether the median meets a `>= target` goal."""
+    return "yes" if stat["median"] >= target else "**no**"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def environment() -> dict[str, Any]:
+    """What the figures depend on besides the code: versions and the machine."""
+    import numpy
+    import torch
+    import zmq
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "pyzmq": zmq.__version__,
+        "zmq": zmq.zmq_version(),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "load_average": list(os.getloadavg()),
+    }
+
+
+def report(name: str, table: str, settings: dict[str, Any], results: Any, out: Path | None) -> None:
+    """Print the Markdown table and, with --out, write everything to JSON."""
+    print(table)
+    if out is None:
+        return
+    data = {
+        "benchmark": name,
+        "settings": settings,
+        "environment": environment(),
+        "results": results,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"\nwrote {out}")

@@ -1,0 +1,165 @@
+"""scaling: two ember workers x one thread on two cores against two independent plain loops.
+
+ceiling: two plain PyTorch processes (training.py) started at once, each training ember's mlp
+on one half of the data with batch 64; the ceiling is the sum of their samples/s. Then
+`ember.fit(workers=2, strategy=S, batch_size=64, threads=1, ...)` for every strategy S (easgd
+variants with tau 8), reporting samples/s, the ratio to the ceiling and the test accuracy.
+Each repeat runs all of them back to back, starting from a different one each time.
+
+Usage: python benchmarks/scaling.py [--epochs E] [--data D] [--repeat R] [--quick] [--out F]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from common import (
+    SPAWN,
+    call_in_children,
+    check,
+    fmt,
+    make_parser,
+    markdown_table,
+    positive_int,
+    report,
+    set_threads,
+    spread,
+)
+from training import BATCH, MODEL, TAU, train_ember, train_plain
+
+EPOCHS = 2
+WORKERS = 2
+STRATEGIES = ("easgd-async", "allreduce", "bsp", "ssp", "async", "easgd")
+CEILING = "ceiling"
+RUNS = (CEILING, *STRATEGIES)
+TARGET_VS_CEILING = 0.85  # easgd-async samples/s / ceiling
+TARGET_VS_ALLREDUCE = 1.5  # easgd-async samples/s / allreduce samples/s
+
+Repeat = dict[str, dict[str, Any]]
+
+
+def measure_ceiling(data: str, epochs: int) -> dict[str, Any]:
+    """Two plain loops, one per half of the data, whose timed loops start together."""
+    barrier = SPAWN.Barrier(WORKERS)
+    calls = [(train_plain, (data, epochs, rank, WORKERS, barrier)) for rank in range(WORKERS)]
+    runs = call_in_children(calls)
+    return {
+        "samples_per_second": sum(r["samples_per_second"] for r in runs),
+        "test_accuracy": runs[0]["test_accuracy"],
+        "processes": runs,
+    }
+
+
+def one_repeat(index: int, data: str, epochs: int) -> Repeat:
+    order = RUNS[index % len(RUNS) :] + RUNS[: index % len(RUNS)]
+    figures = {}
+    for name in order:
+        if name == CEILING:
+            figures[name] = measure_ceiling(data, epochs)
+        else:
+            figures[name] = train_ember(data, epochs, strategy=name, workers=WORKERS)
+        print(f"  {name}: {figures[name]['samples_per_second']:,.0f} samples/s", flush=True)
+    return figures
+
+
+def summarize(repeats: list[Repeat]) -> dict[str, Any]:
+    def over_repeats(figure: Callable[[Repeat], float]) -> dict[str, Any]:
+        return spread([figure(r) for r in repeats])
+
+    def speed(r: Repeat, name: str) -> float:
+        return float(r[name]["samples_per_second"])
+
+    results: dict[str, Any] = {
+        name: {
+            "samples_per_second": over_repeats(lambda r, n=name: speed(r, n)),
+            "vs_ceiling": over_repeats(lambda r, n=name: speed(r, n) / speed(r, CEILING)),
+            "test_accuracy": over_repeats(lambda r, n=name: r[n]["test_accuracy"]),
+        }
+        for name in RUNS
+    }
+    results["easgd_async_vs_allreduce"] = over_repeats(
+        lambda r: speed(r, "easgd-async") / speed(r, "allreduce")
+    )
+    results["repeats"] = repeats
+    return results
+
+
+def table(results: dict[str, Any]) -> str:
+    rows = []
+    for name in RUNS:
+        figures = results[name]
+        label = "ceiling: 2 x plain PyTorch" if name == CEILING else f"ember {name}"
+        accuracy = fmt(figures["test_accuracy"], 4)
+        rows.append(
+            [
+                label,
+                fmt(figures["samples_per_second"], 0),
+                fmt(figures["vs_ceiling"], 3),
+                f"{accuracy} (rank 0)" if name == CEILING else accuracy,
+            ]
+        )
+    vs_ceiling = results["easgd-async"]["vs_ceiling"]
+    vs_allreduce = results["easgd_async_vs_allreduce"]
+    targets = [
+        [
+            f"easgd-async / ceiling >= {TARGET_VS_CEILING}",
+            fmt(vs_ceiling, 3),
+            check(vs_ceiling, TARGET_VS_CEILING),
+        ],
+        [
+            f"easgd-async / allreduce >= {TARGET_VS_ALLREDUCE}",
+            fmt(vs_allreduce, 3),
+            check(vs_allreduce, TARGET_VS_ALLREDUCE),
+        ],
+    ]
+    return "\n\n".join(
+        [
+            markdown_table(["run", "samples/s", "/ ceiling", "test accuracy"], rows),
+            markdown_table(["target", "measured", "met"], targets),
+        ]
+    )
+
+
+def main() -> None:
+    parser = make_parser(__doc__.splitlines()[0])
+    parser.add_argument(
+        "--epochs",
+        type=positive_int,
+        default=EPOCHS,
+        help=f"epochs per run, each worker over its half (default {EPOCHS}; 1 with --quick)",
+    )
+    parser.add_argument(
+        "--data", default=None, help="dataset name (default mnist; digits with --quick)"
+    )
+    args = parser.parse_args()
+    set_threads()
+    epochs, repeat = (1, 1) if args.quick else (args.epochs, args.repeat)
+    data = args.data or ("digits" if args.quick else "mnist")
+    repeats = []
+    for index in range(repeat):
+        print(f"repeat {index + 1}/{repeat}", flush=True)
+        repeats.append(one_repeat(index, data, epochs))
+    print()
+    settings = {
+        "model": MODEL,
+        "data": data,
+        "epochs": epochs,
+        "workers": WORKERS,
+        "threads": 1,
+        "batch_size": BATCH,
+        "tau": TAU,
+        "strategies": list(STRATEGIES),
+        "repeat": repeat,
+        "quick": args.quick,
+        "targets": {
+            "easgd_async_vs_ceiling": TARGET_VS_CEILING,
+            "easgd_async_vs_allreduce": TARGET_VS_ALLREDUCE,
+        },
+    }
+    results = summarize(repeats)
+    report("scaling", table(results), settings, results, args.out)
+
+
+if __name__ == "__main__":
+    main()
