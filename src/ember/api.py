@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.config import RunConfig, make_config
+from ember.errors import ConfigError
 
 
 def fit(config_file: str | None = None, show_progress: bool = False, **fields: Any) -> Any:
@@ -17,12 +18,18 @@ def fit(config_file: str | None = None, show_progress: bool = False, **fields: A
     return train(config, show_progress)
 
 
-def evaluate_checkpoint(checkpoint: str | Path, data: str | None = None) -> dict[str, Any]:
+def evaluate_checkpoint(
+    checkpoint: str | Path, data: str | None = None, model: str | None = None
+) -> dict[str, Any]:
     """Load a checkpoint (a step directory or a run's checkpoints folder) and score its
-    parameters on the test split of `data` (default: the data it was trained on)."""
+    parameters on the test split of `data` (default: the data it was trained on).
+
+    A checkpoint is a user's file: a model factory it names is imported only when the caller
+    names the same factory in `model`, never on the file's word alone."""
     from ember.algorithms import load_flat_parameters
     from ember.checkpoint import load_checkpoint
     from ember.errors import CheckpointError
+    from ember.models import MODEL_NAMES
     from ember.worker import evaluate, load_data, make_model
 
     loaded = load_checkpoint(Path(checkpoint))
@@ -30,18 +37,25 @@ def evaluate_checkpoint(checkpoint: str | Path, data: str | None = None) -> dict
     config = RunConfig(**{k: v for k, v in saved.items() if k in RunConfig.__dataclass_fields__})
     if data is not None:
         config.data = data
+    if model is not None:
+        config.model = model
+    elif config.model not in MODEL_NAMES:
+        raise ConfigError(
+            f"checkpoint {loaded.path} was trained with model factory {config.model!r}; pass "
+            f"--model {config.model} to import and run it"
+        )
     dataset = load_data(config)
-    model = make_model(config, dataset)
+    network = make_model(config, dataset)
     params = loaded.tensors.get("params")
-    expected = sum(p.numel() for p in model.parameters())
+    expected = sum(p.numel() for p in network.parameters())
     if params is None or params.size != expected:
         raise CheckpointError(
             f"checkpoint {loaded.path}: holds "
             f"{'no params' if params is None else f'{params.size} parameters'}"
             f", model {config.model!r} on {config.data!r} needs {expected}"
         )
-    load_flat_parameters(model, params)
-    accuracy, loss = evaluate(model, dataset.x_test, dataset.y_test)
+    load_flat_parameters(network, params)
+    accuracy, loss = evaluate(network, dataset.x_test, dataset.y_test)
     return {
         "checkpoint": str(loaded.path),
         "data": config.data,

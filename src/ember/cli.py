@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint", required=True, help="a step directory or a run's checkpoints folder"
     )
     evaluate.add_argument("--data", default=None, help=HELP["data"] + " (default: as trained)")
+    evaluate.add_argument(
+        "--model", default=None, help="needed to import a package.module:factory model"
+    )
     return parser
 
 
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args)
         from ember.api import evaluate_checkpoint
 
-        print(json.dumps(evaluate_checkpoint(args.checkpoint, args.data), indent=2))
+        print(json.dumps(evaluate_checkpoint(args.checkpoint, args.data, args.model), indent=2))
         return 0
     except (ConfigError, CheckpointError) as exc:
         print(f"ember: error: {exc}", file=sys.stderr)

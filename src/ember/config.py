@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -81,6 +82,7 @@ class RunConfig:
 
     def validate(self) -> RunConfig:
         """Raise ConfigError naming the first invalid field; return self when all are valid."""
+        self._check_types()
         _one_of("strategy", self.strategy, tuple(STRATEGIES))
         _one_of("engine", self.engine, ENGINES)
         for name in (
@@ -118,6 +120,36 @@ class RunConfig:
         if self.strategy == "single" and self.workers != 1:
             raise ConfigError(f"workers must be 1 for strategy 'single', got {self.workers}")
         return self
+
+    def _check_types(self) -> None:
+        """YAML and the API hand over any type: name the field rather than fail deep inside."""
+        for f in dataclasses.fields(self):
+            value, kind = getattr(self, f.name), str(f.type)
+            if value is None and "None" in kind:
+                continue
+            if kind.startswith("bool"):
+                ok = isinstance(value, bool)
+            elif kind.startswith("int"):
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            elif kind.startswith("float"):
+                ok = (
+                    isinstance(value, (int, float))
+                    and not isinstance(value, bool)
+                    and math.isfinite(value)
+                )
+            elif kind.startswith("str"):
+                ok = isinstance(value, str)
+            else:
+                continue
+            if not ok:
+                wanted = kind.split(" ")[0].replace("float", "a finite number")
+                raise ConfigError(f"{f.name} must be {wanted}, got {value!r}")
+        if self.request_timeout <= self.worker_timeout:
+            raise ConfigError(
+                f"request_timeout must be greater than worker_timeout ({self.worker_timeout:g}),"
+                f" since a synchronous worker may wait that long for a silent peer; got "
+                f"{self.request_timeout:g}"
+            )
 
     def run_dir(self) -> Path:
         if self.out:

@@ -162,7 +162,10 @@ def run_worker(spec: WorkerSpec, report: Report, dataset: Dataset | None = None)
         if (
             not config.uses_server
             and spec.rank == 0
-            and time.perf_counter() - last_checkpoint > config.checkpoint_seconds
+            and (
+                time.perf_counter() - last_checkpoint > config.checkpoint_seconds
+                or (config.checkpoint_steps and step + 1 - saved_step >= config.checkpoint_steps)
+            )
         ):
             aside_started = time.perf_counter()
             _save_local(spec, flat, step + 1)

@@ -11,8 +11,8 @@ import zmq
 
 from ember.algorithms.rules import SGDRule
 from ember.errors import ProtocolError, ServerUnavailable
-from ember.ps import PSClient, control
-from ember.wire import ClientConnection
+from ember.ps import PSClient, control, fetch_state
+from ember.wire import CHUNK_BYTES, ClientConnection, channel, gather, tensors_from_frames
 from ember.wire.frames import seal
 from tests.conftest import SECRET, running_servers
 
@@ -185,3 +185,98 @@ def test_ssp_never_lets_a_worker_run_more_than_s_clocks_ahead_of_the_slowest() -
                         assert sent[other][needed - 1] <= reply_time, (w, c, other)
 
     check()
+
+
+def test_a_round_completed_by_a_leaving_worker_is_committed() -> None:
+    params = np.zeros(4, dtype=np.float32)
+    with running_servers(params, SGDRule(lr=1.0), "bsp", expected_workers=2) as (server,):
+        stays, leaves = (PSClient([server.address], SECRET, worker=w, timeout=5) for w in (0, 1))
+        stays.register()
+        leaves.register()
+        stays.push(np.ones(4, np.float32))  # round 0 now waits only for worker 1
+        leaves.done()
+        out = np.empty(4, dtype=np.float32)
+        stays.pull(out)
+        np.testing.assert_array_equal(out, -np.ones(4, np.float32))
+        stays.close()
+        leaves.close()
+
+
+def test_a_new_incarnation_voids_the_requests_its_predecessor_left_held() -> None:
+    params = np.zeros(1, dtype=np.float32)
+    with running_servers(params, SGDRule(lr=1.0), "ssp", expected_workers=2) as (server,):
+        steady = PSClient([server.address], SECRET, worker=0, timeout=5)
+        steady.register()
+        old = PSClient([server.address], SECRET, worker=1, incarnation=0, timeout=5)
+        old.register()
+        old.push(np.ones(1, np.float32))  # clock 0 -> 1
+        old.connections[0].send(  # held: under SSP(0) worker 1 is now one clock ahead
+            {
+                "op": "push",
+                "worker": 1,
+                "incarnation": 0,
+                "seq": 99,
+                "clock": 1,
+                "step": 2,
+                "keys": [0, 1],
+            },
+            [np.full(1, 10.0, np.float32)],
+        )
+        time.sleep(0.2)
+        new = PSClient([server.address], SECRET, worker=1, incarnation=1, timeout=5)
+        assert new.register()["clock"] == 1  # the restart keeps its progress
+        pusher = threading.Thread(target=new.push, args=(np.full(1, 10.0, np.float32),))
+        pusher.start()
+        steady.push(np.ones(1, np.float32))
+        steady.push(np.ones(1, np.float32))
+        pusher.join(10)
+        state, _ = fetch_state([server.address], SECRET)
+        np.testing.assert_array_equal(state["params"], [-13.0])  # 1 + 1 + 10 + 1, not + 10 more
+        for client in (steady, old, new):
+            client.close()
+
+
+def test_a_dropped_worker_that_speaks_again_rejoins_level_with_the_slowest() -> None:
+    params = np.zeros(2, dtype=np.float32)
+    with running_servers(params, SGDRule(lr=1.0), "async", worker_timeout=0.5) as (server,):
+        client = PSClient([server.address], SECRET, worker=0, timeout=5)
+        client.register()
+        time.sleep(1.0)  # dropped for silence
+        client.push(np.ones(2, np.float32))  # accepted: it is back
+        events = control([server.address], SECRET, "stats")[0]["events"]
+        assert [e["event"] for e in events][-2:] == ["drop", "rejoin"]
+        client.close()
+
+
+def test_a_reply_still_being_sent_never_sees_a_later_update(monkeypatch) -> None:
+    size = 4 * CHUNK_BYTES // 4 + 1024  # several full chunks and a small tail
+    params = np.zeros(size, dtype=np.float32)
+    with running_servers(params, SGDRule(lr=1.0), "async") as (server,):
+        plain_socket = channel._socket
+
+        def slow_socket(context: zmq.Context, kind: int) -> zmq.Socket:
+            sock = plain_socket(context, kind)  # tiny buffers keep zmq inside the replies
+            sock.setsockopt(zmq.RCVHWM, 1)
+            sock.setsockopt(zmq.RCVBUF, 4096)
+            return sock
+
+        monkeypatch.setattr(channel, "_socket", slow_socket)
+        reader = PSClient([server.address], SECRET, worker=0, timeout=10)
+        monkeypatch.setattr(channel, "_socket", plain_socket)
+        reader.register()
+        connection = reader.connections[0]
+        for seq in (10, 11, 12):
+            connection.send(
+                {"op": "pull", "worker": 0, "incarnation": 0, "seq": seq, "clock": 0, "step": 0}
+            )
+        time.sleep(0.5)
+        writer = PSClient([server.address], SECRET, worker=1, timeout=10)
+        writer.register()
+        writer.push(np.ones(size, np.float32))  # parameters become -1 while replies are queued
+        for _ in range(3):
+            header, frames = connection.recv()
+            out = np.empty(size, dtype=np.float32)
+            gather(tensors_from_frames(header["tensors"], frames, 4 * size)[0], out)
+            assert np.unique(out).tolist() == [0.0], header["seq"]
+        reader.close()
+        writer.close()

@@ -294,3 +294,17 @@ def test_stale_tmp_dirs_are_removed_after_an_hour_and_fresh_ones_kept(tmp_path: 
 
     assert not stale.exists()
     assert fresh.exists()
+
+
+def test_evaluate_never_imports_a_model_factory_named_only_by_the_checkpoint(tmp_path) -> None:
+    from ember.api import evaluate_checkpoint
+    from ember.errors import ConfigError
+
+    path = save_checkpoint(
+        tmp_path,
+        1,
+        {"params": np.zeros(3, np.float32)},
+        {"config": {"model": "os:abort", "data": "digits"}},
+    )
+    with pytest.raises(ConfigError, match="trained with model factory 'os:abort'; pass --model"):
+        evaluate_checkpoint(path)

@@ -26,6 +26,10 @@ from ember.errors import ConfigError
         ({"lr": -0.1}, "lr must be > 0, got -0.1"),
         ({"strategy": "single", "workers": 2}, "workers must be 1 for strategy 'single', got 2"),
         ({"strategy": "allreduce", "servers": 2}, "servers must be 1 for strategy 'allreduce'"),
+        ({"momentum": "0.9"}, "momentum must be a finite number, got '0.9'"),
+        ({"nesterov": "false"}, "nesterov must be bool, got 'false'"),
+        ({"request_timeout": float("inf")}, "request_timeout must be a finite number, got inf"),
+        ({"worker_timeout": 90.0}, "request_timeout must be greater than worker_timeout .90."),
         ({"batch_sise": 3}, "unknown configuration field.s. batch_sise; allowed: data, model"),
     ],
 )

@@ -84,3 +84,9 @@ def test_unknown_dtype_and_malformed_shapes_are_rejected() -> None:
     for table in ([["complex64", [3]]], [["float32", [-1]]], [["float32", "3"]], "nope"):
         with pytest.raises(ProtocolError):
             tensors_from_frames(table, [], max_bytes=1000)
+
+
+def test_declared_sizes_that_would_overflow_64_bits_are_rejected() -> None:
+    table = [["float32", [2**39, 2**24 + 2**23]], ["float32", [2**39, 2**23]]]
+    with pytest.raises(ProtocolError, match="exceeds the 4000-byte limit"):
+        tensors_from_frames(table, [], max_bytes=4000)

@@ -150,13 +150,22 @@ class AsyncEASGD(_EASGDBase):
             self._due.set()
 
     def finish(self) -> None:
+        limit = self.context.config.request_timeout + 5
         if not self._idle.is_set():
-            self._arrived.wait(self.context.config.request_timeout + 5)
+            if not self._arrived.wait(limit):
+                raise EmberError(
+                    f"worker {self.context.rank}: the last exchange did not finish "
+                    f"within {limit:g}s"
+                )
             self._apply_arrived()
         self._stop = True
         self._due.set()
-        self._thread.join(self.context.config.request_timeout + 5)
+        self._thread.join(limit)
         self._raise_if_failed()
+        if self._thread.is_alive():
+            raise EmberError(
+                f"worker {self.context.rank}: the exchanger did not stop within {limit:g}s"
+            )
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:

@@ -13,7 +13,7 @@ from ember.engines.process import SPAWN, reap, start_child, tail
 from ember.engines.progress import Progress
 from ember.engines.run import RunResult, RunSetup, finish_run, prepare_run
 from ember.engines.servers import ServerGroup
-from ember.errors import CheckpointError, WorkerFailed
+from ember.errors import CheckpointError, EmberError, WorkerFailed
 from ember.worker import WorkerSpec, checkpoint_meta, run_worker
 
 
@@ -69,10 +69,27 @@ def train_local(setup_or_config: Any, show_progress: bool = True) -> RunResult:
         last = latest_valid_checkpoint(setup.checkpoints)
         extra["checkpoint"] = str(last.path) if last else None
         return finish_run(setup, params, results, seconds, extra)
+    except BaseException:
+        reap(processes)  # workers first, so the servers' state is final when it is saved
+        if servers is not None and servers.addresses:
+            _save_what_the_servers_hold(setup, servers)
+        raise
     finally:
         reap(processes)
         if servers is not None:
             reap(servers.processes)
+
+
+def _save_what_the_servers_hold(setup: RunSetup, servers: ServerGroup) -> None:
+    """On failure or Ctrl-C, a last checkpoint keeps the progress made since the previous one."""
+    try:
+        path = servers.checkpoint(
+            setup.checkpoints, checkpoint_meta(setup.config, setup.initial.size, 0)
+        )
+    except EmberError as exc:
+        setup.metrics.write({"kind": "run", "event": "final checkpoint failed", "error": str(exc)})
+        return
+    setup.metrics.write({"kind": "run", "event": "final checkpoint", "path": str(path)})
 
 
 def _watch(
@@ -104,7 +121,10 @@ def _watch(
                         _fail(setup, rank, process.exitcode, "")
             if servers is not None:
                 servers.check_alive()
-                if time.monotonic() - last_checkpoint > config.checkpoint_seconds:
+                if time.monotonic() - last_checkpoint > config.checkpoint_seconds or (
+                    config.checkpoint_steps
+                    and servers.updates_since_checkpoint() >= config.checkpoint_steps
+                ):
                     servers.checkpoint(
                         setup.checkpoints, checkpoint_meta(config, setup.initial.size, 0)
                     )

@@ -28,6 +28,9 @@ def start_child(
 
 def _child_main(target: Callable[..., Any], args: tuple[Any, ...], log_path: str) -> None:
     _die_with_parent()
+    # Ctrl-C reaches the whole process group; the launcher alone decides how children stop
+    # (a last checkpoint first), so children ignore it and wait for its SIGTERM.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     log = open(log_path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the process
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)

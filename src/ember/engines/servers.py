@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,15 +71,27 @@ class ServerGroup:
             )
             log = self.log_dir / f"server-{index}.log"
             self.processes.append(start_child(_serve, args, f"ember-server-{index}", log))
+            sender.close()  # the child holds the only write end, so its death closes the pipe
             pipes.append((receiver, log))
         for index, (receiver, log) in enumerate(pipes):
-            if not receiver.poll(60):
-                self.stop()
-                raise ServerUnavailable(
-                    f"parameter server {index} did not start within 60s; its log ends:\n{tail(log)}"
-                )
-            self.addresses.append(receiver.recv())
+            self.addresses.append(self._address_of(index, receiver, log))
         return self.addresses
+
+    def _address_of(self, index: int, receiver: Any, log: Path) -> str:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if receiver.poll(0.5):
+                try:
+                    return str(receiver.recv())
+                except EOFError:
+                    break  # the server died before it could say where it listens
+            if self.processes[index].exitcode is not None:
+                break
+        self.stop()
+        raise ServerUnavailable(
+            f"parameter server {index} did not start (exit code {self.processes[index].exitcode});"
+            f" its log ends:\n{tail(log)}"
+        )
 
     def check_alive(self) -> None:
         for index, process in enumerate(self.processes):
@@ -100,6 +113,12 @@ class ServerGroup:
         )
         self._saved_step = step
         return path
+
+    def updates_since_checkpoint(self) -> int:
+        """Server updates since the last checkpoint (shard 0 speaks for all: every push
+        reaches every shard)."""
+        step = int(control(self.addresses[:1], self.secret, "stats")[0]["step"])
+        return step - max(self._saved_step, 0)
 
     def snapshot(self) -> dict[str, np.ndarray]:
         return fetch_state(self.addresses, self.secret, self.config.request_timeout)[0]
@@ -149,7 +168,6 @@ def _serve(
         workers={int(k): v for k, v in workers.items()},
         step=step,
         worker_timeout=config.worker_timeout,
-        send_timeout=config.request_timeout,
     )
     address_pipe.send(server.address)
     print(

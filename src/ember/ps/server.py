@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import itertools
-import time
 import warnings
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -14,6 +13,7 @@ import torch
 import zmq
 
 from ember.errors import ProtocolError
+from ember.ps.clocks import ClockTable, WorkerEntry
 from ember.ps.consistency import Consistency
 from ember.wire import Request, ServerEndpoint, tensors_from_frames
 
@@ -66,17 +66,6 @@ def shard_ranges(total: int, count: int) -> list[tuple[int, int]]:
 
 
 @dataclass
-class WorkerEntry:
-    incarnation: int
-    clock: int = 0  # pushes folded so far
-    step: int = 0  # the worker's own step count, reported with each request (resume point)
-    last_seq: int = -1
-    last_seen: float = field(default_factory=time.monotonic)
-    live: bool = True
-    pulled_at: int = 0  # server updates at this worker's last read, for staleness
-
-
-@dataclass
 class _Held:
     request: Request
     worker: WorkerEntry
@@ -101,7 +90,6 @@ class ParameterServer:
         workers: dict[int, dict[str, int]] | None = None,
         step: int = 0,
         worker_timeout: float = 30.0,
-        send_timeout: float = 60.0,
     ) -> None:
         size = shard.stop - shard.start
         if params.shape != (size,) or params.dtype != np.float32:
@@ -117,17 +105,14 @@ class ParameterServer:
         self.round_count = 0
         self.round_clock = 0  # the clock whose contributions round_sum holds
         self.step = step  # commits applied to the parameters
-        # Workers the run expects count in the clock table before they register (at clock 0, or
-        # where a checkpoint left them), so an early starter cannot finish a BSP round alone.
-        self.workers = {w: WorkerEntry(incarnation=-1) for w in range(expected_workers)}
-        for w, saved in (workers or {}).items():
-            self.workers[int(w)] = WorkerEntry(-1, clock=saved["clock"], step=saved["step"])
+        # Slow process start-up (spawn, imports, data) must not count as silence.
+        self.clocks = ClockTable(
+            expected_workers, workers, worker_timeout, startup_grace=max(120.0, worker_timeout)
+        )
         self.endpoint = ServerEndpoint(secret, bind)
         self.address = self.endpoint.address
-        self.worker_timeout, self.send_timeout = worker_timeout, send_timeout
         self.rejected: Counter[str] = Counter()
         self.counters: Counter[str] = Counter()
-        self.events: list[dict[str, Any]] = []
         self._held: list[_Held] = []
         self._trackers: list[zmq.MessageTracker] = []  # replies that still read self.params
         self._reply_pool: list[tuple[torch.Tensor, zmq.MessageTracker | None]] = []
@@ -151,22 +136,33 @@ class ParameterServer:
         header, op = request.header, request.header["op"]
         if op in ("push", "pull"):
             worker = self._known_worker(header)
-            worker.last_seen = time.monotonic()
             seq = _int(header, "seq")
             if seq <= worker.last_seq:  # a repeated (worker, incarnation, seq): ack, never re-apply
                 self.counters["duplicates"] += 1
                 self.endpoint.reply(request, {"op": "ok", "duplicate": True, "seq": seq})
                 return
-            worker.last_seq, worker.step = seq, _int(header, "step")
+            worker.last_seq = seq
+            _int(header, "step")
             payload = self._payload(request) if op == "push" else None
             self._held.append(_Held(request, worker, payload))
             self._drain()
         elif op == "register":
-            self._register(request)
+            worker_id = _int(header, "worker")
+            entry = self.clocks.register(worker_id, _int(header, "incarnation"), self.step)
+            self.endpoint.reply(
+                request,
+                {
+                    "op": "ok",
+                    "clock": entry.clock,
+                    "step": entry.step,
+                    "keys": [self.shard.start, self.shard.stop],
+                },
+            )
+            self._drain()
         elif op == "done":
-            worker = self._known_worker(header)
-            worker.live = False
+            self.clocks.finish(self._known_worker(header))
             self.endpoint.reply(request, {"op": "ok"})
+            self._maybe_commit_round()  # the leaver may have been the last one a round awaited
             self._drain()
         elif op == "snapshot":
             self._snapshot(request)
@@ -178,44 +174,12 @@ class ParameterServer:
         else:
             raise ProtocolError(f"unknown op {op!r}")
 
-    def _register(self, request: Request) -> None:
-        worker_id, incarnation = _int(request.header, "worker"), _int(request.header, "incarnation")
-        entry = self.workers.get(worker_id)
-        if entry is not None and incarnation <= entry.incarnation:
-            raise ProtocolError(
-                f"worker {worker_id} incarnation {incarnation} is not newer than "
-                f"{entry.incarnation}"
-            )
-        live = [w.clock for w in self.workers.values() if w.live]
-        # A new incarnation keeps its clock; a newcomer starts level with the slowest live worker.
-        clock = entry.clock if entry is not None else (min(live) if live else 0)
-        step = entry.step if entry is not None else 0
-        self.workers[worker_id] = WorkerEntry(
-            incarnation, clock=clock, step=step, pulled_at=self.step
-        )
-        self.events.append(
-            {
-                "event": "register",
-                "worker": worker_id,
-                "incarnation": incarnation,
-                "clock": clock,
-                "step": step,
-            }
-        )
-        self.endpoint.reply(
-            request,
-            {"op": "ok", "clock": clock, "step": step, "keys": [self.shard.start, self.shard.stop]},
-        )
-
     def _known_worker(self, header: dict[str, Any]) -> WorkerEntry:
-        worker_id, incarnation = _int(header, "worker"), _int(header, "incarnation")
-        entry = self.workers.get(worker_id)
-        if entry is None or entry.incarnation != incarnation:
+        try:
+            return self.clocks.known(_int(header, "worker"), _int(header, "incarnation"))
+        except ProtocolError:
             self.rejected["incarnation"] += 1
-            raise ProtocolError(f"worker {worker_id} incarnation {incarnation} is not registered")
-        if not entry.live:
-            raise ProtocolError(f"worker {worker_id} was dropped or finished; register again")
-        return entry
+            raise
 
     def _payload(self, request: Request) -> list[torch.Tensor]:
         size = self.shard.stop - self.shard.start
@@ -236,8 +200,7 @@ class ParameterServer:
 
     # ---- folding and answering -----------------------------------------------------------------
     def _min_clock(self) -> int:
-        live = [w.clock for w in self.workers.values() if w.live]
-        return min(live) if live else 1 << 62
+        return self.clocks.min_clock()
 
     def _drain(self) -> None:
         """Serve every held request the policy now allows, until nothing changes."""
@@ -258,9 +221,11 @@ class ParameterServer:
                 return False
             reply = self._fold(held.payload, worker.clock)
             held.folded, worker.clock = True, worker.clock + 1
+            worker.step = header["step"]  # recorded when folded: a checkpoint never skips it
             self._maybe_commit_round()
             if reply is not None:  # easgd: the elastic difference answers the push at once
                 self._answer(held, reply_tensor=reply)
+                worker.pulled_at = self.step
                 return True
         if header.get("pull", header["op"] == "pull"):
             if not self.consistency.ready(worker.clock, self._min_clock()):
@@ -277,7 +242,7 @@ class ParameterServer:
         out = self._reply_buffer() if self.rule.replies else None
         synchronous = self.round_sum is not None
         if not synchronous:
-            self._wait_for_replies_reading_params()
+            self._release_params_for_writing()
         offset = 0
         for chunk in payload:
             keys = slice(offset, offset + chunk.numel())
@@ -307,7 +272,7 @@ class ParameterServer:
             self.round_count = 0
 
     def _commit(self, folded: torch.Tensor, count: int) -> None:
-        self._wait_for_replies_reading_params()
+        self._release_params_for_writing()
         self.rule.commit(self.params, self.state, folded, count)
         self.step += 1
 
@@ -339,29 +304,20 @@ class ParameterServer:
                 return buffer
         return torch.empty(self.shard.stop - self.shard.start)
 
-    def _wait_for_replies_reading_params(self) -> None:
-        for tracker in self._trackers:
-            try:
-                tracker.wait(self.send_timeout)
-            except zmq.NotDone:
-                self.counters["reply_send_timeouts"] += 1  # a stuck peer must not stall training
+    def _release_params_for_writing(self) -> None:
+        """Before an in-place update: if zmq still reads the parameters (or state) for a reply
+        or snapshot in flight, move on to a private copy and leave the old buffer to zmq, so
+        a slow reader never sees a torn update and never stalls the server."""
+        if all(tracker.done for tracker in self._trackers):
+            self._trackers.clear()
+            return
+        self.params = self.params.clone()
+        self.state = {name: value.clone() for name, value in self.state.items()}
         self._trackers.clear()
+        self.counters["copies_for_slow_readers"] += 1
 
     def _drop_silent_workers(self) -> None:
-        now, waiting = time.monotonic(), {id(h.worker) for h in self._held}
-        dropped = False
-        for worker_id, entry in self.workers.items():
-            silent = now - entry.last_seen > self.worker_timeout
-            if entry.live and silent and id(entry) not in waiting:
-                entry.live, dropped = False, True
-                self.events.append(
-                    {
-                        "event": "drop",
-                        "worker": worker_id,
-                        "silent_seconds": round(now - entry.last_seen, 1),
-                    }
-                )
-        if dropped:
+        if self.clocks.drop_silent({id(h.worker) for h in self._held}):
             self._maybe_commit_round()
             self._drain()
 
@@ -373,9 +329,7 @@ class ParameterServer:
             "op": "ok",
             "names": names,
             "step": self.step,
-            "workers": {
-                str(w): {"clock": e.clock, "step": e.step} for w, e in self.workers.items()
-            },
+            "workers": self.clocks.table(),
         }
         tracker = self.endpoint.reply(request, header, arrays, track=True)
         if tracker is not None:
@@ -387,8 +341,8 @@ class ParameterServer:
             "step": self.step,
             "counters": dict(self.counters),
             "rejected": dict(self.rejected + self.endpoint.rejected),
-            "events": self.events,
-            "live_workers": sorted(w for w, e in self.workers.items() if e.live),
+            "events": list(self.clocks.events),
+            "live_workers": sorted(w for w, e in self.clocks.entries.items() if e.live),
         }
 
 

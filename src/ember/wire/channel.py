@@ -131,10 +131,15 @@ class ServerEndpoint:
         if arrays:
             header = {**header, "tensors": describe(arrays)}
         frames: list[Any] = [request.peer, seal(key, header), *chunk_frames(arrays)]
-        if track and arrays:
-            return self._sock.send_multipart(frames, copy=False, track=True)
-        self._sock.send_multipart(frames, copy=False)
-        return None
+        if not (track and arrays):
+            self._sock.send_multipart(frames, copy=False)
+            return None
+        # send_multipart would track only the last frame; every frame must be tracked.
+        trackers = [
+            self._sock.send(frame, zmq.SNDMORE, copy=False, track=True) for frame in frames[:-1]
+        ]
+        trackers.append(self._sock.send(frames[-1], 0, copy=False, track=True))
+        return zmq.MessageTracker(*trackers)
 
     def forget(self, peer: bytes) -> None:
         self._sessions.pop(peer, None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -52,8 +53,8 @@ def unseal(key: bytes, frame: bytes | memoryview) -> dict[str, Any]:
             raw=False,
             strict_map_key=True,
             max_bin_len=0,
-            max_array_len=4096,
-            max_map_len=256,
+            max_array_len=65536,
+            max_map_len=65536,
             max_str_len=4096,
         )
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
@@ -101,7 +102,7 @@ def expected_chunks(table: object, max_bytes: int) -> list[tuple[np.dtype, tuple
         ):
             raise ProtocolError(f"bad tensor entry {entry!r}: want [dtype, shape]")
         dtype, shape = DTYPES[entry[0]], tuple(entry[1])
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no overflow to wrap around
         total += nbytes
         if total > max_bytes:
             raise ProtocolError(f"declared payload exceeds the {max_bytes}-byte limit")

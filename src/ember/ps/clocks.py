@@ -1,0 +1,115 @@
+"""ClockTable: which workers a server waits for, at what clock, and who is alive."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ember.errors import ProtocolError
+
+NO_LIVE_WORKER = 1 << 62  # min_clock when nobody is live: every request is ready
+
+
+@dataclass
+class WorkerEntry:
+    incarnation: int  # -1: expected but not registered yet
+    clock: int = 0  # pushes folded so far
+    step: int = 0  # the worker's own step at its last folded push (its resume point)
+    last_seq: int = -1
+    last_seen: float = field(default_factory=time.monotonic)
+    live: bool = True  # counts towards min_clock
+    finished: bool = False  # said `done`; never revived
+    pulled_at: int = 0  # server updates at this worker's last read, for staleness
+
+
+class ClockTable:
+    """Per-worker clocks of one shard. Workers the run expects count before they register, so
+    an early starter cannot complete a BSP round alone; silent workers are dropped after a
+    timeout so nobody waits for them forever, and come back level with the slowest if they
+    speak again."""
+
+    def __init__(
+        self,
+        expected: int,
+        saved: dict[int, dict[str, int]] | None,
+        timeout: float,
+        startup_grace: float,
+    ) -> None:
+        self.timeout, self.startup_grace = timeout, startup_grace
+        self.entries = {w: WorkerEntry(-1) for w in range(expected)}
+        for worker, values in (saved or {}).items():
+            self.entries[int(worker)] = WorkerEntry(-1, clock=values["clock"], step=values["step"])
+        self.events: deque[dict[str, Any]] = deque(maxlen=200)
+
+    def min_clock(self) -> int:
+        live = [e.clock for e in self.entries.values() if e.live]
+        return min(live) if live else NO_LIVE_WORKER
+
+    def register(self, worker: int, incarnation: int, server_step: int) -> WorkerEntry:
+        old = self.entries.get(worker)
+        if old is not None and incarnation <= old.incarnation:
+            raise ProtocolError(
+                f"worker {worker} incarnation {incarnation} is not newer than {old.incarnation}"
+            )
+        others = [e.clock for w, e in self.entries.items() if e.live and w != worker]
+        if old is None:  # a newcomer starts level with the slowest live worker
+            clock, step = (min(others) if others else 0), 0
+        elif old.live:  # a restart (or the first start) keeps the progress it had
+            clock, step = old.clock, old.step
+        else:  # a dropped worker cannot reopen rounds the others have closed without it
+            clock, step = max(old.clock, min(others, default=old.clock)), old.step
+        if old is not None:
+            old.live = False  # voids whatever the old incarnation left held at the server
+        entry = WorkerEntry(incarnation, clock=clock, step=step, pulled_at=server_step)
+        self.entries[worker] = entry
+        self.events.append(
+            {
+                "event": "register",
+                "worker": worker,
+                "incarnation": incarnation,
+                "clock": clock,
+                "step": step,
+            }
+        )
+        return entry
+
+    def known(self, worker: int, incarnation: int) -> WorkerEntry:
+        """The entry a request speaks for; a dropped worker that speaks again is revived."""
+        entry = self.entries.get(worker)
+        if entry is None or entry.incarnation != incarnation:
+            raise ProtocolError(f"worker {worker} incarnation {incarnation} is not registered")
+        if entry.finished:
+            raise ProtocolError(f"worker {worker} already finished; register again")
+        if not entry.live:
+            others = [e.clock for e in self.entries.values() if e.live]
+            entry.clock = max(entry.clock, min(others, default=entry.clock))
+            entry.live = True
+            self.events.append({"event": "rejoin", "worker": worker, "clock": entry.clock})
+        entry.last_seen = time.monotonic()
+        return entry
+
+    def finish(self, entry: WorkerEntry) -> None:
+        entry.live, entry.finished = False, True
+
+    def drop_silent(self, waiting: set[int]) -> list[int]:
+        """Drop live workers silent for longer than the timeout (a worker whose request the
+        server holds is waiting on us, not silent). Returns the dropped worker ids."""
+        now, dropped = time.monotonic(), []
+        for worker, entry in self.entries.items():
+            limit = self.startup_grace if entry.incarnation < 0 else self.timeout
+            if entry.live and id(entry) not in waiting and now - entry.last_seen > limit:
+                entry.live = False
+                dropped.append(worker)
+                self.events.append(
+                    {
+                        "event": "drop",
+                        "worker": worker,
+                        "silent_seconds": round(now - entry.last_seen, 1),
+                    }
+                )
+        return dropped
+
+    def table(self) -> dict[str, dict[str, int]]:
+        return {str(w): {"clock": e.clock, "step": e.step} for w, e in self.entries.items()}
