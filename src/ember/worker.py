@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ember.algorithms import (
+    CommStats,
     FlatModel,
     WorkerContext,
     local_optimizer,
@@ -20,7 +21,7 @@ from ember.algorithms import (
     ships_gradients,
     uses_local_optimizer,
 )
-from ember.checkpoint import save_checkpoint
+from ember.checkpoint import free_step, save_checkpoint
 from ember.config import RunConfig
 from ember.data import Dataset, load_dataset, shard_indices
 from ember.models import build_model
@@ -185,19 +186,13 @@ def run_worker(spec: WorkerSpec, report: Report, dataset: Dataset | None = None)
         "seconds": seconds,  # the training loop, without evaluation and checkpoints
         "aside_seconds": aside,
         "t_comp": t_comp,
-        "t_comm": stats.t_comm,
-        "t_wait": stats.t_wait,
-        "bytes_pushed": stats.bytes_pushed,
-        "bytes_pulled": stats.bytes_pulled,
-        "exchanges": stats.exchanges,
-        "staleness_max": stats.staleness_max,
-        "staleness_mean": stats.staleness_sum / max(1, stats.exchanges),
+        **stats.as_record(),
     }
 
 
 def _progress(
     spec: WorkerSpec,
-    stats: Any,
+    stats: CommStats,
     step: int,
     epoch: int,
     loss: float,
@@ -215,20 +210,16 @@ def _progress(
         "samples": samples,
         "samples_per_second": samples_per_second,
         "t_comp": t_comp,
-        "t_comm": stats.t_comm,
-        "t_wait": stats.t_wait,
-        "bytes_pushed": stats.bytes_pushed,
-        "bytes_pulled": stats.bytes_pulled,
-        "exchanges": stats.exchanges,
-        "staleness_max": stats.staleness_max,
+        **stats.as_record(),
     }
 
 
 def _save_local(spec: WorkerSpec, flat: FlatModel, step: int) -> None:
     """Strategies without a server checkpoint worker 0's parameters (all workers agree)."""
+    root = Path(spec.run_dir) / "checkpoints"
     save_checkpoint(
-        Path(spec.run_dir) / "checkpoints",
-        step,
+        root,
+        free_step(root, step),  # never collides with checkpoints a fallen-back resume left
         {"params": flat.params_np.copy()},
         checkpoint_meta(spec.config, flat.size, step),
         keep=spec.config.keep_checkpoints,

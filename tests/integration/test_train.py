@@ -239,20 +239,15 @@ def test_existing_run_directory_is_never_overwritten_without_resume(tmp_path) ->
     assert (out / "summary.json").read_text() == before
 
 
-def test_corrupt_newest_checkpoint_is_named_and_resume_auto_falls_back(tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("strategy", "workers", "every"), [("easgd", "2", "10"), ("single", "1", "40")]
+)
+def test_corrupt_newest_checkpoint_is_named_and_resume_auto_falls_back(
+    tmp_path, strategy, workers, every
+) -> None:
     out = tmp_path / "run"
-    done = ember_cli(
-        "train",
-        *QUICK,
-        "--epochs",
-        "3",
-        "--strategy",
-        "easgd",
-        "--checkpoint-seconds",
-        "0.2",
-        "--out",
-        str(out),
-    )
+    run = [*QUICK, "--epochs", "3", "--strategy", strategy, "--workers", workers]
+    done = ember_cli("train", *run, "--checkpoint-steps", every, "--out", str(out))
     assert done.returncode == 0, done.stderr
     steps = sorted((out / "checkpoints").glob("step-*"))
     assert len(steps) >= 2
@@ -264,20 +259,10 @@ def test_corrupt_newest_checkpoint_is_named_and_resume_auto_falls_back(tmp_path)
     good = ember_cli("evaluate", "--checkpoint", str(steps[-2]))
     assert good.returncode == 0, good.stderr
     assert json.loads(good.stdout)["test_accuracy"] > 0.8
-    resumed = ember_cli(
-        "train",
-        *QUICK,
-        "--epochs",
-        "3",
-        "--strategy",
-        "easgd",
-        "--out",
-        str(out),
-        "--resume",
-        "auto",
-    )
+    resumed = ember_cli("train", *run, "--out", str(out), "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
     assert summary_of(out)["resumed_from"] == str(steps[-2])
+    assert state.parent.exists()  # the corrupt one is left for inspection, not overwritten
 
 
 def test_fit_api_returns_the_summary_and_model_and_writes_tensorboard_events(tmp_path) -> None:

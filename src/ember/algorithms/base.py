@@ -44,6 +44,17 @@ class CommStats:
         self.staleness_sum += result.staleness
         self.staleness_max = max(self.staleness_max, result.staleness)
 
+    def as_record(self) -> dict[str, float | int]:
+        return {
+            "t_comm": self.t_comm,
+            "t_wait": self.t_wait,
+            "bytes_pushed": self.bytes_pushed,
+            "bytes_pulled": self.bytes_pulled,
+            "exchanges": self.exchanges,
+            "staleness_max": self.staleness_max,
+            "staleness_mean": self.staleness_sum / max(1, self.exchanges),
+        }
+
 
 class Algorithm(Protocol):
     """The part of a training step that differs per strategy; the loop around it does not."""
