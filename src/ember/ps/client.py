@@ -152,8 +152,15 @@ def fetch_state(
         for name, chunks in zip(names, tensors, strict=True):
             gather(chunks, full[name][offset : offset + size])
         offset += size
-    meta = {"step": parts[0][0]["step"], "workers": parts[0][0]["workers"]}
-    return full, meta
+    # Shards answer at slightly different moments; resuming from the least advanced clock and
+    # step of each worker over all shards never skips work.
+    workers: dict[str, dict[str, int]] = {}
+    for header, _ in parts:
+        for worker, entry in header["workers"].items():
+            seen = workers.setdefault(worker, dict(entry))
+            seen["clock"] = min(seen["clock"], entry["clock"])
+            seen["step"] = min(seen["step"], entry["step"])
+    return full, {"step": min(h["step"] for h, _ in parts), "workers": workers}
 
 
 def control(
