@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors.numpy
 import torch
 import torch.nn.functional as F
 
@@ -42,7 +43,9 @@ class WorkerSpec:
     run_dir: str = "."
     incarnation: int = 0
     initial: np.ndarray | None = None  # starting parameters for strategies without a server
+    initial_file: str | None = None  # or a safetensors file holding them as "params"
     initial_step: int = 0  # and the step they were saved at
+    own_rows: bool = False  # the dataset's training rows are this worker's alone (a partition)
 
 
 def load_data(config: RunConfig) -> Dataset:
@@ -80,7 +83,11 @@ def run_worker(spec: WorkerSpec, report: Report, dataset: Dataset | None = None)
     config = spec.config
     torch.set_num_threads(config.threads)
     dataset = dataset or load_data(config)
-    rows = shard_indices(len(dataset.x_train), spec.rank, spec.world)
+    rows = (
+        np.arange(len(dataset.x_train), dtype=np.int64)
+        if spec.own_rows
+        else shard_indices(len(dataset.x_train), spec.rank, spec.world)
+    )
     features = torch.from_numpy(np.ascontiguousarray(dataset.x_train[rows]))
     labels = torch.from_numpy(np.ascontiguousarray(dataset.y_train[rows]))
     steps_per_epoch = len(rows) // config.batch_size
@@ -93,6 +100,8 @@ def run_worker(spec: WorkerSpec, report: Report, dataset: Dataset | None = None)
     flat = FlatModel(model, flat_grads=ships_gradients(config))
     if spec.initial is not None:
         flat.load(spec.initial)
+    elif spec.initial_file is not None:
+        flat.load(safetensors.numpy.load_file(spec.initial_file)["params"])
     optimizer = local_optimizer(flat, config) if uses_local_optimizer(config) else None
     context = WorkerContext(
         config, spec.rank, spec.world, spec.servers, spec.secret, spec.incarnation, spec.rendezvous

@@ -8,7 +8,10 @@ import time
 import traceback
 from typing import Any
 
+import safetensors.numpy
+
 from ember.checkpoint import latest_valid_checkpoint
+from ember.config import RunConfig
 from ember.engines.process import SPAWN, reap, start_child, tail
 from ember.engines.progress import Progress
 from ember.engines.run import RunResult, RunSetup, finish_run, prepare_run
@@ -17,11 +20,10 @@ from ember.errors import CheckpointError, EmberError, WorkerFailed
 from ember.worker import WorkerSpec, checkpoint_meta, run_worker
 
 
-def train_local(setup_or_config: Any, show_progress: bool = True) -> RunResult:
-    setup: RunSetup = (
-        setup_or_config if isinstance(setup_or_config, RunSetup) else prepare_run(setup_or_config)
-    )
-    config = setup.config
+def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
+    """Run servers and workers as children of this process; every child is reaped on return,
+    error or Ctrl-C, and a failure saves what the servers hold before they stop."""
+    setup = prepare_run(config)
     servers = (
         ServerGroup(config, setup.initial, setup.secret, setup.run_dir / "logs", setup.resume)
         if config.uses_server
@@ -33,6 +35,10 @@ def train_local(setup_or_config: Any, show_progress: bool = True) -> RunResult:
         records = SPAWN.Queue()
         rendezvous = f"tcp://127.0.0.1:{_free_port()}"
         started = time.perf_counter()
+        initial_file = None
+        if not config.uses_server and setup.resume is not None:  # small spawn arguments only
+            initial_file = str(setup.run_dir / "logs" / "start-state.safetensors")
+            safetensors.numpy.save_file({"params": setup.initial}, initial_file)
         for rank in range(config.workers):
             spec = WorkerSpec(
                 config,
@@ -42,9 +48,8 @@ def train_local(setup_or_config: Any, show_progress: bool = True) -> RunResult:
                 setup.secret,
                 rendezvous,
                 str(setup.run_dir),
-                0,
-                None if config.uses_server or setup.resume is None else setup.initial,
-                setup.resumed_step,
+                initial_file=initial_file,
+                initial_step=setup.resumed_step,
             )
             processes.append(
                 start_child(

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors
+import safetensors.numpy
 
 from ember.algorithms import make_update_rule
 from ember.checkpoint import Checkpoint, free_step, save_checkpoint
@@ -45,30 +47,20 @@ class ServerGroup:
     def start(self) -> list[str]:
         rule = make_update_rule(self.config)
         ranges = shard_ranges(self.initial.size, self.config.servers)
+        # Children read their starting state from a file rather than from pickled arguments:
+        # a large argument can block the launcher writing into a child that died at start-up.
+        start_state = self.log_dir / "start-state.safetensors"
+        tensors = {"params": self.initial}
+        if self.resume is not None:
+            tensors.update({k: v for k, v in self.resume.tensors.items() if k in rule.state_names})
+        safetensors.numpy.save_file(tensors, str(start_state))
+        workers = self.resume.meta.get("workers", {}) if self.resume is not None else {}
+        step = int(self.resume.meta.get("server_step", 0)) if self.resume is not None else 0
         pipes = []
         for index, (start, stop) in enumerate(ranges):
             shard = ShardSpec(index, len(ranges), start, stop)
-            state, workers, step = {}, {}, 0
-            if self.resume is not None:
-                state = {
-                    k: v[start:stop]
-                    for k, v in self.resume.tensors.items()
-                    if k in rule.state_names
-                }
-                workers = self.resume.meta.get("workers", {})
-                step = int(self.resume.meta.get("server_step", 0))
             receiver, sender = _pipe()
-            args = (
-                shard,
-                self.initial[start:stop].copy(),
-                rule,
-                self.config,
-                self.secret,
-                state,
-                workers,
-                step,
-                sender,
-            )
+            args = (shard, str(start_state), rule, self.config, self.secret, workers, step, sender)
             log = self.log_dir / f"server-{index}.log"
             self.processes.append(start_child(_serve, args, f"ember-server-{index}", log))
             sender.close()  # the child holds the only write end, so its death closes the pipe
@@ -145,17 +137,23 @@ def _pipe() -> Any:
 
 def _serve(
     shard: ShardSpec,
-    params: np.ndarray,
+    start_state: str,
     rule: UpdateRule,
     config: RunConfig,
     secret: bytes,
-    state: dict[str, np.ndarray],
     workers: dict[str, Any],
     step: int,
     address_pipe: Any,
 ) -> None:
     import torch
 
+    with safetensors.safe_open(start_state, framework="np") as saved:
+        params = saved.get_slice("params")[shard.start : shard.stop]
+        state = {
+            k: saved.get_slice(k)[shard.start : shard.stop]
+            for k in saved.keys()  # noqa: SIM118 - safe_open is not iterable
+            if k in rule.state_names
+        }
     torch.set_num_threads(1)
     server = ParameterServer(
         shard,
