@@ -63,9 +63,16 @@ def reap(processes: Iterable[Any], grace: float = 3.0) -> None:
             process.join(1.0)
 
 
+EMPTY_LOG_HINT = (
+    "(the log is empty: the child died while starting. If ember.fit runs from a script, call it"
+    ' under `if __name__ == "__main__":`, since spawned children import that script)'
+)
+
+
 def tail(path: Path, lines: int = 20) -> str:
+    """The last lines of a child's log, or a hint at the usual cause when it wrote nothing."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
+        text = ""
+    return "\n".join(text.splitlines()[-lines:]) or EMPTY_LOG_HINT
