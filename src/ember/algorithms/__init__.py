@@ -50,7 +50,8 @@ def make_algorithm(context: WorkerContext) -> Algorithm:
 def make_update_rule(config: RunConfig) -> UpdateRule:
     """The server's half of a strategy; only server strategies have one."""
     if config.algorithm == "sgd":
-        return SGDRule(lr=config.lr, momentum=config.momentum)
+        rescale = 1.0 if config.consistency == "bsp" else 1.0 / config.workers
+        return SGDRule(lr=config.lr, momentum=config.momentum, rescale=rescale)
     if config.algorithm == "easgd":
         return EASGDRule(alpha=config.effective_alpha)
     raise ConfigError(f"strategy {config.strategy!r} uses no parameter server")

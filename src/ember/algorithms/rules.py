@@ -10,10 +10,13 @@ import torch
 @dataclass(frozen=True)
 class SGDRule:
     """Server optimizer for pushed gradients: buf = m * buf + g; p -= lr * buf (torch.optim.SGD,
-    dampening 0). A synchronous round commits the mean of its gradients as one step."""
+    dampening 0). A synchronous round commits the mean of its gradients as one step. Under
+    async and SSP each gradient is applied on its own, scaled by `rescale` (1 / workers, as
+    MXNet's dist_async rescales), so a round of pushes moves as far as one synchronous step."""
 
     lr: float
     momentum: float = 0.0
+    rescale: float = 1.0  # factor on every gradient before it is applied
     name: str = "sgd"
     replies: bool = False
 
@@ -29,12 +32,13 @@ class SGDRule:
     def commit(
         self, params: torch.Tensor, state: dict[str, torch.Tensor], folded: torch.Tensor, count: int
     ) -> None:
-        grad = folded if count == 1 else folded.div(count)
+        factor = self.rescale / count  # in-place scaled adds: no temporary the size of params
         if self.momentum:
             buf = state["momentum"]
-            buf.mul_(self.momentum).add_(grad)
-            grad = buf
-        params.add_(grad, alpha=-self.lr)
+            buf.mul_(self.momentum).add_(folded, alpha=factor)
+            params.add_(buf, alpha=-self.lr)
+        else:
+            params.add_(folded, alpha=-self.lr * factor)
 
 
 @dataclass(frozen=True)
