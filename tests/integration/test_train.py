@@ -295,3 +295,50 @@ def test_synthetic_logistic_regression_matches_a_single_process_fit(tmp_path) ->
     spread = ember.fit(strategy="easgd-async", workers=2, out=str(tmp_path / "easgd"), **common)
     assert single.summary["test_accuracy"] > 0.8
     assert abs(spread.summary["test_accuracy"] - single.summary["test_accuracy"]) <= 0.01
+
+
+def test_a_worker_killed_mid_run_ends_the_run_naming_it_and_no_process_is_left(tmp_path) -> None:
+    out = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ember",
+            "train",
+            "--data",
+            "digits",
+            "--epochs",
+            "30",
+            "--strategy",
+            "bsp",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (
+        (out / "metrics.jsonl").exists()
+        and '"kind": "worker"' in (out / "metrics.jsonl").read_text()
+    ):
+        time.sleep(0.2)
+    children = psutil.Process(launcher.pid).children(recursive=True)
+    victim = next(p for p in children if "worker-1" in _log_of(p))
+    killed_at = time.monotonic()
+    victim.kill()
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 1
+    assert time.monotonic() - killed_at < 30
+    assert "worker 1 exited with code -9" in err
+    _, alive = psutil.wait_procs(children, timeout=5)
+    assert alive == []
+
+
+def _log_of(process: psutil.Process) -> str:
+    """Which child a process is, from the log file it writes to."""
+    try:
+        return " ".join(f.path for f in process.open_files())
+    except psutil.Error:
+        return ""
