@@ -2,6 +2,7 @@
 
 Map (class or function -> file -> what it does):
 - fit, evaluate_checkpoint -> api.py: train with the CLI's fields; score a checkpoint
+- spark.fit -> spark.py: the same on a Spark DataFrame (engines/spark.py runs it)
 - RunConfig, STRATEGIES -> config.py: the validated run configuration
 - RunResult -> engines/run.py: summary dict + trained torch.nn.Module + run directory
 - EmberError, ConfigError, ProtocolError, ServerUnavailable, WorkerFailed, CheckpointError
@@ -13,6 +14,7 @@ Map (class or function -> file -> what it does):
 
 __version__ = "0.1.0"
 
+from ember import spark  # ember.spark.fit; pyspark itself is imported only when used
 from ember.api import evaluate_checkpoint, fit
 from ember.config import STRATEGIES, RunConfig
 from ember.engines.run import RunResult
@@ -38,4 +40,5 @@ __all__ = [
     "__version__",
     "evaluate_checkpoint",
     "fit",
+    "spark",
 ]

@@ -65,7 +65,7 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
         if servers is not None:
             params = servers.snapshot()["params"]
             servers.checkpoint(setup.checkpoints, checkpoint_meta(config, params.size, 0))
-            extra["server"] = _merge_server_stats(servers.stop())
+            extra["server"] = merge_server_stats(servers.stop())
         else:
             final = latest_valid_checkpoint(setup.checkpoints)
             if final is None:
@@ -77,7 +77,7 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
     except BaseException:
         reap(processes)  # workers first, so the servers' state is final when it is saved
         if servers is not None and servers.addresses:
-            _save_what_the_servers_hold(setup, servers)
+            save_what_the_servers_hold(setup, servers)
         raise
     finally:
         reap(processes)
@@ -85,7 +85,7 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
             reap(servers.processes)
 
 
-def _save_what_the_servers_hold(setup: RunSetup, servers: ServerGroup) -> None:
+def save_what_the_servers_hold(setup: RunSetup, servers: ServerGroup) -> None:
     """On failure or Ctrl-C, a last checkpoint keeps the progress made since the previous one."""
     try:
         path = servers.checkpoint(
@@ -184,7 +184,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _merge_server_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
+def merge_server_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
     rejected: dict[str, int] = {}
     for shard in stats:
         for reason, count in shard.get("rejected", {}).items():

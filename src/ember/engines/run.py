@@ -49,9 +49,10 @@ class RunSetup:
         return int(self.resume.meta.get("step", 0)) if self.resume is not None else 0
 
 
-def prepare_run(config: RunConfig) -> RunSetup:
-    """Load data and model, resolve --resume, and open the run directory (never clobbering one)."""
-    dataset = load_data(config)
+def prepare_run(config: RunConfig, dataset: Dataset | None = None) -> RunSetup:
+    """Load data (unless given, e.g. a DataFrame's test rows) and model, resolve --resume, and
+    open the run directory (never clobbering one)."""
+    dataset = dataset if dataset is not None else load_data(config)
     model = make_model(config, dataset)
     run_dir = config.run_dir()
     checkpoints = run_dir / "checkpoints"

@@ -1,0 +1,233 @@
+"""Spark DataFrames as training data: column checks on the driver, Arrow partitions as NumPy.
+
+Imports pyspark only inside functions, so the task-side half needs nothing but pyarrow and NumPy.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ember.data.datasets import Dataset
+from ember.errors import ConfigError
+
+FEATURES, LABEL = "features", "label"  # the column names of a checked training frame
+_INF = float("inf")
+
+
+@dataclass(frozen=True)
+class FrameFacts:
+    """What the driver learns about a training frame in one pass, before any worker starts."""
+
+    rows: int  # rows over all partitions
+    partition_rows: tuple[int, ...]  # rows per partition, in partition order
+    width: int  # values in every features array
+    max_label: int  # the largest label
+
+    @classmethod
+    def even(cls, rows: int, partitions: int, width: int, max_label: int) -> FrameFacts:
+        """The facts of a frame Spark made from checked local rows, which it slices evenly."""
+        bounds = [rows * i // partitions for i in range(partitions + 1)]
+        sizes = tuple(b - a for a, b in itertools.pairwise(bounds))
+        return cls(rows, sizes, width, max_label)
+
+    def rows_per_worker(self, workers: int, batch_size: int) -> tuple[int, bool]:
+        """(rows each worker trains on, whether to repartition first). Partitions are kept when
+        there is one per worker and the smallest holds at least 90% of an even share: each
+        worker then trains on the smallest partition's row count."""
+        parts, even = self.partition_rows, self.rows // workers
+        keep = len(parts) == workers and min(parts) >= 0.9 * even
+        rows = min(parts) if keep else even
+        if rows < batch_size:
+            raise ConfigError(
+                f"each of {workers} workers would train on {rows} rows, fewer than one batch"
+                f" of {batch_size}; lower batch_size or workers"
+            )
+        return rows, not keep
+
+
+def training_frame(df: Any, features_col: str, label_col: str) -> tuple[Any, FrameFacts]:
+    """Select `features` (array<float>) and `label` (bigint) from `df` and check every row in one
+    Spark job; raise ConfigError naming the column for anything a worker could not train on."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    fields = {f.name: f.dataType for f in df.schema.fields}
+    for role, name in (("features", features_col), ("label", label_col)):
+        if name not in fields:
+            raise ConfigError(
+                f"DataFrame has no {role} column {name!r} (columns: {', '.join(fields)})"
+            )
+    ftype, ltype = fields[features_col], fields[label_col]
+    if isinstance(ftype, VectorUDT):  # dense or sparse, e.g. a VectorAssembler's output
+        features = vector_to_array(F.col(features_col), "float32")
+    elif isinstance(ftype, T.ArrayType) and isinstance(ftype.elementType, T.NumericType):
+        features = F.col(features_col).cast("array<float>")  # half the bytes of double on the wire
+    else:
+        raise ConfigError(
+            f"column {features_col!r} must be array<float>, array<double> or a Spark ML vector,"
+            f" got {ftype.simpleString()}"
+        )
+    if not isinstance(ltype, (T.NumericType, T.BooleanType)):
+        raise ConfigError(
+            f"column {label_col!r} must hold numeric labels, got {ltype.simpleString()}"
+        )
+    checked = df.select(features.alias(FEATURES), F.col(label_col).cast("double").alias(LABEL))
+    facts = _facts(checked, features_col, label_col)
+    return checked.select(FEATURES, F.col(LABEL).cast("bigint").alias(LABEL)), facts
+
+
+# per-partition counts computed in the tasks; every field is a long but the largest label
+_FACT_FIELDS = (
+    "partition",
+    "rows",
+    "null_features",
+    "bad_values",
+    "min_width",
+    "max_width",
+    "null_labels",
+    "bad_labels",
+    "max_label",
+)
+_FACTS_DDL = ", ".join(f"{n} {'double' if n == 'max_label' else 'long'}" for n in _FACT_FIELDS)
+
+
+def _facts(frame: Any, features_col: str, label_col: str) -> FrameFacts:
+    from pyspark.sql import functions as F
+
+    f, bad = F.col(FEATURES), lambda v: v.isNull() | F.isnan(v) | (F.abs(v) == _INF)
+    per_row = frame.select(
+        f.isNull().alias("null"),
+        F.size(f).alias("width"),
+        F.coalesce(F.exists(f, bad), F.lit(False)).alias("bad"),
+        F.col(LABEL),
+    )
+    # Counted in the tasks, not by a groupBy on spark_partition_id(): the optimizer may fold
+    # that into a driver-side scan of a local relation, and then every row is in partition 0.
+    found = [r.asDict() for r in per_row.mapInArrow(_partition_facts, _FACTS_DDL).collect()]
+    total = lambda key: sum(int(r[key] or 0) for r in found)  # noqa: E731
+    rows = total("rows")
+    if rows == 0:
+        raise ConfigError(f"column {features_col!r} has no rows")
+    for key, column, what in (
+        ("null_features", features_col, "null rows"),
+        ("bad_values", features_col, "rows with a null, NaN or Inf value"),
+        ("null_labels", label_col, "null rows"),
+        ("bad_labels", label_col, "labels that are not integers >= 0"),
+    ):
+        if total(key):
+            raise ConfigError(f"column {column!r} has {total(key)} {what}")
+    found = [r for r in found if r["rows"]]
+    low, high = min(r["min_width"] for r in found), max(r["max_width"] for r in found)
+    if low != high:
+        raise ConfigError(
+            f"column {features_col!r} is ragged: its arrays hold between {low} and {high} values"
+        )
+    if high == 0:
+        raise ConfigError(f"column {features_col!r} holds empty arrays")
+    sizes = {int(r["partition"]): int(r["rows"]) for r in found}
+    return FrameFacts(
+        rows=rows,
+        partition_rows=tuple(sizes.get(p, 0) for p in range(frame.rdd.getNumPartitions())),
+        width=int(high),
+        max_label=int(max(r["max_label"] for r in found)),
+    )
+
+
+def _partition_facts(batches: Iterable[Any]) -> Iterable[Any]:
+    """In a task: one row of counts over this partition's per-row checks."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    assert context is not None  # always set inside a Spark task
+    facts: dict[str, Any] = {"partition": context.partitionId(), "rows": 0}
+    batches = [b for b in batches if b.num_rows]
+    if batches:
+        table = pa.Table.from_batches(batches)
+        widths = pc.min_max(pc.filter(table.column("width"), pc.invert(table.column("null"))))
+        label = table.column(LABEL)
+        y = pc.drop_null(label).to_numpy()
+        finite = y[np.isfinite(y)]
+        facts |= {
+            "rows": table.num_rows,
+            "null_features": pc.sum(table.column("null")).as_py(),
+            "bad_values": pc.sum(table.column("bad")).as_py(),
+            "min_width": widths["min"].as_py(),
+            "max_width": widths["max"].as_py(),
+            "null_labels": label.null_count,
+            "bad_labels": len(y) - int(np.sum((np.rint(finite) == finite) & (finite >= 0))),
+            "max_label": float(finite.max()) if finite.size else 0.0,
+        }
+    types = {n: pa.float64() if n == "max_label" else pa.int64() for n in _FACT_FIELDS}
+    yield pa.RecordBatch.from_pylist([facts], schema=pa.schema(list(types.items())))
+
+
+def dataframe_dataset(
+    df: Any, features_col: str, label_col: str, test_df: Any, seed: int
+) -> tuple[Any, FrameFacts, Dataset]:
+    """The checked training frame, its facts, and a driver-side Dataset holding the test set:
+    `test_df`, or a seeded tenth of `df` held out. Only the test rows reach the driver."""
+    if test_df is None:
+        df, test_df = df.randomSplit([0.9, 0.1], seed=seed)
+    frame, facts = training_frame(df, features_col, label_col)
+    test, test_facts = training_frame(test_df, features_col, label_col)
+    if test_facts.width != facts.width:
+        raise ConfigError(
+            f"column {features_col!r} holds {facts.width} values per row in df but"
+            f" {test_facts.width} in test_df"
+        )
+    x_test, y_test = table_arrays(test.toArrow(), (facts.width,))
+    classes = max(2, facts.max_label + 1, test_facts.max_label + 1)
+    # The training rows stay in Spark; the test rows stand in for them so the Dataset is whole.
+    name = f"spark:{features_col}"
+    return frame, facts, Dataset(name, x_test, y_test, x_test, y_test, classes, (facts.width,))
+
+
+def frame_from_arrays(spark: Any, x: np.ndarray, y: np.ndarray, partitions: int) -> Any:
+    """A DataFrame of `features` array<float> and `label` bigint rows, handed to Spark as Arrow
+    record batches (no Python objects per row), in about `partitions` even partitions."""
+    import pyarrow as pa
+
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(len(x), -1)
+    features = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
+    table = pa.table({FEATURES: features, LABEL: pa.array(y)})
+    # Spark keeps a large table as one partition per Arrow batch of at most this many rows (a
+    # small one it slices evenly over the default parallelism): set for this call alone.
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    saved = spark.conf.get(key)
+    spark.conf.set(key, str(-(-len(x) // partitions)))
+    try:
+        return spark.createDataFrame(table)
+    finally:
+        spark.conf.set(key, saved)
+
+
+def partition_arrays(
+    batches: Iterable[Any], input_shape: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """In a task: its partition's Arrow record batches as (rows, *input_shape) float32 and int64."""
+    import pyarrow as pa
+
+    batches = list(batches)
+    if not batches:
+        return np.empty((0, *input_shape), np.float32), np.empty(0, np.int64)
+    return table_arrays(pa.Table.from_batches(batches), input_shape)
+
+
+def table_arrays(table: Any, input_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """A checked frame's Arrow table as (rows, *input_shape) float32 and int64 arrays."""
+    import pyarrow.compute as pc
+
+    # list_flatten honours each chunk's offsets; to_numpy concatenates the chunks in one copy
+    x = pc.list_flatten(table.column(FEATURES)).to_numpy()
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(table.num_rows, *input_shape)
+    y = table.column(LABEL).to_numpy().astype(np.int64)
+    return (x if x.flags.writeable else x.copy()), y

@@ -1,0 +1,60 @@
+"""`ember.spark.fit`: train on a Spark DataFrame with the fields of `ember.fit`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ember.config import make_config
+from ember.errors import ConfigError
+
+
+def fit(
+    model: str | Callable[..., Any] = "mlp",
+    df: Any = None,
+    features_col: str = "features",
+    label_col: str = "label",
+    test_df: Any = None,
+    config_file: str | None = None,
+    show_progress: bool = False,
+    **fields: Any,
+) -> Any:
+    """Train `model` on DataFrame `df` (features: array<float>, array<double> or a Spark ML
+    vector; label: numeric) with one Spark barrier task per worker, in df's SparkSession.
+
+    `model` is a name, "package.module:factory" or a module-level factory function the Spark
+    workers can import. The test set is `test_df`, or a seeded tenth of `df` held out; either
+    is collected to the driver for the final evaluation, the training rows never are. Other
+    fields are those of `ember.fit` (strategy, workers, epochs, ...). Without `df`, trains on
+    `data=` like `ember.fit(engine="spark")`. Returns a RunResult (.summary, .model, .run_dir).
+    """
+    fields = {k.replace("-", "_"): v for k, v in fields.items()}
+    if fields.setdefault("engine", "spark") != "spark":
+        raise ConfigError(f"ember.spark.fit runs on engine 'spark', got {fields['engine']!r}")
+    fields["model"] = _model_spec(model)
+    if df is None:
+        from ember.engines import train
+
+        return train(make_config(fields, config_file), show_progress)
+    if fields.get("data") is not None:
+        raise ConfigError("pass either df or data to ember.spark.fit, not both")
+    from ember.engines.spark import train_dataframe
+
+    config = make_config(fields, config_file)
+    return train_dataframe(config, df, features_col, label_col, test_df, show_progress)
+
+
+def _model_spec(model: str | Callable[..., Any]) -> str:
+    """A factory function as the "module:name" spec the workers import it by."""
+    if isinstance(model, str):
+        return model
+    module, name = getattr(model, "__module__", None), getattr(model, "__qualname__", "")
+    if callable(model) and module and module != "__main__" and "<" not in name:
+        return f"{module}:{name}"
+    raise ConfigError(
+        "model must be a name, 'package.module:factory' or a module-level function that Spark"
+        f" workers can import (not one defined in __main__ or a lambda); got {model!r}"
+    )
+
+
+__all__ = ["fit"]

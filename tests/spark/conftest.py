@@ -1,0 +1,105 @@
+"""Spark test fixtures: one local[2] SparkSession for all Spark tests, digits as DataFrames."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+
+pytest.importorskip("pyspark", reason="the Spark tests need: pip install -e '.[spark]'")
+
+# Set before the JVM starts: tasks then bind to loopback and run this interpreter.
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+HERE = Path(__file__).parent
+_sessions: list[Any] = []  # the running session, so the last Spark test can end its JVM
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("ember-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    _sessions.append(session)
+    yield session
+    _end_jvm()
+
+
+def _end_jvm() -> None:
+    """Stop the session and its JVM: tests after these (tests/unit) let no child process
+    outlive a test, and SparkSession.stop() alone leaves the JVM running."""
+    from pyspark import SparkContext
+
+    while _sessions:
+        _sessions.pop().stop()
+    gateway, SparkContext._gateway, SparkContext._jvm = SparkContext._gateway, None, None
+    if gateway is not None:
+        gateway.shutdown()
+        gateway.proc.stdin.close()  # the JVM exits when its stdin closes
+        gateway.proc.wait(30)
+
+
+@pytest.fixture(scope="session")
+def digits() -> Any:
+    from ember.data import load_dataset
+
+    return load_dataset("digits")
+
+
+@pytest.fixture(scope="session")
+def to_frame(spark: Any) -> Any:
+    """Arrays as a DataFrame of `features` (array<float>) and `label` rows, via Arrow."""
+    import pyarrow as pa
+
+    def make(x: np.ndarray, y: np.ndarray) -> Any:
+        flat = x.reshape(len(x), -1)
+        features = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
+        return spark.createDataFrame(pa.table({"features": features, "label": y}))
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def no_stray_children(request: pytest.FixtureRequest) -> Iterator[None]:
+    """As in tests/conftest.py, but the JVM and the Python workers it forks are Spark's to keep
+    between Spark tests; after the last one, the JVM goes too."""
+    yield
+    if request.node is [i for i in request.session.items if HERE in i.path.parents][-1]:
+        _end_jvm()
+    me = psutil.Process(os.getpid())
+    spark_tree: set[int] = set()
+    for child in me.children():
+        if "org.apache.spark" in " ".join(_cmdline(child)):
+            spark_tree |= {child.pid, *(p.pid for p in child.children(recursive=True))}
+    stray = [
+        p
+        for p in me.children(recursive=True)
+        if p.pid not in spark_tree
+        and p.is_running()
+        and p.status() != psutil.STATUS_ZOMBIE
+        and "resource_tracker" not in " ".join(_cmdline(p))
+    ]
+    for process in stray:
+        process.kill()
+    assert not stray, f"processes left behind: {[p.pid for p in stray]}"
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []

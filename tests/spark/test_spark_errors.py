@@ -1,0 +1,159 @@
+"""Bad input to the Spark engine: one clear error, before any worker or server starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ember.spark
+from ember.errors import ConfigError
+
+pytestmark = pytest.mark.timeout(60)
+
+X = np.arange(12, dtype=np.float32).reshape(6, 2)
+Y = np.arange(6) % 2
+
+
+def fit(df: Any, tmp_path: Any, **fields: Any) -> Any:
+    return ember.spark.fit(df=df, test_df=df, out=str(tmp_path / "run"), **fields)
+
+
+def test_a_missing_column_is_named(spark, to_frame, tmp_path) -> None:
+    with pytest.raises(ConfigError) as error:
+        fit(to_frame(X, Y), tmp_path, features_col="pixels")
+    assert str(error.value) == (
+        "DataFrame has no features column 'pixels' (columns: features, label)"
+    )
+    with pytest.raises(ConfigError, match=r"^DataFrame has no label column 'digit' "):
+        fit(to_frame(X, Y), tmp_path, label_col="digit")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("rows", "schema", "message"),
+    [
+        (
+            [("a", 0), ("b", 1)],
+            "features string, label long",
+            "column 'features' must be array<float>, array<double> or a Spark ML vector,"
+            " got string",
+        ),
+        (
+            [(["a"], 0), (["b"], 1)],
+            "features array<string>, label long",
+            "column 'features' must be array<float>, array<double> or a Spark ML vector,"
+            " got array<string>",
+        ),
+        (
+            [([1.0], "cat"), ([2.0], "dog")],
+            "features array<double>, label string",
+            "column 'label' must hold numeric labels, got string",
+        ),
+        (
+            [([1.0, 2.0], 0), ([1.0, 2.0, 3.0], 1), ([1.0, 2.0], 1)],
+            "features array<double>, label long",
+            "column 'features' is ragged: its arrays hold between 2 and 3 values",
+        ),
+        (
+            [([1.0, float("nan")], 0), ([1.0, 2.0], 1)],
+            "features array<double>, label long",
+            "column 'features' has 1 rows with a null, NaN or Inf value",
+        ),
+        (
+            [([1.0, 2.0], 0.5), ([1.0, 2.0], 1.0)],
+            "features array<double>, label double",
+            "column 'label' has 1 labels that are not integers >= 0",
+        ),
+    ],
+)
+def test_unusable_columns_are_named(spark, tmp_path, rows, schema, message) -> None:
+    df = spark.createDataFrame(rows, schema)
+    with pytest.raises(ConfigError) as error:
+        fit(df, tmp_path, batch_size=1)
+    assert str(error.value) == message
+
+
+def test_more_workers_than_task_slots_is_refused(spark, to_frame, tmp_path) -> None:
+    with pytest.raises(ConfigError) as error:
+        fit(to_frame(X, Y), tmp_path, workers=3)
+    assert str(error.value) == (
+        "master 'local[2]' runs 2 task(s) at once, but the barrier stage needs one per worker: 3;"
+        " lower workers or use local[3]"
+    )
+
+
+def test_too_few_rows_per_worker_is_refused(spark, to_frame, tmp_path) -> None:
+    with pytest.raises(ConfigError) as error:
+        fit(to_frame(X, Y), tmp_path)
+    assert str(error.value) == (
+        "each of 2 workers would train on 3 rows, fewer than one batch of 64;"
+        " lower batch_size or workers"
+    )
+
+
+def session_with(master: str, **conf: str) -> Any:
+    from pyspark import SparkConf
+
+    settings = SparkConf(loadDefaults=False).setAll(list(conf.items()))
+    context = SimpleNamespace(master=master, getConf=lambda: settings)
+    return SimpleNamespace(sparkSession=SimpleNamespace(sparkContext=context))
+
+
+def test_dynamic_allocation_and_remote_masters_are_refused(tmp_path) -> None:
+    dynamic = session_with("local[2]", **{"spark.dynamicAllocation.enabled": "true"})
+    with pytest.raises(ConfigError) as error:
+        fit(dynamic, tmp_path)
+    assert str(error.value) == (
+        "spark.dynamicAllocation.enabled is true, but barrier stages (all workers at once)"
+        " do not support dynamic allocation; set it to false"
+    )
+    with pytest.raises(ConfigError) as error:
+        fit(session_with("spark://h:7077"), tmp_path)
+    assert str(error.value) == (
+        "master 'spark://h:7077' is not local: the parameter servers listen on 127.0.0.1 of the"
+        " driver, which executors on other machines cannot reach; use local[N] or"
+        " local-cluster[...] (a routable bind address is future work)"
+    )
+    two_cpus = session_with("local-cluster[2, 2, 1024]", **{"spark.task.cpus": "2"})
+    with pytest.raises(ConfigError, match=r"^master 'local-cluster\[2, 2, 1024\]' runs 2 task"):
+        fit(two_cpus, tmp_path, workers=3)
+
+
+def test_strategies_without_a_server_are_refused(tmp_path) -> None:
+    with pytest.raises(ConfigError) as error:
+        fit(session_with("local[2]"), tmp_path, strategy="allreduce")
+    assert str(error.value) == (
+        "strategy 'allreduce' is not supported on engine 'spark', which runs a parameter server"
+        " beside the driver; use bsp, ssp, async, easgd or easgd-async"
+    )
+
+
+def test_without_pyspark_the_error_says_what_to_install(tmp_path, monkeypatch) -> None:
+    session = session_with("local[2]")
+    monkeypatch.setitem(sys.modules, "pyspark", None)  # import pyspark now raises ImportError
+    with pytest.raises(ConfigError) as error:
+        fit(session, tmp_path)
+    assert str(error.value) == "engine 'spark' needs pyspark: pip install 'ember[spark]'"
+
+
+def test_without_java_the_cli_says_what_to_install(tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "PATH")}
+    done = subprocess.run(
+        [sys.executable, "-m", "ember", "train", "--engine", "spark", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env={**env, "PATH": str(tmp_path)},
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "ember: error: engine 'spark' needs a Java runtime (17 or 21) and found none on PATH or"
+        " in JAVA_HOME: install one (e.g. apt-get install openjdk-17-jre-headless)"
+    )
+    assert not list(tmp_path.iterdir())  # nothing loaded, nothing written

@@ -1,0 +1,165 @@
+"""The Spark engine trains from the DataFrames users have and survives a retried stage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import ember.spark
+from ember.metrics import read_metrics
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def write_parquet(path: Path, x: np.ndarray, y: np.ndarray) -> None:
+    flat = x.reshape(len(x), -1)
+    offsets = np.arange(0, flat.size + 1, flat.shape[1], dtype=np.int32)
+    features = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.reshape(-1)))
+    pq.write_table(pa.table({"features": features, "label": y}), path, row_group_size=1000)
+
+
+def test_trains_from_parquet_with_an_array_column(spark, digits, tmp_path) -> None:
+    write_parquet(tmp_path / "train.parquet", digits.x_train, digits.y_train)
+    write_parquet(tmp_path / "test.parquet", digits.x_test, digits.y_test)
+    result = ember.spark.fit(
+        model="mlp",
+        df=spark.read.parquet(str(tmp_path / "train.parquet")),
+        test_df=spark.read.parquet(str(tmp_path / "test.parquet")),
+        strategy="easgd-async",
+        workers=2,
+        epochs=2,
+        out=str(tmp_path / "run"),
+    )
+    summary = result.summary
+    assert summary["engine"] == "spark" and summary["test_accuracy"] > 0.85
+    assert summary["bytes_pushed"] > 0 and summary["samples"] == 2 * 2 * 78 * 64
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    workers = [r for r in records if r.get("kind") == "worker"]
+    assert {r["rank"] for r in workers} == {0, 1}
+    assert {r["attempt"] for r in workers} == {0}
+    assert (tmp_path / "run" / "checkpoints" / "last").exists()
+
+
+def test_trains_from_a_vector_assembler_output(spark, digits, tmp_path) -> None:
+    from pyspark.ml.feature import VectorAssembler
+
+    def pixels(x: np.ndarray) -> Any:
+        """14x14 images in [0, 1], one column per pixel: mostly zeros, so VectorAssembler
+        writes sparse vectors, except for every tenth row, which has no zeros left."""
+        raw = (x * 0.3081 + 0.1307).reshape(len(x), 14, 2, 14, 2).mean(axis=(2, 4))
+        raw[raw < 0.05] = 0.0
+        raw[::10] += 0.01
+        return {f"p{i}": raw.reshape(len(x), -1)[:, i] for i in range(196)}
+
+    assemble = VectorAssembler(inputCols=[f"p{i}" for i in range(196)], outputCol="pixels")
+
+    def frame(x: np.ndarray, y: np.ndarray) -> Any:
+        table = pa.table({**pixels(x), "digit": y.astype(np.int32)})
+        return assemble.transform(spark.createDataFrame(table)).select("pixels", "digit")
+
+    df = frame(digits.x_train, digits.y_train)
+    kinds = {type(row.pixels).__name__ for row in df.limit(200).collect()}
+    assert kinds == {"SparseVector", "DenseVector"}
+    result = ember.spark.fit(
+        model="mlp",
+        df=df,
+        test_df=frame(digits.x_test, digits.y_test),
+        features_col="pixels",
+        label_col="digit",
+        workers=2,
+        epochs=2,
+        out=str(tmp_path / "run"),
+    )
+    assert result.summary["test_accuracy"] > 0.85
+    assert result.summary["data"] == "spark:pixels"
+
+
+FAULTY = """
+import os
+import torch
+
+
+class FailsOnce(torch.nn.Module):
+    '''Raises in its 30th training forward pass, in the first process to get there.'''
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(784, 128), torch.nn.ReLU(),
+            torch.nn.Linear(128, num_classes),
+        )
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += self.training
+        if self.calls == 30:
+            try:
+                os.close(os.open(MARKER, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return self.net(x)
+            raise RuntimeError("injected failure on the first attempt")
+        return self.net(x)
+
+
+def make(input_shape, num_classes):
+    return FailsOnce(input_shape, num_classes)
+"""
+
+
+def test_a_retried_stage_resumes_from_the_servers_not_the_initial_weights(
+    spark, to_frame, digits, tmp_path, monkeypatch
+) -> None:
+    module = tmp_path / "ember_fails_once.py"
+    module.write_text(f"MARKER = {str(tmp_path / 'failed')!r}\n{FAULTY}")
+    monkeypatch.syspath_prepend(str(tmp_path))  # the driver builds the model too
+    spark.sparkContext.addPyFile(str(module))
+    result = ember.spark.fit(
+        model="ember_fails_once:make",
+        df=to_frame(digits.x_train, digits.y_train),
+        test_df=to_frame(digits.x_test, digits.y_test),
+        strategy="easgd-async",
+        tau=4,
+        workers=2,
+        epochs=2,
+        out=str(tmp_path / "run"),
+    )
+    assert (tmp_path / "failed").exists()  # the failure did happen
+    assert result.summary["test_accuracy"] > 0.85
+    assert result.summary["spark"]["stage_attempts"] >= 2
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert any(r.get("event") == "stage retry" for r in records)
+    starts = [r for r in records if r.get("kind") == "start"]
+    assert {r["rank"] for r in starts} == {0, 1}
+    assert all(r["attempt"] >= 1 for r in starts)
+    registered: dict[int, list[dict[str, Any]]] = {}
+    for event in result.summary["server"]["events"]:
+        if event["event"] == "register":
+            registered.setdefault(event["worker"], []).append(event)
+    for rank, events in registered.items():
+        first, *retried = events
+        assert retried, f"worker {rank} registered once: {json.dumps(events)}"
+        assert retried[-1]["incarnation"] > first["incarnation"] >= 0
+    # the retried workers continued from their pushed steps and the servers' center
+    assert max(r["first_step"] for r in starts) > 0
+    assert max(events[-1]["step"] for events in registered.values()) > 0
+
+
+def test_data_names_train_on_spark_too(spark, tmp_path) -> None:
+    result = ember.spark.fit(
+        data="digits", model="logreg", strategy="async", epochs=1, out=str(tmp_path / "run")
+    )
+    assert result.summary["engine"] == "spark" and result.summary["test_accuracy"] > 0.8
+    partitions = [
+        r
+        for r in read_metrics(tmp_path / "run" / "metrics.jsonl")
+        if r.get("event") == "partitions"
+    ]
+    assert partitions == [
+        {**partitions[0], "partitions": 2, "repartitioned": False, "unused_rows": 0}
+    ]
