@@ -280,3 +280,46 @@ def test_a_reply_still_being_sent_never_sees_a_later_update(monkeypatch) -> None
             assert np.unique(out).tolist() == [0.0], header["seq"]
         reader.close()
         writer.close()
+
+
+def test_a_multi_chunk_push_is_folded_and_answered_chunk_by_chunk_exactly() -> None:
+    size = 2 * CHUNK_BYTES // 4 + 777  # three chunks
+    params = np.linspace(-1, 1, size, dtype=np.float32)
+    with running_servers(params, SGDRule(lr=0.5), "async") as (server,):
+        client = PSClient([server.address], SECRET, worker=0, timeout=10)
+        client.register()
+        grad = np.linspace(2, -2, size, dtype=np.float32)
+        out = np.empty(size, dtype=np.float32)
+        client.push(grad, reply_into=out, pull=True)
+        np.testing.assert_allclose(out, params - 0.5 * grad, rtol=1e-6, atol=1e-6)
+        assert control([server.address], SECRET, "stats")[0]["counters"]["streamed"] == 1
+        client.close()
+
+
+def test_a_chunk_of_the_wrong_size_ends_its_push_with_an_error_and_the_server_serves_on() -> None:
+    size = CHUNK_BYTES // 4 + 10  # two chunks
+    params = np.zeros(size, dtype=np.float32)
+    with running_servers(params, SGDRule(lr=1.0), "bsp", expected_workers=1) as (server,):
+        client = PSClient([server.address], SECRET, worker=0, timeout=5)
+        client.register()
+        connection = client.connections[0]
+        header = {
+            "op": "push",
+            "worker": 0,
+            "incarnation": 0,
+            "seq": 5,
+            "clock": 0,
+            "step": 1,
+            "keys": [0, size],
+            "tensors": [["float32", [size]]],
+        }
+        connection._sock.send(seal(connection._key, header))
+        connection._sock.send(b"\x00" * CHUNK_BYTES)
+        connection._sock.send(b"\x00" * 12)  # the header declared 40 bytes
+        with pytest.raises(ProtocolError, match="payload frame 1 has 12 bytes, header declares 40"):
+            connection.recv()
+        out = np.empty(size, dtype=np.float32)
+        client.seq = 5  # the hand-made push used sequence number 5
+        client.pull(out)  # the connection and the server both carry on
+        np.testing.assert_array_equal(out, params)  # a BSP push is applied only when complete
+        client.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -15,11 +15,14 @@ import zmq
 from ember.errors import ProtocolError
 from ember.ps.clocks import ClockTable, WorkerEntry
 from ember.ps.consistency import Consistency
-from ember.wire import Request, ServerEndpoint, tensors_from_frames
+from ember.wire import Chunk, Request, ServerEndpoint
 
 # Payload views alias zmq's read-only receive buffers; the rules only ever read them.
 warnings.filterwarnings("ignore", message="The given buffer is not writable")
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+ALL_KEYS = slice(0, 1 << 62)  # a reply or snapshot that reads every key of the shard
 
 
 class UpdateRule(Protocol):
@@ -69,8 +72,12 @@ def shard_ranges(total: int, count: int) -> list[tuple[int, int]]:
 class _Held:
     request: Request
     worker: WorkerEntry
-    payload: list[torch.Tensor] | None  # chunk views of zmq's receive buffers
+    payload: list[torch.Tensor] | None  # chunk views of zmq's receive buffers, as they arrive
     folded: bool = False
+    streaming: bool = False  # folded chunk by chunk as it arrives, each answered at once
+    offset: int = 0  # keys folded so far while streaming
+    reply: torch.Tensor | None = None  # easgd's elastic difference, filled chunk by chunk
+    trackers: list[zmq.MessageTracker] = field(default_factory=list)
 
 
 class ParameterServer:
@@ -114,7 +121,9 @@ class ParameterServer:
         self.rejected: Counter[str] = Counter()
         self.counters: Counter[str] = Counter()
         self._held: list[_Held] = []
-        self._trackers: list[zmq.MessageTracker] = []  # replies that still read self.params
+        self._arriving: dict[bytes, _Held] = {}  # peer -> push whose payload is on the wire
+        # Replies in flight that read self.params (and state), with the keys they read.
+        self._trackers: list[tuple[slice, zmq.MessageTracker]] = []
         self._reply_pool: list[tuple[torch.Tensor, zmq.MessageTracker | None]] = []
         self._running = True
 
@@ -122,12 +131,17 @@ class ParameterServer:
     def serve(self) -> None:
         """Serve until a `stop` request; checks for silent workers between requests."""
         while self._running:
-            request = self.endpoint.poll(timeout=0.2)
+            event = self.endpoint.poll(timeout=0.2)
+            request = event.request if isinstance(event, Chunk) else event
             if request is not None:
                 try:
-                    self._handle(request)
+                    if isinstance(event, Chunk):
+                        self._on_chunk(event)
+                    else:
+                        self._handle(request)
                 except ProtocolError as exc:
                     self.rejected["request"] += 1
+                    self._arriving.pop(request.peer, None)
                     self.endpoint.reply(request, {"op": "error", "message": str(exc)})
             self._drop_silent_workers()
         self.endpoint.close()
@@ -143,9 +157,15 @@ class ParameterServer:
                 return
             worker.last_seq = seq
             _int(header, "step")
-            payload = self._payload(request) if op == "push" else None
-            self._held.append(_Held(request, worker, payload))
-            self._drain()
+            if op == "pull":
+                self._held.append(_Held(request, worker, None))
+                self._drain()
+                return
+            self._check_payload(request)
+            held = _Held(request, worker, [])
+            self._arriving[request.peer] = held
+            if self._can_stream(held):
+                self._start_stream(held)
         elif op == "register":
             worker_id = _int(header, "worker")
             entry = self.clocks.register(worker_id, _int(header, "incarnation"), self.step)
@@ -181,7 +201,8 @@ class ParameterServer:
             self.rejected["incarnation"] += 1
             raise
 
-    def _payload(self, request: Request) -> list[torch.Tensor]:
+    def _check_payload(self, request: Request) -> None:
+        """Refuse a push whose header does not fit this shard before any of its payload is used."""
         size = self.shard.stop - self.shard.start
         if request.header.get("keys") != [self.shard.start, self.shard.stop]:
             self.rejected["keys"] += 1
@@ -195,8 +216,77 @@ class ParameterServer:
             raise ProtocolError(
                 f"push must carry one float32 tensor of shape [{size}], got {table!r}"
             )
-        chunks = tensors_from_frames(table, request.frames, max_bytes=4 * size)[0]
-        return [torch.from_numpy(chunk) for chunk in chunks]
+
+    # ---- streaming: a push folded chunk by chunk while the rest is still on the wire ----------
+    def _can_stream(self, held: _Held) -> bool:
+        """Only when nothing can make this push wait: the policy answers it now (and its pull
+        too), no earlier request of the worker is held, and no synchronous round collects it."""
+        worker, slowest = held.worker, self._min_clock()
+        pull = bool(held.request.header.get("pull"))
+        return (
+            self.round_sum is None
+            and self.consistency.ready(worker.clock, slowest)
+            and (not pull or self.consistency.ready(worker.clock + 1, slowest))
+            and not any(h.worker is worker for h in self._held)
+        )
+
+    def _start_stream(self, held: _Held) -> None:
+        size = self.shard.stop - self.shard.start
+        held.streaming = True
+        pull = bool(held.request.header.get("pull"))
+        if self.rule.replies:
+            held.reply = self._reply_buffer()
+        table = [["float32", [size]]] if (self.rule.replies or pull) else None
+        header = self._reply_fields(held, clock=held.worker.clock + 1, step=self.step + 1)
+        self.endpoint.reply_header(held.request, header, table)
+
+    def _on_chunk(self, chunk: Chunk) -> None:
+        held = self._arriving.get(chunk.request.peer)
+        if held is None or held.request is not chunk.request:
+            return  # the push was refused at its header; its chunks are dropped
+        if chunk.error is not None:
+            raise ProtocolError(chunk.error)
+        frame = chunk.request.frames[chunk.index]
+        values = torch.from_numpy(np.frombuffer(frame.buffer, dtype=np.float32))
+        if held.streaming:
+            self._fold_streamed(held, values)
+        else:
+            assert held.payload is not None
+            held.payload.append(values)
+        if chunk.request.complete:
+            del self._arriving[chunk.request.peer]
+            if held.streaming:
+                self._finish_stream(held)
+            else:
+                self._held.append(held)
+                self._drain()
+
+    def _fold_streamed(self, held: _Held, values: torch.Tensor) -> None:
+        keys = slice(held.offset, held.offset + values.numel())
+        self._release_params_for_writing(keys)  # another worker's reply may still read them
+        params = self.params[keys]
+        out = None if held.reply is None else held.reply[keys]
+        contribution = self.rule.contribute(params, values, out)
+        self.rule.commit(params, {k: v[keys] for k, v in self.state.items()}, contribution, 1)
+        held.offset = keys.stop
+        if out is not None:
+            held.trackers.append(self.endpoint.reply_chunk(held.request, out.numpy()))
+        elif held.request.header.get("pull"):
+            tracker = self.endpoint.reply_chunk(held.request, params.numpy())
+            self._trackers.append((keys, tracker))  # it reads the live parameters
+
+    def _finish_stream(self, held: _Held) -> None:
+        worker = held.worker
+        worker.clock += 1
+        worker.step = held.request.header["step"]
+        worker.pulled_at = self.step + 1
+        self.step += 1
+        self.counters["pushes"] += 1
+        self.counters["replies"] += 1
+        self.counters["streamed"] += 1
+        if held.reply is not None:
+            self._reply_pool.append((held.reply, zmq.MessageTracker(*held.trackers)))
+        self._drain()  # a worker that was waiting on this one's clock may now go on
 
     # ---- folding and answering -----------------------------------------------------------------
     def _min_clock(self) -> int:
@@ -279,22 +369,28 @@ class ParameterServer:
     def _answer(
         self, held: _Held, reply_tensor: torch.Tensor | None = None, aliases_params: bool = False
     ) -> None:
-        worker = held.worker
-        header = {
-            "op": "ok",
-            "seq": held.request.header["seq"],
-            "clock": worker.clock,
-            "step": self.step,
-            "staleness": self.step - worker.pulled_at - 1 if held.payload is not None else 0,
-        }
+        header = self._reply_fields(held, held.worker.clock, self.step)
         arrays = [reply_tensor.numpy()] if reply_tensor is not None else []
         tracker = self.endpoint.reply(held.request, header, arrays, track=bool(arrays))
         if tracker is not None:
             if aliases_params:
-                self._trackers.append(tracker)
+                self._trackers.append((ALL_KEYS, tracker))
             elif reply_tensor is not None:
                 self._reply_pool.append((reply_tensor, tracker))
         self.counters["replies"] += 1
+
+    def _reply_fields(self, held: _Held, clock: int, step: int) -> dict[str, Any]:
+        """The reply header; staleness counts the updates others made since this worker's
+        last read, as of the moment after its own push (`step`)."""
+        pushed = held.payload is not None
+        staleness = max(0, step - held.worker.pulled_at - 1) if pushed else 0
+        return {
+            "op": "ok",
+            "seq": held.request.header["seq"],
+            "clock": clock,
+            "step": step,
+            "staleness": staleness,
+        }
 
     def _reply_buffer(self) -> torch.Tensor:
         """A reusable reply buffer zmq has finished sending (fresh pages cost a first touch)."""
@@ -304,12 +400,12 @@ class ParameterServer:
                 return buffer
         return torch.empty(self.shard.stop - self.shard.start)
 
-    def _release_params_for_writing(self) -> None:
-        """Before an in-place update: if zmq still reads the parameters (or state) for a reply
-        or snapshot in flight, move on to a private copy and leave the old buffer to zmq, so
-        a slow reader never sees a torn update and never stalls the server."""
-        if all(tracker.done for tracker in self._trackers):
-            self._trackers.clear()
+    def _release_params_for_writing(self, keys: slice = ALL_KEYS) -> None:
+        """Before an in-place update of `keys`: if zmq still reads them for a reply or snapshot
+        in flight, move on to a private copy and leave the old buffer to zmq, so a slow reader
+        never sees a torn update and never stalls the server."""
+        self._trackers = [(read, t) for read, t in self._trackers if not t.done]
+        if not any(_overlap(read, keys) for read, _ in self._trackers):
             return
         self.params = self.params.clone()
         self.state = {name: value.clone() for name, value in self.state.items()}
@@ -333,7 +429,7 @@ class ParameterServer:
         }
         tracker = self.endpoint.reply(request, header, arrays, track=True)
         if tracker is not None:
-            self._trackers.append(tracker)
+            self._trackers.append((ALL_KEYS, tracker))
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -344,6 +440,10 @@ class ParameterServer:
             "events": list(self.clocks.events),
             "live_workers": sorted(w for w, e in self.clocks.entries.items() if e.live),
         }
+
+
+def _overlap(a: slice, b: slice) -> bool:
+    return a.start < b.stop and b.start < a.stop
 
 
 def _int(header: dict[str, Any], key: str) -> int:

@@ -8,11 +8,12 @@ Map:
 - tensors_from_frames / gather -> frames.py: validated zero-copy tensor chunk views
 """
 
-from ember.wire.channel import ClientConnection, Request, ServerEndpoint
+from ember.wire.channel import Chunk, ClientConnection, Request, ServerEndpoint
 from ember.wire.frames import CHUNK_BYTES, gather, seal, tensors_from_frames, unseal
 
 __all__ = [
     "CHUNK_BYTES",
+    "Chunk",
     "ClientConnection",
     "Request",
     "ServerEndpoint",

@@ -7,7 +7,7 @@ import os
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,13 +20,16 @@ from ember.wire.frames import (
     MAX_HEADER_BYTES,
     chunk_frames,
     describe,
+    frame_sizes,
     mac,
     seal,
     unseal,
 )
 
-HELLO, CHALLENGE, PROOF = b"EMBER1-HELLO", b"EMBER1-CHALLENGE", b"EMBER1-PROOF"
-WELCOME, DENIED = b"EMBER1-OK", b"EMBER1-DENIED"
+# Handshake messages are a tag followed by 32 bytes (a nonce or a MAC).
+HELLO, CHALLENGE, PROOF = b"EMBER2-HELLO", b"EMBER2-CHALLENGE", b"EMBER2-PROOF"
+WELCOME, DENIED = b"EMBER2-OK", b"EMBER2-DENIED"
+MAX_REPLY_BYTES = 1 << 36  # replies come from an authenticated server; this only bounds a bug
 NONCE_BYTES = 32
 MAX_PENDING_HANDSHAKES = 1024
 # A frame is a header or one tensor chunk; anything larger makes zmq drop the peer before
@@ -45,74 +48,116 @@ def _socket(context: zmq.Context, kind: int) -> zmq.Socket:
 
 @dataclass
 class Request:
-    """An authenticated request: `frames` are zmq Frames whose buffers the payload views alias."""
+    """An authenticated request. Its payload streams in after the header, one message per
+    chunk: `frames` fills as they arrive, and `sizes` says what each must hold."""
 
     peer: bytes
     header: dict[str, Any]
-    frames: list[Any]
+    frames: list[Any] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)  # declared byte size of each payload frame
+
+    @property
+    def complete(self) -> bool:
+        return len(self.frames) == len(self.sizes)
+
+
+@dataclass
+class Chunk:
+    """One payload frame of a streaming request has arrived (it is request.frames[index]), or
+    the stream broke (`error` says why; the request gets no more chunks)."""
+
+    request: Request
+    index: int
+    error: str | None = None
 
 
 class ServerEndpoint:
     """A ROUTER socket that serves only peers that proved they hold the run's secret.
 
-    Handshake (raw frames, nothing parsed before it succeeds): HELLO + client nonce ->
-    CHALLENGE + server nonce -> PROOF = HMAC(secret, "proof" | sn | cn) -> OK + HMAC(secret,
+    Every message is a single frame, so a request's payload streams: a sealed header, then one
+    message per tensor chunk, and a server can work on chunk k while k + 1 is on the wire.
+    Handshake (raw bytes, nothing parsed before it succeeds): HELLO | client nonce ->
+    CHALLENGE | server nonce -> PROOF | HMAC(secret, "proof" | sn | cn) -> OK | HMAC(secret,
     "server" | sn | cn). Each header afterwards is sealed with the per-connection key
     HMAC(secret, "session" | sn | cn), so a frame replayed on another connection fails its MAC.
     """
 
     def __init__(
-        self, secret: bytes, bind: str = "tcp://127.0.0.1:0", context: zmq.Context | None = None
+        self,
+        secret: bytes,
+        bind: str = "tcp://127.0.0.1:0",
+        context: zmq.Context | None = None,
+        max_payload_bytes: int = 1 << 34,
     ) -> None:
         self._secret = secret
         self._context = context or zmq.Context.instance()
         self._sock = _socket(self._context, zmq.ROUTER)
         self._sock.bind(bind)
         self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.max_payload_bytes = max_payload_bytes
         self._pending: OrderedDict[bytes, bytes] = OrderedDict()  # peer -> nonces sn|cn
         self._sessions: dict[bytes, bytes] = {}  # peer -> session key
+        self._streams: dict[bytes, Request] = {}  # peer -> request whose payload is arriving
         self.rejected: Counter[str] = Counter()
 
-    def poll(self, timeout: float) -> Request | None:
-        """Wait up to `timeout` seconds; return the next authenticated request, if any."""
+    def poll(self, timeout: float) -> Request | Chunk | None:
+        """Wait up to `timeout` seconds; return the next authenticated request header or
+        payload chunk, if any."""
         if not self._sock.poll(int(timeout * 1000), zmq.POLLIN):
             return None
         frames = self._sock.recv_multipart(copy=False)
         peer = frames[0].bytes
         try:
-            return self._accept(peer, frames[1:])
+            if len(frames) != 2:
+                raise ProtocolError(f"message of {len(frames) - 1} frames; ember sends one")
+            return self._accept(peer, frames[1])
         except ProtocolError as exc:
             self.rejected[_reason(exc)] += 1
-            return None
+            stream = self._streams.pop(peer, None)
+            return None if stream is None else Chunk(stream, len(stream.frames), str(exc))
 
-    def _accept(self, peer: bytes, frames: list[Any]) -> Request | None:
-        if not frames:
-            raise ProtocolError("empty message")
+    def _accept(self, peer: bytes, frame: Any) -> Request | Chunk | None:
         key = self._sessions.get(peer)
         if key is None:
-            self._handshake(peer, frames)
+            self._handshake(peer, frame.bytes)
             return None
-        header = unseal(key, frames[0].buffer)
-        return Request(peer, header, frames[1:])
+        stream = self._streams.get(peer)
+        if stream is not None:
+            index = len(stream.frames)
+            if len(frame) != stream.sizes[index]:
+                raise ProtocolError(
+                    f"payload frame {index} has {len(frame)} bytes, header declares "
+                    f"{stream.sizes[index]}"
+                )
+            stream.frames.append(frame)
+            if stream.complete:
+                del self._streams[peer]
+            return Chunk(stream, index)
+        header = unseal(key, frame.buffer)
+        sizes = frame_sizes(header.get("tensors", []), self.max_payload_bytes)
+        request = Request(peer, header, [], sizes)
+        if sizes:
+            self._streams[peer] = request
+        return request
 
-    def _handshake(self, peer: bytes, frames: list[Any]) -> None:
-        tag = frames[0].bytes if len(frames) == 2 else b""
-        if tag == HELLO and len(frames[1]) == NONCE_BYTES:
-            nonces = os.urandom(NONCE_BYTES) + frames[1].bytes
+    def _handshake(self, peer: bytes, data: bytes) -> None:
+        tag, value = data[:-NONCE_BYTES], data[-NONCE_BYTES:]
+        if tag == HELLO:
+            nonces = os.urandom(NONCE_BYTES) + value
             self._pending[peer] = nonces
             while len(self._pending) > MAX_PENDING_HANDSHAKES:
                 self._pending.popitem(last=False)
-            self._sock.send_multipart([peer, CHALLENGE, nonces[:NONCE_BYTES]])
+            self._sock.send_multipart([peer, CHALLENGE + nonces[:NONCE_BYTES]])
             return
-        nonces = self._pending.get(peer)
-        if tag == PROOF and nonces is not None:
-            if not hmac.compare_digest(frames[1].bytes, mac(self._secret, b"proof", nonces)):
-                del self._pending[peer]
-                self._sock.send_multipart([peer, DENIED, b""])  # fail fast, reveal nothing
-                raise ProtocolError("unauthenticated: wrong secret")
+        saved = self._pending.get(peer)
+        if tag == PROOF and saved is not None:
+            nonces = saved
             del self._pending[peer]
+            if not hmac.compare_digest(value, mac(self._secret, b"proof", nonces)):
+                self._sock.send_multipart([peer, DENIED + bytes(NONCE_BYTES)])  # fail fast
+                raise ProtocolError("unauthenticated: wrong secret")
             self._sessions[peer] = mac(self._secret, b"session", nonces)
-            self._sock.send_multipart([peer, WELCOME, mac(self._secret, b"server", nonces)])
+            self._sock.send_multipart([peer, WELCOME + mac(self._secret, b"server", nonces)])
             return
         raise ProtocolError("unauthenticated: message before a completed handshake")
 
@@ -123,26 +168,34 @@ class ServerEndpoint:
         arrays: Sequence[np.ndarray] = (),
         track: bool = False,
     ) -> zmq.MessageTracker | None:
-        """Send a sealed reply. Arrays go zero-copy: with `track`, the returned tracker says when
-        zmq no longer reads them; the caller must not modify them before that."""
+        """Send a sealed reply and its arrays' chunks. Arrays go zero-copy: with `track`, the
+        returned tracker says when zmq no longer reads them; do not modify them before that."""
+        if not self.reply_header(request, header, describe(arrays) if arrays else None):
+            return None
+        trackers = [self.reply_chunk(request, frame) for frame in chunk_frames(arrays)]
+        return zmq.MessageTracker(*trackers) if track and trackers else None
+
+    def reply_header(
+        self, request: Request, header: dict[str, Any], table: list[Any] | None
+    ) -> bool:
+        """Start a reply whose payload chunks follow through reply_chunk; False if the peer
+        never authenticated."""
         key = self._sessions.get(request.peer)
         if key is None:
-            return None
-        if arrays:
-            header = {**header, "tensors": describe(arrays)}
-        frames: list[Any] = [request.peer, seal(key, header), *chunk_frames(arrays)]
-        if not (track and arrays):
-            self._sock.send_multipart(frames, copy=False)
-            return None
-        # send_multipart would track only the last frame; every frame must be tracked.
-        trackers = [
-            self._sock.send(frame, zmq.SNDMORE, copy=False, track=True) for frame in frames[:-1]
-        ]
-        trackers.append(self._sock.send(frames[-1], 0, copy=False, track=True))
-        return zmq.MessageTracker(*trackers)
+            return False
+        if table:
+            header = {**header, "tensors": table}
+        self._sock.send_multipart([request.peer, seal(key, header)], copy=False)
+        return True
+
+    def reply_chunk(self, request: Request, frame: Any) -> zmq.MessageTracker:
+        """Send one payload frame zero-copy; the tracker says when zmq is done reading it."""
+        self._sock.send(request.peer, zmq.SNDMORE)
+        return self._sock.send(frame, 0, copy=False, track=True)
 
     def forget(self, peer: bytes) -> None:
         self._sessions.pop(peer, None)
+        self._streams.pop(peer, None)
 
     def close(self) -> None:
         self._sock.close(linger=0)
@@ -163,12 +216,12 @@ class ClientConnection:
 
     def _handshake(self, secret: bytes) -> bytes:
         client_nonce = os.urandom(NONCE_BYTES)
-        self._sock.send_multipart([HELLO, client_nonce])
+        self._sock.send(HELLO + client_nonce)
         tag, server_nonce = self._recv_raw()
-        if tag != CHALLENGE or len(server_nonce) != NONCE_BYTES:
+        if tag != CHALLENGE:
             raise ProtocolError(f"server at {self.address} sent a malformed challenge")
         nonces = server_nonce + client_nonce
-        self._sock.send_multipart([PROOF, mac(secret, b"proof", nonces)])
+        self._sock.send(PROOF + mac(secret, b"proof", nonces))
         tag, proof = self._recv_raw()
         if tag == DENIED:
             raise ProtocolError(f"server at {self.address} refused the run's secret")
@@ -176,39 +229,49 @@ class ClientConnection:
             raise ProtocolError(f"server at {self.address} did not prove it holds the secret")
         return mac(secret, b"session", nonces)
 
-    def _recv_raw(self) -> list[bytes]:
-        if not self._sock.poll(int(self.timeout * 1000), zmq.POLLIN):
-            raise ServerUnavailable(
-                f"parameter server at {self.address} did not answer within {self.timeout:g}s "
-                "(wrong secret, or the server is not running)"
-            )
-        frames = self._sock.recv_multipart()
-        if len(frames) != 2:
-            raise ProtocolError(f"server at {self.address} sent {len(frames)} handshake frames")
-        return frames
+    def _recv_raw(self) -> tuple[bytes, bytes]:
+        data = self._next_frame(self.timeout, "(wrong secret, or the server is not running)")
+        return data.bytes[:-NONCE_BYTES], data.bytes[-NONCE_BYTES:]
+
+    def _next_frame(self, wait: float, hint: str = "") -> Any:
+        if not self._sock.poll(max(0, int(wait * 1000)), zmq.POLLIN):
+            message = f"parameter server at {self.address} did not answer within {wait:g}s"
+            raise ServerUnavailable(f"{message} {hint}".rstrip())
+        frames = self._sock.recv_multipart(copy=False)
+        if len(frames) != 1:
+            raise ProtocolError(f"server at {self.address} sent a message of {len(frames)} frames")
+        return frames[0]
 
     def send(self, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> None:
-        """Send zero-copy: the arrays must stay alive and unmodified until the reply arrives."""
+        """Send the header, then each chunk as a message of its own, zero-copy: the arrays must
+        stay alive and unmodified until the reply arrives."""
         if arrays:
             header = {**header, "tensors": describe(arrays)}
-        self._sock.send_multipart([seal(self._key, header), *chunk_frames(arrays)], copy=False)
+        self._sock.send(seal(self._key, header), copy=False)
+        for frame in chunk_frames(arrays):
+            self._sock.send(frame, copy=False)
 
     def recv(self, timeout: float | None = None) -> tuple[dict[str, Any], list[Any]]:
-        """Next reply as (header, payload frames); payload views alias the frames."""
+        """Next reply as (header, payload frames); payload views alias the frames. The whole
+        reply must arrive within the timeout."""
         wait = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + wait
-        if not self._sock.poll(max(0, int((deadline - time.monotonic()) * 1000)), zmq.POLLIN):
-            raise ServerUnavailable(
-                f"parameter server at {self.address} did not answer within {wait:g}s"
-            )
-        frames = self._sock.recv_multipart(copy=False)
-        header = unseal(self._key, frames[0].buffer)
+        header = unseal(self._key, self._next_frame(wait).buffer)
         if header["op"] == "error":
             raise ProtocolError(
                 f"server at {self.address} refused the request: "
                 f"{header.get('message', 'no reason given')}"
             )
-        return header, frames[1:]
+        frames = []
+        for size in frame_sizes(header.get("tensors", []), MAX_REPLY_BYTES):
+            frame = self._next_frame(deadline - time.monotonic())
+            if len(frame) != size:
+                raise ProtocolError(
+                    f"server at {self.address} sent a {len(frame)}-byte frame, its header "
+                    f"declares {size}"
+                )
+            frames.append(frame)
+        return header, frames
 
     def close(self) -> None:
         self._sock.close(linger=0)

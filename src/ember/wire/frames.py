@@ -110,6 +110,14 @@ def expected_chunks(table: object, max_bytes: int) -> list[tuple[np.dtype, tuple
     return out
 
 
+def frame_sizes(table: object, max_bytes: int) -> list[int]:
+    """The byte size of every payload frame a header's tensor table announces, in order."""
+    sizes = []
+    for _dtype, _shape, nbytes in expected_chunks(table, max_bytes):
+        sizes.extend([min(CHUNK_BYTES, nbytes - s) for s in range(0, nbytes, CHUNK_BYTES)] or [0])
+    return sizes
+
+
 def tensors_from_frames(
     table: object, frames: Sequence[Any], max_bytes: int
 ) -> list[list[np.ndarray]]:
