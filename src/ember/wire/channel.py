@@ -193,10 +193,6 @@ class ServerEndpoint:
         self._sock.send(request.peer, zmq.SNDMORE)
         return self._sock.send(frame, 0, copy=False, track=True)
 
-    def forget(self, peer: bytes) -> None:
-        self._sessions.pop(peer, None)
-        self._streams.pop(peer, None)
-
     def close(self) -> None:
         self._sock.close(linger=0)
 
