@@ -109,7 +109,6 @@ def _watch(
     rows = len(setup.dataset.x_train) // config.workers
     total = config.epochs * (rows // config.batch_size) * config.batch_size * config.workers
     done: dict[int, dict[str, Any]] = {}
-    last_checkpoint = time.monotonic()
     with Progress(total, enabled=show_progress) as bar:
         while len(done) < len(processes):
             record = _next(records, 0.25)
@@ -126,14 +125,9 @@ def _watch(
                         _fail(setup, rank, process.exitcode, "")
             if servers is not None:
                 servers.check_alive()
-                if time.monotonic() - last_checkpoint > config.checkpoint_seconds or (
-                    config.checkpoint_steps
-                    and servers.updates_since_checkpoint() >= config.checkpoint_steps
-                ):
-                    servers.checkpoint(
-                        setup.checkpoints, checkpoint_meta(config, setup.initial.size, 0)
-                    )
-                    last_checkpoint = time.monotonic()
+                servers.checkpoint_if_due(
+                    setup.checkpoints, checkpoint_meta(config, setup.initial.size, 0)
+                )
     return [done[rank] for rank in sorted(done)]
 
 

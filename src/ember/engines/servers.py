@@ -42,6 +42,7 @@ class ServerGroup:
         self.initial, self.resume = initial, resume
         self.processes: list[Any] = []
         self.addresses: list[str] = []
+        self._last_checkpoint = time.monotonic()
         self._saved_step = -1 if resume is None else int(resume.meta.get("server_step", -1))
 
     def start(self) -> list[str]:
@@ -105,6 +106,16 @@ class ServerGroup:
         )
         self._saved_step = step
         return path
+
+    def checkpoint_if_due(self, root: Path, meta: dict[str, Any]) -> None:
+        """Checkpoint on the configured cadence: every checkpoint_seconds, or every
+        checkpoint_steps server updates when that is set."""
+        config = self.config
+        if time.monotonic() - self._last_checkpoint > config.checkpoint_seconds or (
+            config.checkpoint_steps and self.updates_since_checkpoint() >= config.checkpoint_steps
+        ):
+            self.checkpoint(root, meta)
+            self._last_checkpoint = time.monotonic()
 
     def updates_since_checkpoint(self) -> int:
         """Server updates since the last checkpoint (shard 0 speaks for all: every push

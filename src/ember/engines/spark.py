@@ -199,7 +199,7 @@ def _watch(
 ) -> list[dict[str, Any]]:
     """Checkpoint the servers on schedule and fail fast when one dies, until the job ends."""
     config, metrics = setup.config, setup.metrics
-    last_checkpoint = last_poll = time.monotonic()
+    last_poll = time.monotonic()
     seen_attempt = 0
     with Progress(total, enabled=show_progress) as bar:
         while job.thread.is_alive():
@@ -219,14 +219,9 @@ def _watch(
                 steps = sum(w["step"] for w in table["workers"].values())
                 bar.bar.n, last_poll = min(total, steps * config.batch_size), time.monotonic()
                 bar.bar.refresh()
-            if time.monotonic() - last_checkpoint > config.checkpoint_seconds or (
-                config.checkpoint_steps
-                and servers.updates_since_checkpoint() >= config.checkpoint_steps
-            ):
-                servers.checkpoint(
-                    setup.checkpoints, checkpoint_meta(config, setup.initial.size, 0)
-                )
-                last_checkpoint = time.monotonic()
+            servers.checkpoint_if_due(
+                setup.checkpoints, checkpoint_meta(config, setup.initial.size, 0)
+            )
         if job.error is not None:
             error = _python_error(job.error)
             metrics.write({"kind": "failure", "error": error})
