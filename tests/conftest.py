@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
-import psutil
 import pytest
 
 from ember.ps import ParameterServer, ShardSpec, control, make_consistency, shard_ranges
 from ember.ps.server import UpdateRule
+from tests.processes import kill_stray_children
 
 SECRET = b"s" * 32
 
@@ -54,21 +53,5 @@ def running_servers(
 def no_stray_children() -> Iterator[None]:
     """Every test must reap what it started; survivors are killed and fail the test."""
     yield
-    me = psutil.Process(os.getpid())
-    stray = [
-        p
-        for p in me.children(recursive=True)
-        if p.is_running()
-        and p.status() != psutil.STATUS_ZOMBIE
-        and "resource_tracker" not in " ".join(_cmdline(p))
-    ]
-    for process in stray:
-        process.kill()
-    assert not stray, f"processes left behind: {[p.pid for p in stray]}"
-
-
-def _cmdline(process: psutil.Process) -> list[str]:
-    try:
-        return process.cmdline()
-    except psutil.Error:
-        return []
+    stray = kill_stray_children()
+    assert not stray, f"processes left behind: {stray}"

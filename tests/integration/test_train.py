@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -160,10 +161,7 @@ def test_killed_launcher_leaves_no_process_and_resume_auto_finishes_the_run(tmp_
     launcher = subprocess.Popen(
         [sys.executable, "-m", "ember", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and not _has_progress(out):
-        time.sleep(0.2)
-    assert _has_progress(out), "no checkpoint appeared"
+    assert _wait_for(lambda: _has_progress(out), 90), "no checkpoint appeared"
     children = psutil.Process(launcher.pid).children(recursive=True)
     assert len(children) >= 3  # one server and two workers
     launcher.send_signal(signal.SIGKILL)
@@ -179,6 +177,20 @@ def test_killed_launcher_leaves_no_process_and_resume_auto_finishes_the_run(tmp_
     assert summary["test_accuracy"] > 0.9
     starts = [r for r in read_metrics(out / "metrics.jsonl") if r.get("kind") == "start"]
     assert max(r["first_step"] for r in starts) > 0  # workers continued, not from step 0
+
+
+def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _has_worker_records(out: Path) -> bool:
+    metrics = out / "metrics.jsonl"
+    return metrics.exists() and '"kind": "worker"' in metrics.read_text()
 
 
 def _has_progress(out: Path) -> bool:
@@ -210,11 +222,7 @@ def test_interrupted_run_exits_130_and_reaps_every_child(tmp_path) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (
-        (out / "metrics.jsonl").exists() and "worker" in (out / "metrics.jsonl").read_text()
-    ):
-        time.sleep(0.2)
+    assert _wait_for(lambda: _has_worker_records(out), 60), "no worker reported progress"
     children = psutil.Process(launcher.pid).children(recursive=True)
     launcher.send_signal(signal.SIGINT)
     _, err = launcher.communicate(timeout=30)
@@ -318,12 +326,7 @@ def test_a_worker_killed_mid_run_ends_the_run_naming_it_and_no_process_is_left(t
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (
-        (out / "metrics.jsonl").exists()
-        and '"kind": "worker"' in (out / "metrics.jsonl").read_text()
-    ):
-        time.sleep(0.2)
+    assert _wait_for(lambda: _has_worker_records(out), 60), "no worker reported progress"
     children = psutil.Process(launcher.pid).children(recursive=True)
     victim = next(p for p in children if "worker-1" in _log_of(p))
     killed_at = time.monotonic()

@@ -12,6 +12,8 @@ import numpy as np
 import psutil
 import pytest
 
+from tests.processes import command_line, kill_stray_children
+
 pytest.importorskip("pyspark", reason="the Spark tests need: pip install -e '.[spark]'")
 
 # Set before the JVM starts: tasks then bind to loopback and run this interpreter.
@@ -80,26 +82,9 @@ def no_stray_children(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if request.node is [i for i in request.session.items if HERE in i.path.parents][-1]:
         _end_jvm()
-    me = psutil.Process(os.getpid())
     spark_tree: set[int] = set()
-    for child in me.children():
-        if "org.apache.spark" in " ".join(_cmdline(child)):
+    for child in psutil.Process(os.getpid()).children():
+        if "org.apache.spark" in " ".join(command_line(child)):
             spark_tree |= {child.pid, *(p.pid for p in child.children(recursive=True))}
-    stray = [
-        p
-        for p in me.children(recursive=True)
-        if p.pid not in spark_tree
-        and p.is_running()
-        and p.status() != psutil.STATUS_ZOMBIE
-        and "resource_tracker" not in " ".join(_cmdline(p))
-    ]
-    for process in stray:
-        process.kill()
-    assert not stray, f"processes left behind: {[p.pid for p in stray]}"
-
-
-def _cmdline(process: psutil.Process) -> list[str]:
-    try:
-        return process.cmdline()
-    except psutil.Error:
-        return []
+    stray = kill_stray_children(keep=spark_tree)
+    assert not stray, f"processes left behind: {stray}"
