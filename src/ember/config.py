@@ -61,6 +61,7 @@ class RunConfig:
     worker_timeout: float = 30.0  # a silent worker is dropped from the clock table after this
     request_timeout: float = 60.0  # a server that does not answer within this is an error
     log_every: int = 50  # steps between metrics records
+    eval_every: int = 0  # steps between worker 0's test evaluations (0: at each epoch's end)
     tensorboard: bool = False  # also write scalars as TensorBoard event files
     extra: dict[str, Any] = field(default_factory=dict)  # reserved for engine-specific settings
 
@@ -100,7 +101,7 @@ class RunConfig:
             "log_every",
         ):
             _at_least(name, getattr(self, name), 1)
-        for name in ("staleness", "checkpoint_steps", "seed"):
+        for name in ("staleness", "checkpoint_steps", "seed", "eval_every"):
             _at_least(name, getattr(self, name), 0)
         for name in ("lr", "checkpoint_seconds", "worker_timeout", "request_timeout"):
             value = getattr(self, name)

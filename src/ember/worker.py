@@ -155,7 +155,8 @@ def run_worker(spec: WorkerSpec, report: Report, dataset: Dataset | None = None)
                 )
             )
             last_log, loss_sum, logged_steps = now, torch.zeros(()), 0
-        if spec.rank == 0 and index + 1 == steps_per_epoch:
+        periodic = config.eval_every and (step + 1) % config.eval_every == 0
+        if spec.rank == 0 and (index + 1 == steps_per_epoch or periodic):
             aside_started = time.perf_counter()
             accuracy, test_loss = evaluate(model, dataset.x_test, dataset.y_test)
             report(
@@ -163,6 +164,11 @@ def run_worker(spec: WorkerSpec, report: Report, dataset: Dataset | None = None)
                     "kind": "eval",
                     "rank": 0,
                     "epoch": epoch + 1,
+                    "step": step + 1,
+                    # training so far, for time and samples to a target: the loop's seconds
+                    # without evaluation and checkpoints, and every worker's samples alike
+                    "seconds": aside_started - started - aside,
+                    "samples": (step + 1 - first_step) * config.batch_size * spec.world,
                     "test_accuracy": accuracy,
                     "test_loss": test_loss,
                     "source": "worker 0 local parameters",

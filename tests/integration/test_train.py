@@ -284,11 +284,20 @@ def test_fit_api_returns_the_summary_and_model_and_writes_tensorboard_events(tmp
         epochs=1,
         out=str(tmp_path / "run"),
         tensorboard=True,
+        eval_every=20,
     )
     assert isinstance(result.model, torch.nn.Module)
     assert result.summary["test_accuracy"] > 0.8
     assert summary_of(tmp_path / "run")["test_accuracy"] == result.summary["test_accuracy"]
     assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    evals = [r for r in map(json.loads, lines) if r["kind"] == "eval"]
+    steps_per_epoch = result.summary["samples"] // 2 // 64
+    assert [e["step"] for e in evals] == [20, 40, 60, steps_per_epoch][: len(evals)]
+    assert len(evals) == 1 + (steps_per_epoch - 1) // 20
+    assert all(e["samples"] == e["step"] * 64 * 2 for e in evals)
+    seconds = [e["seconds"] for e in evals]
+    assert seconds == sorted(seconds) and 0 < seconds[-1] <= result.summary["train_seconds"]
 
 
 def test_synthetic_logistic_regression_matches_a_single_process_fit(tmp_path) -> None:

@@ -16,6 +16,7 @@ from ember.errors import ConfigError
         ({"alpha": 0.0}, r"alpha must be in \(0, 1\], got 0.0"),
         ({"alpha": 1.5}, r"alpha must be in \(0, 1\], got 1.5"),
         ({"staleness": -1}, "staleness must be an integer >= 0, got -1"),
+        ({"eval_every": -1}, "eval_every must be an integer >= 0, got -1"),
         ({"workers": 0}, "workers must be an integer >= 1, got 0"),
         (
             {"strategy": "gossip"},

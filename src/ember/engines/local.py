@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import queue
-import socket
 import time
 import traceback
 from typing import Any
@@ -12,7 +11,7 @@ import safetensors.numpy
 
 from ember.checkpoint import latest_valid_checkpoint
 from ember.config import RunConfig
-from ember.engines.process import SPAWN, reap, start_child, tail
+from ember.engines.process import SPAWN, free_port, reap, start_child, tail
 from ember.engines.progress import Progress
 from ember.engines.run import RunResult, RunSetup, finish_run, prepare_run
 from ember.engines.servers import ServerGroup
@@ -33,7 +32,7 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
     try:
         addresses = servers.start() if servers is not None else []
         records = SPAWN.Queue()
-        rendezvous = f"tcp://127.0.0.1:{_free_port()}"
+        rendezvous = f"tcp://127.0.0.1:{free_port()}"
         started = time.perf_counter()
         initial_file = None
         if not config.uses_server and setup.resume is not None:  # small spawn arguments only
@@ -170,12 +169,6 @@ def _work(spec: WorkerSpec, records: Any) -> None:
             {"kind": "error", "rank": spec.rank, "error": f"{type(exc).__name__}: {exc}\n{text}"}
         )
         raise SystemExit(1) from None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def merge_server_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:

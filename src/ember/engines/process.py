@@ -7,6 +7,7 @@ import ctypes
 import multiprocessing as mp
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -76,3 +77,10 @@ def tail(path: Path, lines: int = 20) -> str:
     except OSError:
         text = ""
     return "\n".join(text.splitlines()[-lines:]) or EMPTY_LOG_HINT
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
