@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ember.cli import positive_int
+
 SPAWN = mp.get_context("spawn")  # as ember does: fork would copy torch's threads and locks
 CHILD_TIMEOUT = 600.0  # seconds a benchmark child may take before it counts as hung
 
@@ -35,17 +37,6 @@ def make_parser(description: str) -> argparse.ArgumentParser:
         "--out", type=Path, default=None, help="also write the figures to this JSON"
     )
     return parser
-
-
-def positive_int(text: str) -> int:
-    """An argparse type for counts: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
 
 
 def set_threads() -> None:

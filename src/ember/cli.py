@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from ember.config import FIELD_NAMES, RunConfig, make_config
+from ember.config import FIELD_NAMES, STRATEGIES, RunConfig, make_config
 from ember.errors import CheckpointError, ConfigError, EmberError, WorkerFailed
 
 HELP = {
@@ -66,7 +66,63 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--model", default=None, help="needed to import a package.module:factory model"
     )
+    _add_bench_parser(sub)
+    _add_plan_parser(sub)
     return parser
+
+
+def _add_bench_parser(sub: Any) -> None:
+    bench = sub.add_parser(
+        "bench", help="compare Spark MLlib and every strategy here; write a report and plots"
+    )
+    bench.add_argument(
+        "--out", default="bench", help="directory for results.jsonl, report.md, PNGs"
+    )
+    bench.add_argument("--quick", action="store_true", help="a reduced run of everything (~3 min)")
+    bench.add_argument(
+        "--repeat", type=positive_int, default=1, help="runs of each row (default 1)"
+    )
+    bench.add_argument("--tasks", default="lr,mlp", help="of lr, mlp, lenet (default lr,mlp)")
+    bench.add_argument("--strategies", default=",".join(STRATEGIES), help="ember rows to run")
+    bench.add_argument("--engines", default="local", help="local and/or spark (default local)")
+    bench.add_argument("--no-mllib", action="store_true", help="leave out the Spark MLlib rows")
+    bench.add_argument(
+        "--taus", default=None, help="easgd-async tau sweep (default 1,2,4,8,16,32; quick 1,4,32)"
+    )
+    bench.add_argument("--sweep-tasks", default="mlp", help="tasks to sweep tau on (default mlp)")
+    bench.add_argument(
+        "--workers", type=positive_int, default=2, help="workers per row (default 2)"
+    )
+    bench.add_argument("--lr-rows", type=positive_int, default=1_000_000, help="lr training rows")
+    bench.add_argument("--lr-features", type=positive_int, default=100, help="lr feature columns")
+
+
+def _add_plan_parser(sub: Any) -> None:
+    plan = sub.add_parser("plan", help="predict throughput per strategy and tau; recommend a tau")
+    plan.add_argument("--model", default="mlp", help=HELP["model"])
+    plan.add_argument("--data", default="mnist", help=HELP["data"])
+    plan.add_argument("--batch-size", type=positive_int, default=64, help="per-worker minibatch")
+    plan.add_argument("--workers", default="1,2,4,...,64", help="worker counts, e.g. 1,2,4,...,64")
+    plan.add_argument("--taus", default="1,2,4,8,16,32", help="communication periods to consider")
+    plan.add_argument(
+        "--bandwidth", default=None, help="each host's link, e.g. 1Gbit or 10GB/s (default: here)"
+    )
+    plan.add_argument("--latency", default="0.5ms", help="one-way latency, e.g. 0.5ms or 50us")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for counts: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return _train(args)
+        if args.command == "bench":
+            return _bench(args)
+        if args.command == "plan":
+            return _plan(args)
         from ember.api import evaluate_checkpoint
 
         print(json.dumps(evaluate_checkpoint(args.checkpoint, args.data, args.model), indent=2))
@@ -104,6 +164,63 @@ def _train(args: argparse.Namespace) -> int:
         f"loss {s['test_loss']:.4f}, {s['samples_per_second']:,.0f} samples/s, "
         f"{s['train_seconds']:.1f}s; run directory {result.run_dir}"
     )
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ember.bench.report import write_report
+    from ember.bench.runner import BenchSettings, run_bench
+    from ember.perfmodel import parse_counts
+
+    try:
+        taus = parse_counts(args.taus or ("1,4,32" if args.quick else "1,2,4,8,16,32"))
+    except ValueError as exc:
+        raise ConfigError(f"--taus {exc}") from None
+    settings = BenchSettings(
+        out=Path(args.out),
+        quick=args.quick,
+        repeat=args.repeat,
+        tasks=_names(args.tasks),
+        strategies=_names(args.strategies),
+        engines=_names(args.engines),
+        mllib=not args.no_mllib,
+        taus=taus,
+        sweep_tasks=_names(args.sweep_tasks),
+        workers=args.workers,
+        lr_rows=args.lr_rows,
+        lr_features=args.lr_features,
+    )
+    records = run_bench(settings, log=lambda line: print(line, file=sys.stderr, flush=True))
+    written = write_report(records, settings.out, settings.to_dict())
+    failed = sum(r["status"] != "ok" for r in records)
+    print(f"{len(records)} rows ({failed} failed); wrote {', '.join(map(str, written))}")
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from ember.bench.calibrate import calibrate
+    from ember.perfmodel import (
+        Network,
+        parse_bandwidth,
+        parse_counts,
+        parse_latency,
+        plan_report,
+    )
+    from ember.worker import load_data
+
+    try:
+        workers, taus = parse_counts(args.workers), parse_counts(args.taus)
+        latency = parse_latency(args.latency)
+        bandwidth = parse_bandwidth(args.bandwidth) if args.bandwidth else None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    config = make_config({"model": args.model, "data": args.data, "batch_size": args.batch_size})
+    print(f"calibrating {config.model} on {config.data} here...", file=sys.stderr, flush=True)
+    calibration = calibrate(config, load_data(config))
+    network = Network(bandwidth, latency if bandwidth else 0.0)
+    print(plan_report(calibration, network, workers, taus))
     return 0
 
 

@@ -1,0 +1,152 @@
+"""The short local runs `ember plan` and `ember bench` feed the throughput model: the time and
+CPU of one parameter exchange alone, and a few hundred minibatches of ember's own worker loop
+for single, and for async, bsp and allreduce with two workers sharing this host's cores."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import torch
+
+from ember.algorithms import flatten_parameters
+from ember.config import RunConfig
+from ember.data import Dataset
+from ember.engines.process import SPAWN, free_port, reap
+from ember.engines.servers import ServerGroup
+from ember.perfmodel import Calibration
+from ember.ps import PSClient
+from ember.worker import WorkerSpec, load_data, make_model, run_worker
+
+WARM_STEPS = 50  # minibatches per worker before the loop is measured
+LOOP_STEPS = 200  # minibatches per worker measured
+EXCHANGES = 100  # timed round trips: CPU times tick in 10 ms steps, so take many
+CALIBRATION_TIMEOUT = 300.0
+
+
+def calibrate(config: RunConfig, dataset: Dataset) -> Calibration:
+    """Measure on this machine, one torch thread, for `config.model` on `config.data`."""
+    torch.set_num_threads(1)
+    params = flatten_parameters(make_model(config, dataset))
+    wall, client_cpu, server_cpu = _exchange_figures(config, params)
+    t_comp, _ = _loop_figures(config, params, "single")
+    on_host = {s: _loop_figures(config, params, s) for s in ("async", "bsp", "allreduce")}
+    return Calibration(
+        batch_size=config.batch_size,
+        t_comp=t_comp,
+        parameters=int(params.size),
+        exchange_wall=wall,
+        client_cpu=client_cpu,
+        server_cpu=server_cpu,
+        cores=os.cpu_count() or 1,
+        on_host=on_host,
+    )
+
+
+def _exchange_figures(config: RunConfig, params: np.ndarray) -> tuple[float, float, float]:
+    """(wall, client CPU, server CPU) seconds per push + pull through a real server process."""
+    probe = RunConfig(**{**config.to_dict(), "strategy": "async", "workers": 1, "servers": 1})
+    secret = os.urandom(32)
+    with tempfile.TemporaryDirectory(prefix="ember-calibrate-") as tmp:
+        group = ServerGroup(probe, params, secret, Path(tmp))
+        try:
+            addresses = group.start()
+            client = PSClient(addresses, secret, worker=0, timeout=probe.request_timeout)
+            try:
+                client.register()
+                grad = np.zeros_like(params)  # a zero gradient leaves the parameters alone
+                reply = np.empty_like(params)
+                for _ in range(3):
+                    client.push(grad, reply_into=reply, pull=True)
+                server = psutil.Process(group.processes[0].pid)
+                server_before = sum(server.cpu_times()[:2])
+                cpu_before, walls = time.process_time(), []
+                for _ in range(EXCHANGES):
+                    walls.append(client.push(grad, reply_into=reply, pull=True).seconds)
+                wall = float(np.median(walls))  # the machine's hiccups stay out of the figure
+                client_cpu = (time.process_time() - cpu_before) / EXCHANGES
+                server_cpu = (sum(server.cpu_times()[:2]) - server_before) / EXCHANGES
+                client.done()
+            finally:
+                client.close()
+        finally:
+            group.stop()
+    return wall, client_cpu, min(server_cpu, wall)
+
+
+def _loop_figures(config: RunConfig, params: np.ndarray, strategy: str) -> tuple[float, float]:
+    """(seconds per minibatch, seconds per exchange) of ember's own worker loop running
+    `strategy` on this host (two workers, and a server if it uses one), over LOOP_STEPS
+    minibatches each after WARM_STEPS: those include connecting and waiting for the peer."""
+    workers = 1 if strategy == "single" else 2
+    probe = RunConfig(
+        **{
+            **config.to_dict(),
+            "strategy": strategy,
+            "workers": workers,
+            "epochs": 1,
+            "log_every": WARM_STEPS,
+            "checkpoint_seconds": 3600.0,
+        }
+    )
+    secret, rendezvous = os.urandom(32), f"tcp://127.0.0.1:{free_port()}"
+    with tempfile.TemporaryDirectory(prefix="ember-calibrate-") as tmp:
+        group = ServerGroup(probe, params, secret, Path(tmp)) if probe.uses_server else None
+        results, processes = SPAWN.Queue(), []
+        try:
+            addresses = group.start() if group is not None else []
+            for rank in range(workers):
+                spec = WorkerSpec(
+                    probe, rank, workers, addresses, secret, rendezvous, tmp, initial=params
+                )
+                processes.append(SPAWN.Process(target=_loop_worker, args=(spec, results)))
+                processes[-1].start()
+            done = [results.get(timeout=CALIBRATION_TIMEOUT) for _ in processes]
+        finally:
+            reap(processes)
+            if group is not None:
+                group.stop()
+    failed = [d for d in done if isinstance(d, str)]
+    if failed:
+        raise RuntimeError(f"calibrating {strategy}: {'; '.join(failed)}")
+    steps = sum(d["steps"] for d in done)
+    exchanges = sum(d["exchanges"] for d in done)
+    comm = sum(d["t_comm"] for d in done) / exchanges if exchanges else 0.0
+    return sum(d["t_comp"] for d in done) / steps, comm
+
+
+def _loop_worker(spec: WorkerSpec, results: Any) -> None:
+    """Run the real loop on just enough rows; report the figures after the warm-up steps."""
+    try:
+        dataset = load_data(spec.config)
+        rows = (WARM_STEPS + LOOP_STEPS) * spec.config.batch_size * spec.world
+        dataset = replace(
+            dataset,
+            x_train=dataset.x_train[:rows],
+            y_train=dataset.y_train[:rows],
+            x_test=dataset.x_test[:100],  # worker 0's end-of-epoch evaluation is not measured
+            y_test=dataset.y_test[:100],
+        )
+        warm: dict[str, Any] = {}
+
+        def keep_warm_up(record: dict[str, Any]) -> None:
+            if record.get("kind") == "worker" and record["step"] == WARM_STEPS:
+                warm.update(record)
+
+        done = run_worker(spec, keep_warm_up, dataset)
+        results.put(
+            {
+                "steps": done["steps"] - WARM_STEPS,
+                "t_comp": done["t_comp"] - warm["t_comp"],
+                "t_comm": done["t_comm"] - warm["t_comm"],
+                "exchanges": done["exchanges"] - warm["exchanges"],
+            }
+        )
+    except Exception as exc:  # the parent names the failure instead of waiting it out
+        results.put(f"worker {spec.rank}: {exc!r}")

@@ -1,0 +1,92 @@
+"""The repetitions of each bench row, grouped for the report's tables and plots."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+Record = dict[str, Any]
+
+STRATEGY_ORDER = ("single", "bsp", "ssp", "async", "easgd", "easgd-async", "allreduce")
+ENGINE_ORDER = ("mllib", "local", "spark")
+TASK_TITLES = {
+    "lr": "binary logistic regression",
+    "mlp": "MNIST, multilayer perceptron",
+    "lenet": "MNIST, LeNet",
+}
+
+
+@dataclass
+class Group:
+    """The repetitions of one (task, row, engine)."""
+
+    task: str
+    row: str
+    engine: str
+    records: list[Record]
+
+    @property
+    def ok(self) -> list[Record]:
+        return [r for r in self.records if r.get("status") != "failed"]
+
+    @property
+    def failed(self) -> list[Record]:
+        return [r for r in self.records if r.get("status") == "failed"]
+
+    @property
+    def is_mllib(self) -> bool:
+        return self.engine == "mllib" or self.records[0].get("system") == "mllib"
+
+    def first(self, key: str) -> Any:
+        return next((r[key] for r in self.records if r.get(key) is not None), None)
+
+    def values(self, key: str) -> list[float]:
+        return [float(r[key]) for r in self.ok if r.get(key) is not None]
+
+    def median(self, key: str) -> float | None:
+        values = self.values(key)
+        return statistics.median(values) if values else None
+
+    def order(self) -> tuple[int, float, str, int]:
+        """mllib, then the known strategies in STRATEGY_ORDER, then the rest by label."""
+        strategy = self.first("strategy")
+        if self.is_mllib:
+            rank = 0
+        elif strategy in STRATEGY_ORDER:
+            rank = 1 + STRATEGY_ORDER.index(strategy)
+        else:
+            rank = 1 + len(STRATEGY_ORDER)
+        engine = (
+            ENGINE_ORDER.index(self.engine) if self.engine in ENGINE_ORDER else len(ENGINE_ORDER)
+        )
+        return rank, float(self.first("tau") or 0), self.row, engine
+
+
+def group_records(records: list[Record]) -> dict[str, list[Group]]:
+    """Groups by task, in the order lr, mlp, lenet, then any other task as first seen."""
+    groups: dict[tuple[str, str, str], list[Record]] = {}
+    for record in records:
+        if record.get("kind", "row") == "row":
+            key = (str(record.get("task")), str(record.get("row")), str(record.get("engine")))
+            groups.setdefault(key, []).append(record)
+    by_task: dict[str, list[Group]] = {}
+    for (task, row, engine), members in groups.items():
+        members.sort(key=lambda r: r.get("repeat") or 0)
+        by_task.setdefault(task, []).append(Group(task, row, engine, members))
+    known = [t for t in TASK_TITLES if t in by_task]
+    tasks = known + [t for t in by_task if t not in known]
+    return {t: sorted(by_task[t], key=Group.order) for t in tasks}
+
+
+def target_of(groups: list[Group]) -> tuple[str, float | None]:
+    metrics = [r.get("target_metric") for g in groups for r in g.records if r.get("target_metric")]
+    values = [r.get("target_value") for g in groups for r in g.records]
+    metric = max(set(metrics), key=metrics.count) if metrics else "test_accuracy"
+    known = [float(v) for v in values if v is not None]
+    return str(metric), (max(set(known), key=known.count) if known else None)
+
+
+def sweep_rows(groups: list[Group]) -> list[Group]:
+    sweep = [g for g in groups if g.first("sweep")]
+    return sorted(sweep, key=lambda g: (g.first("tau") is None, g.first("tau") or 0, g.engine))

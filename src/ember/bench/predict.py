@@ -1,0 +1,51 @@
+"""The throughput model beside the measurement: calibrate once per task, predict every row."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ember.bench.calibrate import calibrate
+from ember.config import RunConfig
+from ember.perfmodel import Calibration, Network, predict
+
+
+def calibrate_tasks(
+    settings: Any, tasks: dict[str, Any], log: Callable[[str], None]
+) -> dict[str, Calibration]:
+    """A short calibration run per task that has ember rows, before any row runs."""
+    calibrations = {}
+    for name in settings.tasks:
+        task = tasks[name]
+        config = RunConfig(
+            data=task.data,
+            model=task.model,
+            seed=settings.seed,
+            synthetic_samples=task.synthetic_samples,
+            synthetic_features=task.synthetic_features,
+        ).validate()
+        log(f"calibrating the throughput model for {name} ({task.model} on {task.data})")
+        calibrations[name] = calibrate(config, task.load(settings.seed))
+    return calibrations
+
+
+def add_predictions(records: list[dict[str, Any]], calibrations: dict[str, Calibration]) -> None:
+    """Set predicted_samples_per_second and prediction_error on every ember row: all its
+    processes on this host, sharing its cores, as the bench runs them."""
+    here = Network(bandwidth=None, cores=os.cpu_count() or 1)
+    for record in records:
+        record["predicted_samples_per_second"] = record["prediction_error"] = None
+        calibration = calibrations.get(record["task"])
+        config = record.get("config") or {}
+        if record["system"] != "ember" or calibration is None or not config:
+            continue
+        algorithm = "easgd" if config["strategy"].startswith("easgd") else "sgd"
+        period = config["tau"] if algorithm == "easgd" else config["n_push"]
+        predicted = predict(
+            config["strategy"], config["workers"], calibration, here, period, config["servers"]
+        ).samples_per_second
+        record["predicted_samples_per_second"] = predicted
+        measured = record.get("samples_per_second")
+        if record["status"] == "ok" and measured:
+            record["prediction_error"] = (predicted - measured) / measured

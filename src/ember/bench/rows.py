@@ -1,0 +1,140 @@
+"""What `ember bench` runs: the tasks with their targets, the settings, and the row list."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ember.config import ENGINES, STRATEGIES, RunConfig
+from ember.data import Dataset, load_dataset
+from ember.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Task:
+    """One workload of the comparison, with the target every row races to."""
+
+    name: str
+    model: str
+    data: str
+    epochs: int
+    target_metric: str  # test_accuracy (higher is better) or test_loss (lower is better)
+    target_value: float
+    mllib_iterations: int  # MLlib's optimizer iterations (about one pass over the data each)
+    mllib_segments: int = 1  # fits in a row, each warm-started, to trace the target metric
+    synthetic_samples: int = 100_000
+    synthetic_features: int = 100
+
+    def reached(self, value: float) -> bool:
+        if self.target_metric == "test_loss":
+            return value <= self.target_value
+        return value >= self.target_value
+
+    def load(self, seed: int) -> Dataset:
+        return load_dataset(
+            self.data,
+            seed=seed,
+            synthetic_samples=self.synthetic_samples,
+            synthetic_features=self.synthetic_features,
+        )
+
+
+def make_tasks(quick: bool, lr_rows: int, lr_features: int) -> dict[str, Task]:
+    """The seeds' two workloads (and LeNet), full size or reduced for --quick."""
+    if quick:
+        return {
+            "lr": Task("lr", "logreg", "synthetic-lr", 1, "test_loss", 0.35, 5, 1, 20_000, 100),
+            "mlp": Task("mlp", "mlp", "digits", 1, "test_accuracy", 0.85, 4, 2),
+            "lenet": Task("lenet", "lenet", "digits", 1, "test_accuracy", 0.85, 4, 2),
+        }
+    # lr: the Bayes-optimal log loss of synthetic-lr is about 0.29; 0.30 is close to the optimum
+    return {
+        "lr": Task(
+            "lr", "logreg", "synthetic-lr", 2, "test_loss", 0.30, 20, 1, lr_rows, lr_features
+        ),
+        "mlp": Task("mlp", "mlp", "mnist", 5, "test_accuracy", 0.97, 40, 2),
+        "lenet": Task("lenet", "lenet", "mnist", 3, "test_accuracy", 0.98, 40, 2),
+    }
+
+
+@dataclass
+class BenchSettings:
+    out: Path
+    quick: bool = False
+    repeat: int = 1
+    tasks: list[str] = field(default_factory=lambda: ["lr", "mlp"])
+    strategies: list[str] = field(default_factory=lambda: list(STRATEGIES))
+    engines: list[str] = field(default_factory=lambda: ["local"])
+    mllib: bool = True
+    taus: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    sweep_tasks: list[str] = field(default_factory=lambda: ["mlp"])
+    workers: int = 2
+    lr_rows: int = 1_000_000
+    lr_features: int = 100
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "out": str(self.out)}
+
+    def validate(self, tasks: dict[str, Task]) -> None:
+        """Raise ConfigError naming the first unknown name, before any row runs."""
+        for what, given, known in (
+            ("task", self.tasks, list(tasks)),
+            ("sweep task", self.sweep_tasks, list(tasks)),
+            ("strategy", self.strategies, list(STRATEGIES)),
+            ("engine", self.engines, list(ENGINES)),
+        ):
+            unknown = [name for name in given if name not in known]
+            if unknown:
+                raise ConfigError(
+                    f"unknown {what} {', '.join(unknown)}; choose from {', '.join(known)}"
+                )
+        if (self.out / "results.jsonl").exists():
+            raise ConfigError(
+                f"{self.out} already holds a benchmark's results.jsonl; choose another --out"
+            )
+
+
+@dataclass(frozen=True)
+class Row:
+    task: Task
+    label: str
+    system: str  # ember | mllib
+    engine: str
+    config: RunConfig | None = None  # ember rows
+    sweep: bool = False
+
+
+def plan_rows(settings: BenchSettings, tasks: dict[str, Task]) -> list[Row]:
+    rows = []
+    for name in settings.tasks:
+        task = tasks[name]
+        if settings.mllib:
+            rows.append(Row(task, "mllib", "mllib", "mllib"))
+        for engine in settings.engines:
+            for strategy in settings.strategies:
+                config = _config(settings, task, strategy, engine)
+                label = strategy if engine == "local" else f"{strategy} (spark)"
+                rows.append(Row(task, label, "ember", engine, config))
+        if name in settings.sweep_tasks:
+            for tau in settings.taus:
+                config = replace(_config(settings, task, "easgd-async", "local"), tau=tau)
+                rows.append(Row(task, f"easgd-async tau={tau}", "ember", "local", config, True))
+    return rows
+
+
+def _config(settings: BenchSettings, task: Task, strategy: str, engine: str) -> RunConfig:
+    workers = 1 if strategy == "single" else settings.workers
+    return RunConfig(
+        data=task.data,
+        model=task.model,
+        strategy=strategy,
+        workers=workers,
+        engine=engine,
+        epochs=task.epochs,
+        seed=settings.seed,
+        synthetic_samples=task.synthetic_samples,
+        synthetic_features=task.synthetic_features,
+        checkpoint_seconds=3600.0,  # the final checkpoint only: a row measures training
+    ).validate()

@@ -1,0 +1,228 @@
+"""Runs the comparison: every row of every task, each measured the same way, into results.jsonl.
+
+A row is Spark MLlib or one ember strategy on one engine. Rows run one after another, so each
+has the machine to itself; each is measured from outside (CPU and memory of its whole process
+tree) and from its own records (training time, samples, the target metric over time)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from ember import __version__
+from ember.bench.measure import TreeSampler
+from ember.bench.rows import BenchSettings, Row, make_tasks, plan_rows
+from ember.data import Dataset
+from ember.metrics import write_json
+
+Log = Callable[[str], None]
+FIGURES = (
+    "test_accuracy", "test_loss", "samples", "train_seconds", "samples_per_second",
+    "seconds_per_epoch", "bytes_per_sample", "t_comp_seconds", "t_comm_seconds", "curve",
+    "config",
+)  # fmt: skip
+
+
+def run_ember(row: Row, out: Path, dataset: Dataset) -> dict[str, Any]:
+    """Train one ember row in its own run directory; figures from its summary and metrics."""
+    from ember.engines import train
+
+    assert row.config is not None
+    steps_per_epoch = len(dataset.x_train) // row.config.workers // row.config.batch_size
+    config = replace(row.config, out=str(out), eval_every=max(1, steps_per_epoch // 4))
+    summary = train(config, show_progress=False).summary
+    curve = []
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("kind") == "eval":
+            curve.append([record["seconds"], record["samples"], record[row.task.target_metric]])
+    # The run's own figure, on the final parameters (the servers', for server strategies).
+    curve.append([summary["train_seconds"], summary["samples"], summary[row.task.target_metric]])
+    samples = summary["samples"]
+    moved = summary.get("bytes_pushed", 0) + summary.get("bytes_pulled", 0)
+    return {
+        "test_accuracy": summary["test_accuracy"],
+        "test_loss": summary["test_loss"],
+        "samples": samples,
+        "train_seconds": summary["train_seconds"],
+        "samples_per_second": summary["samples_per_second"],
+        "seconds_per_epoch": summary["train_seconds"] / config.epochs,
+        "bytes_per_sample": moved / samples if samples else None,
+        "t_comp_seconds": summary.get("t_comp_seconds"),
+        "t_comm_seconds": summary.get("t_comm_seconds"),
+        "curve": curve,
+        "config": config.to_dict(),
+    }
+
+
+def run_bench(settings: BenchSettings, log: Log = print) -> list[dict[str, Any]]:
+    """Run every row `settings.repeat` times; return the records also in out/results.jsonl."""
+    from ember.bench.predict import add_predictions, calibrate_tasks
+
+    tasks = make_tasks(settings.quick, settings.lr_rows, settings.lr_features)
+    settings.validate(tasks)
+    settings.out.mkdir(parents=True, exist_ok=True)
+    results = settings.out / "results.jsonl"
+    results.write_text("")
+    rows = plan_rows(settings, tasks)
+    calibrations = calibrate_tasks(settings, tasks, log)
+    records: list[dict[str, Any]] = []
+    with _spark_if_needed(rows, settings.workers) as spark:
+        for repeat in range(settings.repeat):
+            for number, row in enumerate(rows, 1):
+                log(
+                    f"[{repeat + 1}/{settings.repeat}] {number}/{len(rows)} {row.task.name}: "
+                    f"{row.label}"
+                )
+                record = _measure(row, repeat, settings, spark)
+                records.append(record)
+                with results.open("a") as stream:  # a later crash keeps the rows already run
+                    stream.write(json.dumps(record) + "\n")
+                log("  " + _one_line(record))
+    add_divergence(records)
+    add_predictions(records, calibrations)
+    _rewrite(results, records)
+    write_json(
+        settings.out / "settings.json",
+        {
+            **settings.to_dict(),
+            "targets": {n: [t.target_metric, t.target_value] for n, t in tasks.items()},
+            "calibration": {n: asdict(c) for n, c in calibrations.items()},
+            "ember_version": __version__,
+            "cpus": os.cpu_count(),
+        },
+    )
+    return records
+
+
+def _measure(row: Row, repeat: int, settings: BenchSettings, spark: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "kind": "row",
+        "task": row.task.name,
+        "row": row.label,
+        "system": row.system,
+        "strategy": row.config.strategy if row.config else None,
+        "engine": row.engine,
+        "workers": row.config.workers if row.config else settings.workers,
+        "tau": row.config.tau if row.config and row.config.algorithm == "easgd" else None,
+        "sweep": row.sweep,
+        "repeat": repeat,
+        "status": "ok",
+        "error": None,
+        "target_metric": row.task.target_metric,
+        "target_value": row.task.target_value,
+        "ember_version": __version__,
+        **dict.fromkeys(FIGURES),  # None until measured; some never are for some rows
+    }
+    started = time.perf_counter()
+    exclude = set() if row.system == "mllib" or row.engine == "spark" else _jvm_pids(spark)
+    with TreeSampler(exclude) as sampler, tempfile.TemporaryDirectory(prefix="ember-bench-") as tmp:
+        try:
+            dataset = row.task.load(settings.seed)
+            if row.system == "mllib":
+                from ember.bench.mllib import run_mllib
+
+                figures = run_mllib(
+                    spark,
+                    row.task.name,
+                    dataset,
+                    row.task.mllib_iterations,
+                    row.task.target_metric,
+                    row.task.target_value,
+                    settings.seed,
+                    row.task.mllib_segments,
+                )
+            else:
+                figures = run_ember(row, Path(tmp) / "run", dataset)
+            record.update(figures)
+        except Exception as exc:  # one failed row is reported, and the others still run
+            record.update(status="failed", error=f"{type(exc).__name__}: {exc}".splitlines()[0])
+            record["traceback"] = traceback.format_exc()
+    record["wall_seconds"] = time.perf_counter() - started
+    record.update(sampler.figures())
+    curve = record.get("curve") or []
+    hit = next((p for p in curve if row.task.reached(p[2])), None)
+    record["time_to_target"] = hit[0] if hit else None
+    record["samples_to_target"] = hit[1] if hit else None
+    return record
+
+
+def add_divergence(records: list[dict[str, Any]]) -> None:
+    """d = samples to target / single's samples to target, within a task and repetition."""
+    single = {
+        (r["task"], r["repeat"]): r["samples_to_target"]
+        for r in records
+        if r["strategy"] == "single" and r["engine"] == "local" and r.get("samples_to_target")
+    }
+    for r in records:
+        base = single.get((r["task"], r["repeat"]))
+        reached = r.get("samples_to_target")
+        r["divergence"] = reached / base if base and reached and r["system"] == "ember" else None
+
+
+def _one_line(record: dict[str, Any]) -> str:
+    if record["status"] != "ok":
+        return f"failed: {record['error']}"
+    ttt = record["time_to_target"]
+    return (
+        f"{record[record['target_metric']]:.4f} {record['target_metric']}, "
+        f"{record['samples_per_second']:,.0f} samples/s, "
+        f"target {'not reached' if ttt is None else f'in {ttt:.1f}s'}, "
+        f"{record['wall_seconds']:.1f}s wall"
+    )
+
+
+def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text("".join(json.dumps(r) + "\n" for r in records))
+    temporary.replace(path)
+
+
+@contextmanager
+def _spark_if_needed(rows: list[Row], workers: int) -> Iterator[Any]:
+    """One local SparkSession for the MLlib and Spark-engine rows, ended with its JVM."""
+    if not any(r.system == "mllib" or r.engine == "spark" for r in rows):
+        yield None
+        return
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # before the JVM starts
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master(f"local[{workers}]")
+        .appName("ember-bench")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "4g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+        gateway = SparkContext._gateway
+        SparkContext._gateway = SparkContext._jvm = None
+        if gateway is not None:  # stop() leaves the JVM running; it exits when stdin closes
+            gateway.shutdown()
+            gateway.proc.stdin.close()
+            gateway.proc.wait(30)
+
+
+def _jvm_pids(spark: Any) -> set[int]:
+    """The JVM's process id: its idle threads and memory are not an ember row's."""
+    if spark is None:
+        return set()
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    return {gateway.proc.pid} if gateway is not None else set()

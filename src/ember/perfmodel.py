@@ -1,0 +1,295 @@
+"""The throughput model behind `ember plan`: DeepSpark's compute/communication trade-off.
+
+A worker computes tau minibatches (tau * T_comp), then exchanges its parameters (or gradients)
+with the servers (T_comm). Throughput is n * tau * batch / period, where the period is the
+longest of what bounds it:
+
+- the worker's own path: tau * T_comp + T_comm, or max(tau * T_comp, T_comm) when an exchanger
+  thread overlaps the exchange with compute (easgd-async);
+- each server's share of the exchanges: n workers' requests land on every shard, which handles
+  1/S of the bytes of each;
+- on one host, the cores: every process's CPU seconds per period, divided among the cores;
+- over a network, each server link carries 2 * bytes / S per worker per period.
+
+A larger tau raises throughput but lets workers drift apart, so a distributed run needs more
+samples than `single` to reach the same target: the divergence penalty d = samples to target /
+single's samples to target, measured by `ember bench`. Time to target is then
+d * single's samples / throughput, and the speedup that matters is n / d for a large tau.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ember.config import STRATEGIES
+
+FLOAT_BYTES = 4
+# Strategies without a two-worker calibration run of their own wait like one that has it:
+# SSP with a small bound waits for the slowest about as often as BSP's rounds do.
+_WAITS_LIKE = {"ssp": "bsp", "easgd": "bsp", "easgd-async": "async"}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What a short local run measured; every figure is per worker and one torch thread."""
+
+    batch_size: int
+    t_comp: float  # seconds per minibatch: forward, backward and the local update
+    parameters: int  # floats in the model
+    exchange_wall: float  # seconds per push + pull of all parameters, one client, loopback
+    client_cpu: float  # CPU seconds a worker spends on that exchange (its zmq thread included)
+    server_cpu: float  # CPU seconds the one server spends on it
+    cores: int  # of the calibrating machine
+    # (seconds per minibatch, seconds per exchange) of ember's worker loop with two workers
+    # (and a server) sharing this host, per strategy measured: async, bsp and allreduce
+    on_host: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def sharing(self, strategy: str, workers: int, servers: int) -> tuple[float, float]:
+        """(seconds per minibatch, seconds per exchange) with `workers` workers and `servers`
+        servers on this one host: the figures alone for one worker; else the two-worker run
+        of the strategy that waits like this one, scaled by how many more processes than that
+        run's compete for the cores."""
+        measured = self.on_host.get(_WAITS_LIKE.get(strategy, strategy))
+        if workers < 2 or measured is None:
+            return self.t_comp, self.exchange_wall
+        scale = max(1.0, (workers + servers) / (2 + min(servers, 1)))
+        return measured[0] * scale, measured[1] * scale
+
+    @property
+    def exchange_bytes(self) -> int:
+        """Bytes one exchange moves: all parameters each way."""
+        return 2 * FLOAT_BYTES * self.parameters
+
+
+@dataclass(frozen=True)
+class Network:
+    """Where the processes run. `bandwidth` None means all on this host, over loopback, where
+    the calibrated times already include moving the bytes; then `cores` bounds the CPU."""
+
+    bandwidth: float | None = None  # bytes per second of each host's link
+    latency: float = 0.0  # seconds one way
+    cores: int | None = None  # cores shared by every process when on one host
+
+
+@dataclass(frozen=True)
+class Prediction:
+    strategy: str
+    workers: int
+    servers: int
+    tau: int
+    samples_per_second: float
+    period: float  # seconds per worker period of tau steps
+    t_comm: float  # seconds per exchange
+    bound: str  # what sets the period: worker, server, cpu or network
+
+
+def predict(
+    strategy: str,
+    workers: int,
+    calibration: Calibration,
+    network: Network,
+    tau: int = 1,
+    servers: int = 1,
+) -> Prediction:
+    """Predicted samples/s of `strategy` on `workers` workers; tau is easgd's communication
+    period and sgd's n_push (both: minibatches between exchanges)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    algorithm, consistency = STRATEGIES[strategy]
+    c, n = calibration, workers
+    if algorithm == "single":
+        n, tau, servers = 1, 1, 1
+    if algorithm == "allreduce":
+        tau, servers = 1, 1
+    # On one host, processes slow each other down; over a network each has a host to itself.
+    if network.bandwidth is None:
+        t_step, t_exchange = c.sharing(strategy, n, servers if algorithm != "allreduce" else 0)
+    else:
+        t_step, t_exchange = c.t_comp, c.exchange_wall
+    compute = tau * t_step
+    candidates: dict[str, float] = {}
+    if algorithm == "single":
+        t_comm = 0.0
+        candidates["worker"] = tau * c.t_comp
+    elif algorithm == "allreduce":
+        t_comm = _allreduce_seconds(c, network, n, t_exchange)
+        candidates["worker"] = compute + t_comm
+        if network.bandwidth is None:
+            candidates["cpu"] = n * (tau * c.t_comp + _scaled(c.client_cpu, n)) / _cores(c, network)
+    else:
+        server_share = c.server_cpu / servers  # each shard handles 1/S of every exchange
+        t_comm = _exchange_seconds(c, network, servers, t_exchange)
+        if strategy == "easgd-async":  # the exchanger thread's CPU comes out of compute's
+            candidates["worker"] = max(compute + c.client_cpu, t_comm)
+        else:
+            candidates["worker"] = compute + t_comm
+        # A shard answers requests one after another: n of them per period keep it busy.
+        candidates["server"] = n * server_share
+        if consistency == "bsp" and "bsp" not in c.on_host:
+            # a round closes after the server took every worker's push
+            candidates["worker"] += (n - 1) * server_share
+        if network.bandwidth is None:
+            per_worker = tau * c.t_comp + c.client_cpu + c.server_cpu
+            candidates["cpu"] = n * per_worker / _cores(c, network)
+        else:
+            candidates["network"] = n * c.exchange_bytes / servers / network.bandwidth
+    bound = max(candidates, key=lambda k: candidates[k])
+    period = candidates[bound]
+    throughput = n * tau * c.batch_size / period if period > 0 else float("inf")
+    return Prediction(strategy, n, servers, tau, throughput, period, t_comm, bound)
+
+
+def _cores(c: Calibration, network: Network) -> int:
+    return network.cores if network.cores is not None else c.cores
+
+
+def _exchange_seconds(c: Calibration, network: Network, servers: int, on_host: float) -> float:
+    """One worker's push + pull: the client's part, and each shard's part done in parallel.
+    `on_host` is the exchange's time on one host with one server."""
+    server_part = c.server_cpu / servers
+    if network.bandwidth is None:
+        return max(on_host - c.server_cpu, 0.0) + server_part
+    wire = c.exchange_bytes / network.bandwidth  # ZeroMQ pipelines the chunks with the work
+    return 2 * network.latency + max(wire, c.client_cpu + server_part)
+
+
+def _scaled(two_process_figure: float, n: int) -> float:
+    """A ring all-reduce moves 2(n-1)/n of the parameters per process; calibrated at n = 2."""
+    return two_process_figure * (2 * (n - 1) / n) if n > 1 else 0.0
+
+
+def _allreduce_seconds(c: Calibration, network: Network, n: int, on_host: float) -> float:
+    """A ring all-reduce; its CPU per byte is taken to be a parameter exchange's, unless the
+    two-worker loop measured it (`on_host`) on this host."""
+    if n == 1:
+        return 0.0
+    if network.bandwidth is None:
+        return _scaled(on_host, n)
+    wire = 2 * (n - 1) / n * FLOAT_BYTES * c.parameters / network.bandwidth
+    return 2 * (n - 1) * network.latency + max(wire, _scaled(c.client_cpu, n))
+
+
+def time_to_target(prediction: Prediction, single_samples: float, divergence: float) -> float:
+    """Seconds to the target: d times the samples `single` needed, at the predicted speed."""
+    return divergence * single_samples / prediction.samples_per_second
+
+
+def recommend(
+    workers: int,
+    calibration: Calibration,
+    network: Network,
+    taus: list[int],
+    max_servers: int | None = None,
+) -> tuple[int, int, Prediction]:
+    """(tau, servers, prediction) for easgd-async: the fewest servers within 5% of the best
+    throughput, then the smallest tau within 10% of the best, since divergence grows with tau."""
+    server_options = [s for s in (1, 2, 4, 8, 16, 32) if s <= (max_servers or workers)] or [1]
+
+    def speed(tau: int, servers: int) -> float:
+        prediction = predict("easgd-async", workers, calibration, network, tau, servers)
+        return prediction.samples_per_second
+
+    best_tau = max(taus)
+    top = max(speed(best_tau, s) for s in server_options)
+    servers = next(s for s in server_options if speed(best_tau, s) >= 0.95 * top)
+    top = max(speed(t, servers) for t in taus)
+    tau = next(t for t in sorted(taus) if speed(t, servers) >= 0.9 * top)
+    return tau, servers, predict("easgd-async", workers, calibration, network, tau, servers)
+
+
+_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_bandwidth(text: str) -> float:
+    """'1Gbit', '100Mbit', '10GB/s', '125MB' -> bytes per second."""
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([kmgt]?)(bit|b|byte)?(/s|ps)?\s*", text, re.IGNORECASE)
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"bandwidth {text!r}: give a number and a unit, e.g. 1Gbit or 100MB")
+    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    unit = match.group(3) or "bit"
+    is_bits = unit.lower() == "bit" or unit == "b"  # 'b' is bits, 'B' bytes
+    return value / 8 if is_bits else value
+
+
+def parse_latency(text: str) -> float:
+    """'0.5ms', '50us', '0.001s', '2' (milliseconds) -> seconds."""
+    match = re.fullmatch(r"\s*([0-9.]+)\s*(us|ms|s)?\s*", text)
+    if not match:
+        raise ValueError(f"latency {text!r}: give a number and a unit, e.g. 0.5ms or 50us")
+    scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0}[match.group(2) or "ms"]
+    return float(match.group(1)) * scale
+
+
+def parse_counts(text: str) -> list[int]:
+    """'1,2,4,...,64' -> [1, 2, 4, 8, 16, 32, 64]: '...' continues the last ratio (or step)."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    counts: list[int] = []
+    try:
+        for index, part in enumerate(parts):
+            if part != "...":
+                counts.append(int(part))
+                continue
+            if len(counts) < 2 or index + 1 >= len(parts):
+                raise ValueError
+            last, before, stop = counts[-1], counts[-2], int(parts[index + 1])
+            ratio = last / before if before and last % before == 0 and last > before else None
+            value = last * int(ratio) if ratio else last + (last - before)
+            while value < stop:
+                counts.append(value)
+                value = value * int(ratio) if ratio else value + (last - before)
+    except ValueError:
+        raise ValueError(f"{text!r}: give counts like 1,2,4 or 1,2,4,...,64") from None
+    if not counts or min(counts) < 1 or sorted(counts) != counts:
+        raise ValueError(f"{text!r}: give increasing counts >= 1, like 1,2,4,...,64")
+    return counts
+
+
+PLAN_STRATEGIES = ("bsp", "ssp", "async", "easgd", "allreduce")
+
+
+def plan_report(
+    calibration: Calibration, network: Network, workers: list[int], taus: list[int]
+) -> str:
+    """The table `ember plan` prints: predicted samples/s per strategy and tau, and advice."""
+    c = calibration
+    single = predict("single", 1, c, network).samples_per_second
+    where = (
+        f"{network.bandwidth * 8 / 1e9:g} Gbit/s links, {network.latency * 1e3:g} ms latency,"
+        " a host per worker and per server"
+        if network.bandwidth is not None
+        else f"all on this host, {network.cores or c.cores} cores"
+    )
+    lines = [
+        f"calibrated here: {c.t_comp * 1e3:.2f} ms per batch of {c.batch_size};"
+        f" one exchange of {c.exchange_bytes / 1e6:.2f} MB takes {c.exchange_wall * 1e3:.2f} ms"
+        f" ({c.server_cpu * 1e3:.2f} ms of server CPU)",
+        f"predicted for: {where}",
+        f"single: {single:,.0f} samples/s",
+        "",
+        "predicted samples/s (what bounds it) at 1 server; easgd uses tau=8",
+    ]
+    headers = ["workers", *PLAN_STRATEGIES, *(f"easgd-async tau={t}" for t in taus)]
+    table = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    advice = []
+    for n in workers:
+        cells = [str(n)]
+        for strategy in PLAN_STRATEGIES:
+            p = predict(strategy, n, c, network, 8 if strategy == "easgd" else 1)
+            cells.append(f"{p.samples_per_second:,.0f} ({p.bound})")
+        for tau in taus:
+            p = predict("easgd-async", n, c, network, tau)
+            cells.append(f"{p.samples_per_second:,.0f} ({p.bound})")
+        table.append("| " + " | ".join(cells) + " |")
+        tau, servers, best = recommend(n, c, network, taus)
+        advice.append(
+            f"- {n} workers: easgd-async, tau={tau}, {servers} server(s):"
+            f" {best.samples_per_second:,.0f} samples/s, {best.samples_per_second / single:.1f}x"
+            " single's"
+        )
+    note = (
+        "The tau chosen is the smallest within 10% of the best throughput: a larger tau lets"
+        " workers drift apart, so time to target is also divided by d, the extra samples a"
+        " row needs (`ember bench` measures d)."
+    )
+    return "\n".join([*lines, *table, "", "recommended:", *advice, "", note])

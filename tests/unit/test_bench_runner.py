@@ -1,0 +1,109 @@
+"""How `ember bench` lays out its rows, checks its settings and derives divergence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ember.bench.rows import BenchSettings, make_tasks, plan_rows
+from ember.bench.runner import add_divergence
+from ember.config import STRATEGIES
+from ember.errors import ConfigError
+
+
+def test_rows_are_mllib_then_every_strategy_then_the_sweep(tmp_path: Path) -> None:
+    settings = BenchSettings(out=tmp_path, tasks=["lr", "mlp"], taus=[1, 8], sweep_tasks=["mlp"])
+    rows = plan_rows(settings, make_tasks(False, 1000, 10))
+    labels = [(r.task.name, r.label) for r in rows]
+    expected_lr = [("lr", "mllib"), *(("lr", s) for s in STRATEGIES)]
+    assert labels[: len(expected_lr)] == expected_lr
+    assert labels[-2:] == [("mlp", "easgd-async tau=1"), ("mlp", "easgd-async tau=8")]
+    single = next(r for r in rows if r.label == "single")
+    assert single.config is not None and single.config.workers == 1
+    sweep = [r for r in rows if r.sweep]
+    assert [r.config.tau for r in sweep if r.config] == [1, 8]
+    lr = next(r for r in rows if r.task.name == "lr" and r.config)
+    assert lr.config is not None and lr.config.synthetic_samples == 1000
+
+
+def test_spark_engine_rows_are_labelled(tmp_path: Path) -> None:
+    settings = BenchSettings(
+        out=tmp_path, tasks=["mlp"], strategies=["bsp"], engines=["local", "spark"], mllib=False
+    )
+    rows = plan_rows(settings, make_tasks(True, 1000, 10))
+    assert [(r.label, r.engine) for r in rows if not r.sweep] == [
+        ("bsp", "local"),
+        ("bsp (spark)", "spark"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("tasks", ["resnet"], "unknown task resnet"),
+        ("strategies", ["fast"], "unknown strategy fast"),
+        ("engines", ["yarn"], "unknown engine yarn"),
+        ("sweep_tasks", ["x"], "unknown sweep task x"),
+    ],
+)
+def test_unknown_names_are_refused_before_anything_runs(
+    tmp_path: Path, field: str, value: list[str], message: str
+) -> None:
+    settings = BenchSettings(out=tmp_path, **{field: value})
+    with pytest.raises(ConfigError, match=message):
+        settings.validate(make_tasks(True, 1000, 10))
+
+
+def test_an_earlier_benchmark_is_never_overwritten(tmp_path: Path) -> None:
+    (tmp_path / "results.jsonl").write_text('{"kind": "row"}\n')
+    with pytest.raises(ConfigError, match="already holds"):
+        BenchSettings(out=tmp_path).validate(make_tasks(True, 1000, 10))
+    assert (tmp_path / "results.jsonl").read_text() == '{"kind": "row"}\n'
+
+
+def _record(task: str, strategy: str | None, repeat: int, samples: float | None) -> dict[str, Any]:
+    return {
+        "task": task,
+        "strategy": strategy,
+        "engine": "local" if strategy else "mllib",
+        "system": "ember" if strategy else "mllib",
+        "repeat": repeat,
+        "samples_to_target": samples,
+    }
+
+
+def test_divergence_is_samples_to_target_over_singles_in_the_same_repetition() -> None:
+    records = [
+        _record("mlp", "single", 0, 1000.0),
+        _record("mlp", "single", 1, 2000.0),
+        _record("mlp", "async", 0, 1500.0),
+        _record("mlp", "async", 1, 3000.0),
+        _record("mlp", "bsp", 0, None),  # never reached the target
+        _record("mlp", None, 0, 500.0),  # mllib: another optimizer, no d
+        _record("lr", "async", 0, 10.0),  # no single row for lr
+    ]
+    add_divergence(records)
+    assert [r["divergence"] for r in records] == [1.0, 1.0, 1.5, 1.5, None, None, None]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", "--bandwidth", "fast"], "bandwidth 'fast'"),
+        (["plan", "--workers", "4,2"], "increasing counts"),
+        (["plan", "--latency", "soon"], "latency 'soon'"),
+        (["bench", "--tasks", "resnet"], "unknown task resnet"),
+        (["bench", "--taus", "0"], "--taus"),
+    ],
+)
+def test_bad_bench_and_plan_flags_exit_2_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    from ember.cli import main
+
+    extra = ["--out", str(tmp_path / "bench")] if argv[0] == "bench" else []
+    assert main([*argv, *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "bench" / "results.jsonl").exists()

@@ -1,0 +1,158 @@
+"""The throughput model: the bounds it names, DeepSpark's tau trade-off, and its parsers."""
+
+from __future__ import annotations
+
+import pytest
+
+from ember.perfmodel import (
+    Calibration,
+    Network,
+    parse_bandwidth,
+    parse_counts,
+    parse_latency,
+    plan_report,
+    predict,
+    recommend,
+    time_to_target,
+)
+
+# Figures of the reference mlp on a 2-core machine: 2 ms per batch, a 2.2 ms exchange.
+MLP = Calibration(
+    batch_size=64,
+    t_comp=0.002,
+    parameters=269_322,
+    exchange_wall=0.0022,
+    client_cpu=0.0009,
+    server_cpu=0.0011,
+    cores=2,
+)
+# The same, with the two-worker loops measured on this host
+SHARED = Calibration(
+    **{**MLP.__dict__, "on_host": {"async": (0.0025, 0.004), "bsp": (0.0026, 0.005)}}
+)
+HERE = Network(cores=2)
+GIGABIT = Network(bandwidth=125e6, latency=0.0005)
+
+
+def test_single_runs_at_one_batch_per_compute_time() -> None:
+    assert predict("single", 1, MLP, HERE).samples_per_second == pytest.approx(64 / 0.002)
+
+
+def test_a_synchronous_exchange_adds_to_compute_and_overlap_hides_it() -> None:
+    sync = predict("easgd", 1, MLP, GIGABIT, tau=4)
+    overlapped = predict("easgd-async", 1, MLP, GIGABIT, tau=4)
+    assert sync.period == pytest.approx(4 * MLP.t_comp + sync.t_comm)
+    assert overlapped.period == pytest.approx(max(4 * MLP.t_comp, overlapped.t_comm))
+    assert overlapped.samples_per_second > sync.samples_per_second
+
+
+def test_throughput_rises_with_tau_until_compute_bounds_it() -> None:
+    speeds = [predict("easgd-async", 2, MLP, GIGABIT, tau=t).samples_per_second for t in (1, 4, 64)]
+    assert speeds[0] < speeds[1] < speeds[2]
+    # compute-bound: 64 batches plus the exchanger thread's CPU, once per period
+    ceiling = 2 * 64 * 64 / (64 * MLP.t_comp + MLP.client_cpu)
+    assert speeds[2] == pytest.approx(ceiling)
+
+
+def test_a_shared_server_link_bounds_many_workers_and_more_shards_lift_it() -> None:
+    one = predict("async", 32, MLP, GIGABIT, servers=1)
+    eight = predict("async", 32, MLP, GIGABIT, servers=8)
+    assert one.bound == "network"
+    # 32 workers each move 2 * 1.08 MB through one 125 MB/s link per step
+    assert one.samples_per_second == pytest.approx(64 * 125e6 / MLP.exchange_bytes, rel=1e-6)
+    assert eight.samples_per_second > 5 * one.samples_per_second
+
+
+def test_on_one_host_the_cores_bound_the_total() -> None:
+    crowded = predict("easgd-async", 8, MLP, HERE, tau=64)
+    assert crowded.bound == "cpu"
+    assert crowded.samples_per_second < 2 * 64 / MLP.t_comp  # two cores, at most two batches
+
+
+def test_bsp_is_never_faster_than_async() -> None:
+    for network in (HERE, GIGABIT):
+        for n in (2, 8):
+            bsp = predict("bsp", n, MLP, network).samples_per_second
+            assert bsp <= predict("async", n, MLP, network).samples_per_second
+
+
+def test_allreduce_per_process_traffic_follows_the_ring() -> None:
+    two = predict("allreduce", 2, MLP, GIGABIT)
+    many = predict("allreduce", 64, MLP, GIGABIT)
+    wire_two = 4 * MLP.parameters / 125e6  # 2(n-1)/n = 1 of the parameters
+    assert two.t_comm == pytest.approx(2 * 0.0005 + max(wire_two, MLP.client_cpu))
+    assert many.t_comm > two.t_comm
+
+
+def test_on_one_host_two_workers_run_at_the_measured_loop_figures() -> None:
+    async_ = predict("async", 2, SHARED, HERE)
+    assert async_.period == pytest.approx(0.0025 + 0.004)
+    ssp = predict("ssp", 2, SHARED, HERE)  # waits like bsp
+    assert ssp.period == pytest.approx(0.0026 + 0.005)
+    easgd = predict("easgd", 2, SHARED, HERE, tau=8)
+    assert easgd.period == pytest.approx(8 * 0.0026 + 0.005)
+    # more processes than the calibration's three share the cores: every figure stretches
+    crowded = predict("async", 5, SHARED, HERE)
+    assert crowded.period >= 2 * async_.period
+    # over a network, each process has its host: the figures measured alone apply
+    assert predict("async", 2, SHARED, GIGABIT) == predict("async", 2, MLP, GIGABIT)
+
+
+def test_time_to_target_scales_with_the_divergence_penalty() -> None:
+    p = predict("easgd-async", 4, MLP, GIGABIT, tau=8)
+    assert time_to_target(p, 1e6, 2.0) == pytest.approx(2 * time_to_target(p, 1e6, 1.0))
+
+
+def test_recommend_picks_the_smallest_tau_near_the_best_and_shards_a_busy_server() -> None:
+    tau, servers, best = recommend(16, MLP, GIGABIT, [1, 2, 4, 8, 16, 32, 64])
+    top = max(
+        predict("easgd-async", 16, MLP, GIGABIT, t, servers).samples_per_second
+        for t in (1, 2, 4, 8, 16, 32, 64)
+    )
+    assert best.samples_per_second >= 0.9 * top
+    smaller = [t for t in (1, 2, 4, 8, 16, 32, 64) if t < tau]
+    for t in smaller:
+        assert predict("easgd-async", 16, MLP, GIGABIT, t, servers).samples_per_second < 0.9 * top
+    assert servers > 1
+
+
+def test_unknown_strategy_is_named() -> None:
+    with pytest.raises(ValueError, match="'fast'"):
+        predict("fast", 2, MLP, HERE)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1Gbit", 125e6), ("100Mbit", 12.5e6), ("10GB/s", 10e9), ("1gb", 125e6), ("125MB", 125e6)],
+)
+def test_bandwidth_units(text: str, expected: float) -> None:
+    assert parse_bandwidth(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("text", "expected"), [("0.5ms", 5e-4), ("50us", 5e-5), ("1s", 1.0)])
+def test_latency_units(text: str, expected: float) -> None:
+    assert parse_latency(text) == pytest.approx(expected)
+
+
+def test_counts_continue_the_last_ratio() -> None:
+    assert parse_counts("1,2,4,...,64") == [1, 2, 4, 8, 16, 32, 64]
+    assert parse_counts("2,4,6,...,12") == [2, 4, 6, 8, 10, 12]
+    assert parse_counts("3") == [3]
+
+
+@pytest.mark.parametrize("text", ["", "0,1", "4,2", "1,...", "a,b", "1,2,...,x"])
+def test_bad_counts_are_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_counts(text)
+
+
+@pytest.mark.parametrize("text", ["fast", "0Gbit", "-1MB"])
+def test_bad_bandwidth_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="bandwidth"):
+        parse_bandwidth(text)
+
+
+def test_plan_report_has_a_line_per_worker_count_and_advice() -> None:
+    text = plan_report(MLP, GIGABIT, [1, 2, 4], [1, 8, 32])
+    assert "| 4 |" in text and "easgd-async tau=32" in text
+    assert text.count("workers: easgd-async, tau=") == 3
