@@ -25,6 +25,7 @@ class Task:
     mllib_segments: int = 1  # fits in a row, each warm-started, to trace the target metric
     synthetic_samples: int = 100_000
     synthetic_features: int = 100
+    lr: float = 0.05  # ember's learning rate for this task
 
     def reached(self, value: float) -> bool:
         if self.target_metric == "test_loss":
@@ -44,7 +45,9 @@ def make_tasks(quick: bool, lr_rows: int, lr_features: int) -> dict[str, Task]:
     """The seeds' two workloads (and LeNet), full size or reduced for --quick."""
     if quick:
         return {
-            "lr": Task("lr", "logreg", "synthetic-lr", 1, "test_loss", 0.35, 5, 1, 20_000, 100),
+            "lr": Task(
+                "lr", "logreg", "synthetic-lr", 1, "test_loss", 0.35, 5, 1, 20_000, 100, 0.01
+            ),
             "mlp": Task("mlp", "mlp", "digits", 1, "test_accuracy", 0.85, 4, 2),
             "lenet": Task("lenet", "lenet", "digits", 1, "test_accuracy", 0.85, 4, 2),
         }
@@ -133,6 +136,7 @@ def _config(settings: BenchSettings, task: Task, strategy: str, engine: str) -> 
         workers=workers,
         engine=engine,
         epochs=task.epochs,
+        lr=task.lr,
         seed=settings.seed,
         synthetic_samples=task.synthetic_samples,
         synthetic_features=task.synthetic_features,
