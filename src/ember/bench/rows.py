@@ -54,7 +54,7 @@ def make_tasks(quick: bool, lr_rows: int, lr_features: int) -> dict[str, Task]:
     # lr: the Bayes-optimal log loss of synthetic-lr is about 0.29; 0.30 is close to the optimum
     return {
         "lr": Task(
-            "lr", "logreg", "synthetic-lr", 2, "test_loss", 0.30, 20, 1, lr_rows, lr_features
+            "lr", "logreg", "synthetic-lr", 2, "test_loss", 0.30, 20, 1, lr_rows, lr_features, 0.01
         ),
         "mlp": Task("mlp", "mlp", "mnist", 5, "test_accuracy", 0.97, 40, 2),
         "lenet": Task("lenet", "lenet", "mnist", 3, "test_accuracy", 0.98, 40, 2),
