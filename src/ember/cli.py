@@ -192,11 +192,22 @@ def _bench(args: argparse.Namespace) -> int:
         lr_rows=args.lr_rows,
         lr_features=args.lr_features,
     )
+    _require("matplotlib", "ember bench draws its plots with matplotlib", "bench")
+    if settings.mllib or "spark" in settings.engines:
+        _require("pyspark", "the Spark MLlib rows need pyspark (or pass --no-mllib)", "bench")
     records = run_bench(settings, log=lambda line: print(line, file=sys.stderr, flush=True))
     written = write_report(records, settings.out, settings.to_dict())
     failed = sum(r["status"] != "ok" for r in records)
     print(f"{len(records)} rows ({failed} failed); wrote {', '.join(map(str, written))}")
     return 0
+
+
+def _require(module: str, why: str, extra: str) -> None:
+    """Name the missing package before a long run starts, not after it."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(f"{why}: pip install 'ember[{extra}]'")
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -63,7 +63,9 @@ class TreeSampler:
                 continue
             alive[process.pid] = process
         self._known = alive
-        return cpu / self.cores, memory / 2**20
+        # Each process's share is taken over its own interval since its last reading; those
+        # intervals differ by milliseconds, so the sum can overshoot the machine's capacity.
+        return min(cpu / self.cores, 100.0), memory / 2**20
 
     def figures(self) -> dict[str, Any]:
         """Mean and peak CPU (% of all cores) and peak memory (MB) over the samples taken."""
