@@ -25,7 +25,10 @@ from ember.ps import PSClient
 from ember.worker import WorkerSpec, load_data, make_model, run_worker
 
 WARM_STEPS = 50  # minibatches per worker before the loop is measured
-LOOP_STEPS = 200  # minibatches per worker measured
+LOOP_STEPS = 200  # minibatches per worker measured, at least
+# Rows a worker draws its minibatches from, at least: a full run gathers each minibatch from its
+# whole shard, and a slice small enough to sit in the CPU's caches would time it too kindly.
+WORKING_SET_BYTES = 128 * 2**20
 EXCHANGES = 100  # timed round trips: CPU times tick in 10 ms steps, so take many
 CALIBRATION_TIMEOUT = 300.0
 
@@ -35,8 +38,9 @@ def calibrate(config: RunConfig, dataset: Dataset) -> Calibration:
     torch.set_num_threads(1)
     params = flatten_parameters(make_model(config, dataset))
     wall, client_cpu, server_cpu = _exchange_figures(config, params)
-    t_comp, _ = _loop_figures(config, params, "single")
-    on_host = {s: _loop_figures(config, params, s) for s in ("async", "bsp", "allreduce")}
+    t_comp, _ = _loop_figures(config, dataset, params, "single")
+    strategies = ("async", "bsp", "allreduce")
+    on_host = {s: _loop_figures(config, dataset, params, s) for s in strategies}
     return Calibration(
         batch_size=config.batch_size,
         t_comp=t_comp,
@@ -80,18 +84,29 @@ def _exchange_figures(config: RunConfig, params: np.ndarray) -> tuple[float, flo
     return wall, client_cpu, min(server_cpu, wall)
 
 
-def _loop_figures(config: RunConfig, params: np.ndarray, strategy: str) -> tuple[float, float]:
+def _calibration_rows(dataset: Dataset, batch_size: int, workers: int) -> int:
+    row_bytes = max(1, dataset.x_train[:1].nbytes)
+    wanted = max((WARM_STEPS + LOOP_STEPS) * batch_size * workers, WORKING_SET_BYTES // row_bytes)
+    return min(len(dataset.x_train), wanted)
+
+
+def _loop_figures(
+    config: RunConfig, dataset: Dataset, params: np.ndarray, strategy: str
+) -> tuple[float, float]:
     """(seconds per minibatch, seconds per exchange) of ember's own worker loop running
-    `strategy` on this host (two workers, and a server if it uses one), over LOOP_STEPS
-    minibatches each after WARM_STEPS: those include connecting and waiting for the peer."""
+    `strategy` on this host (two workers, and a server if it uses one), over one pass of the
+    calibration rows after WARM_STEPS minibatches each: those include connecting and waiting
+    for the peer."""
     workers = 1 if strategy == "single" else 2
+    rows = _calibration_rows(dataset, config.batch_size, workers)
+    warm_steps = max(1, min(WARM_STEPS, rows // workers // config.batch_size // 4))
     probe = RunConfig(
         **{
             **config.to_dict(),
             "strategy": strategy,
             "workers": workers,
             "epochs": 1,
-            "log_every": WARM_STEPS,
+            "log_every": warm_steps,
             "checkpoint_seconds": 3600.0,
         }
     )
@@ -105,7 +120,8 @@ def _loop_figures(config: RunConfig, params: np.ndarray, strategy: str) -> tuple
                 spec = WorkerSpec(
                     probe, rank, workers, addresses, secret, rendezvous, tmp, initial=params
                 )
-                processes.append(SPAWN.Process(target=_loop_worker, args=(spec, results)))
+                args = (spec, rows, warm_steps, results)
+                processes.append(SPAWN.Process(target=_loop_worker, args=args))
                 processes[-1].start()
             done = [results.get(timeout=CALIBRATION_TIMEOUT) for _ in processes]
         finally:
@@ -121,11 +137,10 @@ def _loop_figures(config: RunConfig, params: np.ndarray, strategy: str) -> tuple
     return sum(d["t_comp"] for d in done) / steps, comm
 
 
-def _loop_worker(spec: WorkerSpec, results: Any) -> None:
-    """Run the real loop on just enough rows; report the figures after the warm-up steps."""
+def _loop_worker(spec: WorkerSpec, rows: int, warm_steps: int, results: Any) -> None:
+    """Run the real loop on `rows` rows; report the figures after the warm-up steps."""
     try:
         dataset = load_data(spec.config)
-        rows = (WARM_STEPS + LOOP_STEPS) * spec.config.batch_size * spec.world
         dataset = replace(
             dataset,
             x_train=dataset.x_train[:rows],
@@ -136,13 +151,13 @@ def _loop_worker(spec: WorkerSpec, results: Any) -> None:
         warm: dict[str, Any] = {}
 
         def keep_warm_up(record: dict[str, Any]) -> None:
-            if record.get("kind") == "worker" and record["step"] == WARM_STEPS:
+            if record.get("kind") == "worker" and record["step"] == warm_steps:
                 warm.update(record)
 
         done = run_worker(spec, keep_warm_up, dataset)
         results.put(
             {
-                "steps": done["steps"] - WARM_STEPS,
+                "steps": done["steps"] - warm_steps,
                 "t_comp": done["t_comp"] - warm["t_comp"],
                 "t_comm": done["t_comm"] - warm["t_comm"],
                 "exchanges": done["exchanges"] - warm["exchanges"],
