@@ -7,7 +7,6 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import socket
 import statistics
 import traceback
 from collections.abc import Callable, Sequence
@@ -47,13 +46,6 @@ def set_threads() -> None:
 
 
 # ---- child processes ----------------------------------------------------------------------------
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start(target: Callable[..., Any], *args: Any) -> Any:
     """Spawn `target(*args)` in a child process; the caller joins it (see `finish`)."""
     process = SPAWN.Process(target=target, args=args, daemon=True)

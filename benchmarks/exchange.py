@@ -29,7 +29,6 @@ from common import (
     check,
     finish,
     fmt,
-    free_port,
     make_parser,
     markdown_table,
     report,
@@ -37,6 +36,7 @@ from common import (
     spread,
     start,
 )
+from ember.engines.process import free_port
 
 SIZES = ("0.27M", "1M", "10M", "25M")
 QUICK_SIZES = ("0.27M", "1M")

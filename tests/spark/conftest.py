@@ -43,16 +43,11 @@ def spark() -> Iterator[Any]:
 
 def _end_jvm() -> None:
     """Stop the session and its JVM: tests after these (tests/unit) let no child process
-    outlive a test, and SparkSession.stop() alone leaves the JVM running."""
-    from pyspark import SparkContext
+    outlive a test."""
+    from ember.engines.spark import end_spark
 
     while _sessions:
-        _sessions.pop().stop()
-    gateway, SparkContext._gateway, SparkContext._jvm = SparkContext._gateway, None, None
-    if gateway is not None:
-        gateway.shutdown()
-        gateway.proc.stdin.close()  # the JVM exits when its stdin closes
-        gateway.proc.wait(30)
+        end_spark(_sessions.pop())
 
 
 @pytest.fixture(scope="session")

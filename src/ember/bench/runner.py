@@ -195,8 +195,9 @@ def _spark_if_needed(rows: list[Row], workers: int) -> Iterator[Any]:
         return
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # before the JVM starts
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark import SparkContext
     from pyspark.sql import SparkSession
+
+    from ember.engines.spark import end_spark
 
     session = (
         SparkSession.builder.master(f"local[{workers}]")
@@ -209,13 +210,7 @@ def _spark_if_needed(rows: list[Row], workers: int) -> Iterator[Any]:
     try:
         yield session
     finally:
-        session.stop()
-        gateway = SparkContext._gateway
-        SparkContext._gateway = SparkContext._jvm = None
-        if gateway is not None:  # stop() leaves the JVM running; it exits when stdin closes
-            gateway.shutdown()
-            gateway.proc.stdin.close()
-            gateway.proc.wait(30)
+        end_spark(session)
 
 
 def _jvm_pids(spark: Any) -> set[int]:

@@ -342,3 +342,16 @@ def _session(config: RunConfig, show_progress: bool) -> Iterator[tuple[Any, floa
 def _prepare(config: RunConfig, data: Dataset) -> RunSetup:
     """prepare_run for data already in Spark: the test rows stand in for the dataset."""
     return prepare_run(replace(config, data=data.name), data)
+
+
+def end_spark(session: Any) -> None:
+    """Stop `session` and the JVM behind it: SparkSession.stop() alone leaves the JVM running,
+    and a process that must leave no child behind (a test, a benchmark) needs it gone."""
+    from pyspark import SparkContext
+
+    session.stop()
+    gateway, SparkContext._gateway, SparkContext._jvm = SparkContext._gateway, None, None
+    if gateway is not None:
+        gateway.shutdown()
+        gateway.proc.stdin.close()  # the JVM exits when its stdin closes
+        gateway.proc.wait(30)
