@@ -1,8 +1,13 @@
-"""The check behind every test's no-stray-children fixture."""
+"""Child processes in tests: the no-stray-children check, and finding and watching a run's
+children."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 
@@ -29,3 +34,35 @@ def command_line(process: psutil.Process) -> list[str]:
         return process.cmdline()
     except psutil.Error:
         return []
+
+
+def wait_for(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def has_worker_records(out: Path) -> bool:
+    metrics = out / "metrics.jsonl"
+    return metrics.exists() and '"kind": "worker"' in metrics.read_text()
+
+
+def has_progress(out: Path) -> bool:
+    """A checkpoint recording that workers had taken steps exists."""
+    last = out / "checkpoints" / "last"
+    if not last.exists():
+        return False
+    manifest = out / "checkpoints" / last.read_text().strip() / "manifest.json"
+    workers = json.loads(manifest.read_text())["meta"]["workers"]
+    return all(w["step"] > 0 for w in workers.values())
+
+
+def log_of(process: psutil.Process) -> str:
+    """Which child a process is, from the log file it writes to."""
+    try:
+        return " ".join(f.path for f in process.open_files())
+    except psutil.Error:
+        return ""

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
 from typing import Any
 
 from ember.config import FIELD_NAMES, STRATEGIES, RunConfig, make_config
-from ember.errors import CheckpointError, ConfigError, EmberError, WorkerFailed
+from ember.errors import CheckpointError, ConfigError, EmberError, Interrupted, WorkerFailed
 
 HELP = {
     "data": "mnist | digits | synthetic-lr | path to .npz, .parquet or an MNIST IDX folder",
@@ -125,8 +126,13 @@ def _names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def _stop_on_sigterm(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         if args.command == "train":
             return _train(args)
@@ -147,9 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     except EmberError as exc:
         print(f"ember: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("ember: interrupted; every process was stopped", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        signum = exc.args[0] if isinstance(exc, Interrupted) else signal.SIGINT
+        print(
+            f"ember: interrupted by {signal.Signals(signum).name}; every process was stopped"
+            " (continue a training run with --resume auto)",
+            file=sys.stderr,
+        )
+        return 128 + signum
 
 
 def _train(args: argparse.Namespace) -> int:

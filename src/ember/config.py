@@ -58,6 +58,9 @@ class RunConfig:
     checkpoint_seconds: float = 30.0  # write a checkpoint at least this often
     checkpoint_steps: int = 0  # also every this many server steps (0: by time only)
     keep_checkpoints: int = 3  # newest checkpoints kept besides `last`
+    replicas: int = 1  # server processes per shard: 2 adds a backup that takes over on failure
+    replica_seconds: float = 0.25  # a backup lags its primary by at most about this
+    max_restarts: int = 3  # times the engine restarts each dead worker or server process
     worker_timeout: float = 30.0  # a silent worker is dropped from the clock table after this
     request_timeout: float = 60.0  # a server that does not answer within this is an error
     log_every: int = 50  # steps between metrics records
@@ -101,9 +104,15 @@ class RunConfig:
             "log_every",
         ):
             _at_least(name, getattr(self, name), 1)
-        for name in ("staleness", "checkpoint_steps", "seed", "eval_every"):
+        for name in ("staleness", "checkpoint_steps", "seed", "eval_every", "max_restarts"):
             _at_least(name, getattr(self, name), 0)
-        for name in ("lr", "checkpoint_seconds", "worker_timeout", "request_timeout"):
+        for name in (
+            "lr",
+            "checkpoint_seconds",
+            "worker_timeout",
+            "request_timeout",
+            "replica_seconds",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
                 raise ConfigError(f"{name} must be > 0, got {value!r}")
@@ -117,6 +126,13 @@ class RunConfig:
             raise ConfigError(
                 f"servers must be 1 for strategy {self.strategy!r}, which uses no parameter server;"
                 f" got {self.servers}"
+            )
+        if self.replicas not in (1, 2):
+            raise ConfigError(f"replicas must be 1 or 2, got {self.replicas!r}")
+        if self.replicas > 1 and not self.uses_server:
+            raise ConfigError(
+                f"replicas must be 1 for strategy {self.strategy!r}, which uses no parameter"
+                f" server; got {self.replicas}"
             )
         if self.strategy == "single" and self.workers != 1:
             raise ConfigError(f"workers must be 1 for strategy 'single', got {self.workers}")

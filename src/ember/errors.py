@@ -17,9 +17,23 @@ class ServerUnavailable(EmberError):
     """A parameter server did not answer within the timeout; names its address."""
 
 
+class ServerGone(ServerUnavailable):
+    """The connection to a parameter server broke (its process died): try its replica or its
+    restart."""
+
+
+class NotPrimary(ServerUnavailable):
+    """A server answered that it is a backup, not the primary of its shard."""
+
+
 class WorkerFailed(EmberError):
     """A worker process raised or died; carries its rank, exit code and last output lines."""
 
 
 class CheckpointError(EmberError):
     """A checkpoint is missing, truncated or corrupt; names the file."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM asked the launcher to stop: handled as Ctrl-C is (children reaped, a last
+    checkpoint of the servers written); args[0] is the signal number."""

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -16,6 +15,7 @@ import pytest
 
 import ember
 from ember.metrics import read_metrics
+from tests.processes import has_progress, has_worker_records, log_of, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 QUICK = ["--data", "digits", "--epochs", "1", "--log-every", "10"]
@@ -126,6 +126,8 @@ def test_a_failing_worker_ends_the_run_within_30s_with_its_error_and_no_process_
         "bsp",
         "--model",
         "faulty:make",
+        "--max-restarts",
+        "0",
         "--out",
         str(tmp_path / "run"),
         env={"PYTHONPATH": str(tmp_path)},
@@ -161,7 +163,7 @@ def test_killed_launcher_leaves_no_process_and_resume_auto_finishes_the_run(tmp_
     launcher = subprocess.Popen(
         [sys.executable, "-m", "ember", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    assert _wait_for(lambda: _has_progress(out), 90), "no checkpoint appeared"
+    assert wait_for(lambda: has_progress(out), 90), "no checkpoint appeared"
     children = psutil.Process(launcher.pid).children(recursive=True)
     assert len(children) >= 3  # one server and two workers
     launcher.send_signal(signal.SIGKILL)
@@ -177,30 +179,6 @@ def test_killed_launcher_leaves_no_process_and_resume_auto_finishes_the_run(tmp_
     assert summary["test_accuracy"] > 0.9
     starts = [r for r in read_metrics(out / "metrics.jsonl") if r.get("kind") == "start"]
     assert max(r["first_step"] for r in starts) > 0  # workers continued, not from step 0
-
-
-def _wait_for(condition: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
-def _has_worker_records(out: Path) -> bool:
-    metrics = out / "metrics.jsonl"
-    return metrics.exists() and '"kind": "worker"' in metrics.read_text()
-
-
-def _has_progress(out: Path) -> bool:
-    """A checkpoint recording that workers had taken steps exists."""
-    last = out / "checkpoints" / "last"
-    if not last.exists():
-        return False
-    manifest = out / "checkpoints" / last.read_text().strip() / "manifest.json"
-    workers = json.loads(manifest.read_text())["meta"]["workers"]
-    return all(w["step"] > 0 for w in workers.values())
 
 
 def test_interrupted_run_exits_130_and_reaps_every_child(tmp_path) -> None:
@@ -222,7 +200,7 @@ def test_interrupted_run_exits_130_and_reaps_every_child(tmp_path) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    assert _wait_for(lambda: _has_worker_records(out), 60), "no worker reported progress"
+    assert wait_for(lambda: has_worker_records(out), 60), "no worker reported progress"
     children = psutil.Process(launcher.pid).children(recursive=True)
     launcher.send_signal(signal.SIGINT)
     _, err = launcher.communicate(timeout=30)
@@ -328,6 +306,8 @@ def test_a_worker_killed_mid_run_ends_the_run_naming_it_and_no_process_is_left(t
             "30",
             "--strategy",
             "bsp",
+            "--max-restarts",
+            "0",
             "--out",
             str(out),
         ],
@@ -335,9 +315,9 @@ def test_a_worker_killed_mid_run_ends_the_run_naming_it_and_no_process_is_left(t
         stderr=subprocess.PIPE,
         text=True,
     )
-    assert _wait_for(lambda: _has_worker_records(out), 60), "no worker reported progress"
+    assert wait_for(lambda: has_worker_records(out), 60), "no worker reported progress"
     children = psutil.Process(launcher.pid).children(recursive=True)
-    victim = next(p for p in children if "worker-1" in _log_of(p))
+    victim = next(p for p in children if "worker-1" in log_of(p))
     killed_at = time.monotonic()
     victim.kill()
     _, err = launcher.communicate(timeout=60)
@@ -346,11 +326,3 @@ def test_a_worker_killed_mid_run_ends_the_run_naming_it_and_no_process_is_left(t
     assert "worker 1 exited with code -9" in err
     _, alive = psutil.wait_procs(children, timeout=5)
     assert alive == []
-
-
-def _log_of(process: psutil.Process) -> str:
-    """Which child a process is, from the log file it writes to."""
-    try:
-        return " ".join(f.path for f in process.open_files())
-    except psutil.Error:
-        return ""

@@ -32,6 +32,10 @@ from ember.errors import ConfigError
         ({"request_timeout": float("inf")}, "request_timeout must be a finite number, got inf"),
         ({"worker_timeout": 90.0}, "request_timeout must be greater than worker_timeout .90."),
         ({"batch_sise": 3}, "unknown configuration field.s. batch_sise; allowed: data, model"),
+        ({"replicas": 3}, "replicas must be 1 or 2, got 3"),
+        ({"strategy": "allreduce", "replicas": 2}, "replicas must be 1 for strategy 'allreduce'"),
+        ({"max_restarts": -1}, "max_restarts must be an integer >= 0, got -1"),
+        ({"replica_seconds": 0}, "replica_seconds must be > 0, got 0"),
     ],
 )
 def test_invalid_field_is_rejected_with_a_message_naming_it(fields, message) -> None:

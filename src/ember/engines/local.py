@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 import safetensors.numpy
@@ -32,39 +34,32 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
     try:
         addresses = servers.start() if servers is not None else []
         records = SPAWN.Queue()
-        rendezvous = f"tcp://127.0.0.1:{free_port()}"
         started = time.perf_counter()
         initial_file = None
         if not config.uses_server and setup.resume is not None:  # small spawn arguments only
             initial_file = str(setup.run_dir / "logs" / "start-state.safetensors")
             safetensors.numpy.save_file({"params": setup.initial}, initial_file)
+        base = WorkerSpec(
+            config,
+            0,
+            config.workers,
+            addresses,
+            setup.secret,
+            f"tcp://127.0.0.1:{free_port()}",
+            str(setup.run_dir),
+            initial_file=initial_file,
+            initial_step=setup.resumed_step,
+        )
         for rank in range(config.workers):
-            spec = WorkerSpec(
-                config,
-                rank,
-                config.workers,
-                addresses,
-                setup.secret,
-                rendezvous,
-                str(setup.run_dir),
-                initial_file=initial_file,
-                initial_step=setup.resumed_step,
-            )
-            processes.append(
-                start_child(
-                    _work,
-                    (spec, records),
-                    f"ember-worker-{rank}",
-                    setup.run_dir / "logs" / f"worker-{rank}.log",
-                )
-            )
-        results = _watch(setup, processes, records, servers, show_progress)
+            processes.append(_start_worker(dataclasses.replace(base, rank=rank), records))
+        results, restarts = _watch(setup, processes, records, servers, show_progress, base)
         seconds = time.perf_counter() - started
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"worker_restarts": restarts}
         if servers is not None:
             params = servers.snapshot()["params"]
             servers.checkpoint(setup.checkpoints, checkpoint_meta(config, params.size, 0))
             extra["server"] = merge_server_stats(servers.stop())
+            extra["server"]["failovers_and_restarts"] = servers.events
         else:
             final = latest_valid_checkpoint(setup.checkpoints)
             if final is None:
@@ -96,50 +91,85 @@ def save_what_the_servers_hold(setup: RunSetup, servers: ServerGroup) -> None:
     setup.metrics.write({"kind": "run", "event": "final checkpoint", "path": str(path)})
 
 
+def _start_worker(spec: WorkerSpec, records: Any) -> Any:
+    log = Path(spec.run_dir) / "logs" / f"worker-{spec.rank}.log"
+    return start_child(_work, (spec, records), f"ember-worker-{spec.rank}", log)
+
+
 def _watch(
     setup: RunSetup,
     processes: list[Any],
     records: Any,
     servers: ServerGroup | None,
     show_progress: bool,
-) -> list[dict[str, Any]]:
-    """Relay progress, checkpoint the servers on schedule, and fail fast when a child dies."""
+    base: WorkerSpec,
+) -> tuple[list[dict[str, Any]], int]:
+    """Relay progress, checkpoint the servers on schedule, and restart a child that dies
+    (up to max_restarts times each) or fail fast when it may not be restarted."""
     config = setup.config
     rows = len(setup.dataset.x_train) // config.workers
     total = config.epochs * (rows // config.batch_size) * config.batch_size * config.workers
     done: dict[int, dict[str, Any]] = {}
+    incarnations = [0] * len(processes)
+    failed: dict[int, tuple[int | None, str]] = {}  # rank -> (exit code, error) to act on
+
+    def drain(timeout: float) -> None:
+        record = _next(records, timeout)
+        while record is not None:
+            rank = record.get("rank", -1)
+            if record.get("incarnation", incarnations[rank]) == incarnations[rank]:
+                if record.get("kind") == "error":
+                    failed[rank] = (None, record.get("error", ""))
+                setup.metrics.write(record)
+                if record.get("kind") == "done":
+                    done[rank] = record
+                bar.update(record)
+            record = _next(records, 0.0)
+
     with Progress(total, enabled=show_progress) as bar:
         while len(done) < len(processes):
-            record = _next(records, 0.25)
-            while record is not None:
-                _handle(setup, record, done, bar)
-                record = _next(records, 0.0)
+            drain(0.25)
             for rank, process in enumerate(processes):
-                if rank not in done and process.exitcode is not None:
-                    record = _next(records, 1.0)  # its last words may still be in the pipe
-                    while record is not None:
-                        _handle(setup, record, done, bar)
-                        record = _next(records, 0.0)
-                    if rank not in done:
-                        _fail(setup, rank, process.exitcode, "")
+                if rank not in done and rank not in failed and process.exitcode is not None:
+                    drain(1.0)  # its last words may still be in the pipe
+                    if rank not in done and rank not in failed:
+                        failed[rank] = (process.exitcode, "")
+            for rank, (exitcode, error) in sorted(failed.items()):
+                if incarnations[rank] >= config.max_restarts or not config.uses_server:
+                    _fail(setup, rank, exitcode, error)
+                reap([processes[rank]])
+                incarnations[rank] += 1
+                _note_restart(setup, rank, incarnations[rank], exitcode, error, bar)
+                spec = dataclasses.replace(base, rank=rank, incarnation=incarnations[rank])
+                processes[rank] = _start_worker(spec, records)
+            failed.clear()
             if servers is not None:
-                servers.check_alive()
+                for event in servers.keep_alive(setup.checkpoints):
+                    setup.metrics.write({"kind": "server", **event})
+                    if bar.interactive:
+                        bar.bar.write(f"{event['server']} {event['event']}")
                 servers.checkpoint_if_due(
                     setup.checkpoints, checkpoint_meta(config, setup.initial.size, 0)
                 )
-    return [done[rank] for rank in sorted(done)]
+    return [done[rank] for rank in sorted(done)], sum(incarnations)
 
 
-def _handle(
-    setup: RunSetup, record: dict[str, Any], done: dict[int, dict[str, Any]], bar: Progress
+def _note_restart(
+    setup: RunSetup, rank: int, incarnation: int, exitcode: int | None, error: str, bar: Progress
 ) -> None:
-    kind = record.get("kind")
-    if kind == "error":
-        _fail(setup, record["rank"], None, record.get("error", ""))
-    setup.metrics.write(record)
-    if kind == "done":
-        done[record["rank"]] = record
-    bar.update(record)
+    how = f"exited with code {exitcode}" if exitcode is not None else "raised"
+    last = error.strip().splitlines()[-1:] or [""]
+    setup.metrics.write(
+        {
+            "kind": "restart",
+            "rank": rank,
+            "incarnation": incarnation,
+            "exitcode": exitcode,
+            "error": error,
+        }
+    )
+    if bar.interactive:
+        bar.bar.write(f"worker {rank} {how} {last[0]}; restarted (incarnation {incarnation})")
 
 
 def _fail(setup: RunSetup, rank: int, exitcode: int | None, error: str) -> None:
@@ -166,7 +196,12 @@ def _work(spec: WorkerSpec, records: Any) -> None:
         text = traceback.format_exc()
         print(text, flush=True)
         records.put(
-            {"kind": "error", "rank": spec.rank, "error": f"{type(exc).__name__}: {exc}\n{text}"}
+            {
+                "kind": "error",
+                "rank": spec.rank,
+                "incarnation": spec.incarnation,
+                "error": f"{type(exc).__name__}: {exc}\n{text}",
+            }
         )
         raise SystemExit(1) from None
 

@@ -1,9 +1,17 @@
-"""ServerGroup: S parameter-server processes for one run, their checkpoints and their end."""
+"""ServerGroup: the parameter-server processes of one run, their replicas, restarts and end.
+
+Each key-range shard has `replicas` slots (processes), each at an address fixed for the run.
+One slot is the shard's primary; with two, the other is its backup and takes copies of the
+primary's state (see ps/replica.py). The launcher watches the processes: when a primary dies
+its backup is promoted, and any dead slot is started again at the same address, from the
+newest checkpoint, as the backup of the live slot (or as the primary when none is left).
+"""
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +20,7 @@ import safetensors
 import safetensors.numpy
 
 from ember.algorithms import make_update_rule
-from ember.checkpoint import Checkpoint, free_step, save_checkpoint
+from ember.checkpoint import Checkpoint, free_step, latest_valid_checkpoint, save_checkpoint
 from ember.config import RunConfig
 from ember.engines.process import reap, start_child, tail
 from ember.errors import EmberError, ServerUnavailable
@@ -24,11 +32,21 @@ from ember.ps import (
     make_consistency,
     shard_ranges,
 )
-from ember.ps.server import UpdateRule
+
+ANY_PORT = "tcp://127.0.0.1:0"
+
+
+@dataclass
+class Slot:
+    shard: ShardSpec
+    replica: int
+    process: Any = None
+    address: str = ANY_PORT  # fixed once the first process of the slot binds
+    restarts: int = 0
 
 
 class ServerGroup:
-    """Starts one process per key-range shard on this machine and talks to them as a whole."""
+    """Starts the server processes on this machine and talks to them as a whole."""
 
     def __init__(
         self,
@@ -40,37 +58,64 @@ class ServerGroup:
     ) -> None:
         self.config, self.secret, self.log_dir = config, secret, log_dir
         self.initial, self.resume = initial, resume
-        self.processes: list[Any] = []
-        self.addresses: list[str] = []
+        self.rule = make_update_rule(config)
+        self.slots: list[list[Slot]] = []
+        self.primary: list[int] = []  # per shard, the replica serving workers
+        self.events: list[dict[str, Any]] = []  # promotions and restarts, for the summary
         self._last_checkpoint = time.monotonic()
         self._saved_step = -1 if resume is None else int(resume.meta.get("server_step", -1))
 
+    @property
+    def processes(self) -> list[Any]:
+        return [slot.process for shard in self.slots for slot in shard]
+
+    @property
+    def addresses(self) -> list[str]:
+        """What workers are given: per shard, its replicas' addresses, primary first."""
+        return [
+            ",".join(s.address for s in _primary_first(self, i)) for i in range(len(self.slots))
+        ]
+
+    @property
+    def primaries(self) -> list[str]:
+        return [shard[p].address for shard, p in zip(self.slots, self.primary, strict=True)]
+
     def start(self) -> list[str]:
-        rule = make_update_rule(self.config)
         ranges = shard_ranges(self.initial.size, self.config.servers)
-        # Children read their starting state from a file rather than from pickled arguments:
-        # a large argument can block the launcher writing into a child that died at start-up.
-        start_state = self.log_dir / "start-state.safetensors"
+        shards = [ShardSpec(i, len(ranges), a, b) for i, (a, b) in enumerate(ranges)]
+        self.slots = [[Slot(s, r) for r in range(self.config.replicas)] for s in shards]
+        self.primary = [0] * len(shards)
         tensors = {"params": self.initial}
         if self.resume is not None:
-            tensors.update({k: v for k, v in self.resume.tensors.items() if k in rule.state_names})
-        safetensors.numpy.save_file(tensors, str(start_state))
-        workers = self.resume.meta.get("workers", {}) if self.resume is not None else {}
-        step = int(self.resume.meta.get("server_step", 0)) if self.resume is not None else 0
-        pipes = []
-        for index, (start, stop) in enumerate(ranges):
-            shard = ShardSpec(index, len(ranges), start, stop)
-            receiver, sender = _pipe()
-            args = (shard, str(start_state), rule, self.config, self.secret, workers, step, sender)
-            log = self.log_dir / f"server-{index}.log"
-            self.processes.append(start_child(_serve, args, f"ember-server-{index}", log))
-            sender.close()  # the child holds the only write end, so its death closes the pipe
-            pipes.append((receiver, log))
-        for index, (receiver, log) in enumerate(pipes):
-            self.addresses.append(self._address_of(index, receiver, log))
+            tensors.update(
+                {k: v for k, v in self.resume.tensors.items() if k in self.rule.state_names}
+            )
+        meta = self.resume.meta if self.resume is not None else {}
+        state = self._state_file("start", tensors)
+        # Backups first: a primary is told where its backup listens.
+        backups = [slot for shard in self.slots for slot in shard[1:]]
+        self._launch([(slot, "backup", None) for slot in backups], state, meta)
+        primaries = [(shard[0], "primary", _peer(shard, 0)) for shard in self.slots]
+        self._launch(primaries, state, meta)
         return self.addresses
 
-    def _address_of(self, index: int, receiver: Any, log: Path) -> str:
+    def _launch(
+        self, plan: list[tuple[Slot, str, str | None]], state: Path, meta: dict[str, Any]
+    ) -> None:
+        """Start processes in parallel, then wait for each to say where it listens."""
+        workers, step = meta.get("workers", {}), int(meta.get("server_step", 0))
+        pipes = []
+        for slot, role, backup in plan:
+            receiver, sender = _pipe()
+            place = (slot.shard, slot.address, role, backup)
+            args = (place, str(state), self.rule, self.config, self.secret, workers, step, sender)
+            slot.process = start_child(_serve, args, _name(slot), self._log(slot))
+            sender.close()  # the child holds the only write end, so its death closes the pipe
+            pipes.append((slot, receiver))
+        for slot, receiver in pipes:
+            slot.address = self._address_of(slot, receiver)
+
+    def _address_of(self, slot: Slot, receiver: Any) -> str:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if receiver.poll(0.5):
@@ -78,25 +123,72 @@ class ServerGroup:
                     return str(receiver.recv())
                 except EOFError:
                     break  # the server died before it could say where it listens
-            if self.processes[index].exitcode is not None:
+            if slot.process.exitcode is not None:
                 break
         self.stop()
         raise ServerUnavailable(
-            f"parameter server {index} did not start (exit code {self.processes[index].exitcode});"
-            f" its log ends:\n{tail(log)}"
+            f"parameter server {_name(slot)} did not start (exit code {slot.process.exitcode});"
+            f" its log ends:\n{tail(self._log(slot))}"
         )
 
-    def check_alive(self) -> None:
-        for index, process in enumerate(self.processes):
-            if process.exitcode is not None:
-                raise EmberError(
-                    f"parameter server {index} exited with code {process.exitcode};"
-                    f" its log ends:\n{tail(self.log_dir / f'server-{index}.log')}"
-                )
+    def keep_alive(self, checkpoints: Path) -> list[dict[str, Any]]:
+        """Promote the backup of a dead primary and start every dead slot again, up to
+        max_restarts times each; raise when a slot has used them all. Returns what it did."""
+        seen = len(self.events)
+        for index, shard in enumerate(self.slots):
+            dead = [slot for slot in shard if slot.process.exitcode is not None]
+            for slot in dead:
+                if slot.restarts >= self.config.max_restarts:
+                    raise EmberError(
+                        f"parameter server {_name(slot)} exited with code {slot.process.exitcode}"
+                        f" ({slot.restarts} restarts allowed by max_restarts used);"
+                        f" its log ends:\n{tail(self._log(slot))}"
+                    )
+            live = [slot for slot in shard if slot not in dead]
+            if not dead:
+                continue
+            if shard[self.primary[index]] in dead and live:
+                self._promote(index, live[0], dead[0])
+            self._restart(index, dead, checkpoints, primary_needed=not live)
+        return self.events[seen:]
+
+    def _promote(self, index: int, survivor: Slot, dead: Slot) -> None:
+        control([survivor.address], self.secret, "promote", fields={"backup": dead.address})
+        self.primary[index] = survivor.replica
+        self._event("promoted", survivor, died=_name(dead))
+
+    def _restart(
+        self, index: int, dead: list[Slot], checkpoints: Path, primary_needed: bool
+    ) -> None:
+        saved = latest_valid_checkpoint(checkpoints)
+        tensors = dict(saved.tensors) if saved is not None else {"params": self.initial}
+        meta = saved.meta if saved is not None else {}
+        state = self._state_file(f"restart-{index}", tensors)
+        plan = []
+        for slot in dead:
+            reap([slot.process])
+            slot.restarts += 1
+            role = "primary" if primary_needed and slot is dead[0] else "backup"
+            if role == "primary":
+                self.primary[index] = slot.replica
+            peer = _peer(self.slots[index], slot.replica) if role == "primary" else None
+            plan.append((slot, role, peer))
+        # A new primary learns its backup's address, so backups start first here too.
+        self._launch([p for p in plan if p[1] == "backup"], state, meta)
+        self._launch([p for p in plan if p[1] == "primary"], state, meta)
+        state.unlink(missing_ok=True)
+        for slot, role, _ in plan:
+            origin = str(saved.path) if saved is not None else "the initial parameters"
+            self._event("restarted", slot, role=role, state_from=origin)
+
+    def _event(self, what: str, slot: Slot, **details: Any) -> None:
+        self.events.append(
+            {"event": what, "server": _name(slot), "pid": slot.process.pid, **details}
+        )
 
     def checkpoint(self, root: Path, meta: dict[str, Any]) -> Path | None:
-        """Save the servers' state named by their update count; None if nothing changed."""
-        tensors, state_meta = fetch_state(self.addresses, self.secret, self.config.request_timeout)
+        """Save the primaries' state named by their update count; None if nothing changed."""
+        tensors, state_meta = fetch_state(self.primaries, self.secret, self.config.request_timeout)
         step = int(state_meta["step"])
         if step == self._saved_step:
             return None
@@ -109,35 +201,65 @@ class ServerGroup:
 
     def checkpoint_if_due(self, root: Path, meta: dict[str, Any]) -> None:
         """Checkpoint on the configured cadence: every checkpoint_seconds, or every
-        checkpoint_steps server updates when that is set."""
+        checkpoint_steps server updates when that is set. A shard failing over meanwhile
+        postpones it to the next call."""
         config = self.config
-        if time.monotonic() - self._last_checkpoint > config.checkpoint_seconds or (
-            config.checkpoint_steps and self.updates_since_checkpoint() >= config.checkpoint_steps
-        ):
-            self.checkpoint(root, meta)
-            self._last_checkpoint = time.monotonic()
+        try:
+            if time.monotonic() - self._last_checkpoint > config.checkpoint_seconds or (
+                config.checkpoint_steps
+                and self.updates_since_checkpoint() >= config.checkpoint_steps
+            ):
+                self.checkpoint(root, meta)
+                self._last_checkpoint = time.monotonic()
+        except ServerUnavailable:
+            return
 
     def updates_since_checkpoint(self) -> int:
         """Server updates since the last checkpoint (shard 0 speaks for all: every push
         reaches every shard)."""
-        step = int(control(self.addresses[:1], self.secret, "stats")[0]["step"])
+        step = int(control(self.primaries[:1], self.secret, "stats")[0]["step"])
         return step - max(self._saved_step, 0)
 
     def snapshot(self) -> dict[str, np.ndarray]:
-        return fetch_state(self.addresses, self.secret, self.config.request_timeout)[0]
-
-    def stats(self) -> list[dict[str, Any]]:
-        return control(self.addresses, self.secret, "stats")
+        return fetch_state(self.primaries, self.secret, self.config.request_timeout)[0]
 
     def stop(self) -> list[dict[str, Any]]:
+        """Stop every process; return the primaries' final statistics."""
         final: list[dict[str, Any]] = []
         try:
-            if self.addresses:
-                final = control(self.addresses, self.secret, "stop", timeout=5.0)
+            if self.slots and ANY_PORT not in self.primaries:
+                final = control(self.primaries, self.secret, "stop", timeout=5.0)
         except EmberError:
             pass  # a dead server is reaped below either way
         reap(self.processes)
         return final
+
+    def _state_file(self, name: str, tensors: dict[str, np.ndarray]) -> Path:
+        # Children read their starting state from a file rather than from pickled arguments:
+        # a large argument can block the launcher writing into a child that died at start-up.
+        path = self.log_dir / f"{name}-state.safetensors"
+        keep = {k: v for k, v in tensors.items() if k == "params" or k in self.rule.state_names}
+        safetensors.numpy.save_file(keep, str(path))
+        return path
+
+    def _log(self, slot: Slot) -> Path:
+        return self.log_dir / f"{_name(slot).removeprefix('ember-')}.log"
+
+
+def _name(slot: Slot) -> str:
+    suffix = "" if slot.replica == 0 else f"-replica-{slot.replica}"
+    return f"ember-server-{slot.shard.index}{suffix}"
+
+
+def _peer(shard: list[Slot], replica: int) -> str | None:
+    others = [slot.address for slot in shard if slot.replica != replica]
+    return others[0] if others else None
+
+
+def _primary_first(group: ServerGroup, index: int) -> list[Slot]:
+    shard = group.slots[index]
+    primary = shard[group.primary[index]]
+    return [primary] + [slot for slot in shard if slot is not primary]
 
 
 def _pipe() -> Any:
@@ -147,9 +269,9 @@ def _pipe() -> Any:
 
 
 def _serve(
-    shard: ShardSpec,
+    place: tuple[ShardSpec, str, str, str | None],
     start_state: str,
-    rule: UpdateRule,
+    rule: Any,
     config: RunConfig,
     secret: bytes,
     workers: dict[str, Any],
@@ -158,6 +280,7 @@ def _serve(
 ) -> None:
     import torch
 
+    shard, bind, role, backup = place
     with safetensors.safe_open(start_state, framework="np") as saved:
         params = saved.get_slice("params")[shard.start : shard.stop]
         state = {
@@ -172,16 +295,20 @@ def _serve(
         rule,
         make_consistency(config.consistency, config.staleness),
         secret,
+        bind=bind,
         state=state,
         expected_workers=config.workers,
         workers={int(k): v for k, v in workers.items()},
         step=step,
         worker_timeout=config.worker_timeout,
+        role=role,
+        backup=backup,
+        replica_seconds=config.replica_seconds,
     )
     address_pipe.send(server.address)
     print(
-        f"server {shard.index} pid {os.getpid()} serving keys [{shard.start}, {shard.stop}) "
-        f"at {server.address}",
+        f"server {shard.index} ({role}) pid {os.getpid()} serving keys"
+        f" [{shard.start}, {shard.stop}) at {server.address}",
         flush=True,
     )
     server.serve()

@@ -204,7 +204,7 @@ def _watch(
     with Progress(total, enabled=show_progress) as bar:
         while job.thread.is_alive():
             job.thread.join(0.5)
-            servers.check_alive()
+            servers.keep_alive(setup.checkpoints)
             attempt = job.attempt()
             if attempt > seen_attempt:
                 metrics.write({"kind": "run", "event": "stage retry", "attempt": attempt})
@@ -215,7 +215,7 @@ def _watch(
             if bar.interactive and time.monotonic() - last_poll > 5:
                 # Tasks report only when they end; meanwhile the servers know each worker's
                 # step (this fetches the parameters too, hence not more often).
-                table = fetch_state(servers.addresses, setup.secret, config.request_timeout)[1]
+                table = fetch_state(servers.primaries, setup.secret, config.request_timeout)[1]
                 steps = sum(w["step"] for w in table["workers"].values())
                 bar.bar.n, last_poll = min(total, steps * config.batch_size), time.monotonic()
                 bar.bar.refresh()

@@ -8,8 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from ember.errors import ProtocolError
+from ember.errors import NotPrimary, ProtocolError, ServerGone, ServerUnavailable
 from ember.wire import ClientConnection, gather, tensors_from_frames
+
+CONNECT_TIMEOUT = 2.0  # per attempt while a shard fails over or restarts
+BACKOFF = (0.05, 1.0)  # first and longest pause between attempts
 
 
 @dataclass
@@ -22,7 +25,12 @@ class ExchangeResult:
 
 class PSClient:
     """Push, pull and exchange against S shards. Requests go to every shard before any reply is
-    awaited, so shards work in parallel. Not thread-safe: one thread owns a client."""
+    awaited, so shards work in parallel. Not thread-safe: one thread owns a client.
+
+    Each address may list a shard's replicas, comma-separated. When a shard's process dies
+    the client re-sends the request in flight to whichever replica serves as primary (or to
+    the restarted process at the same address), with bounded back-off, until `timeout`.
+    """
 
     def __init__(
         self,
@@ -34,7 +42,14 @@ class PSClient:
         timeout: float = 60.0,
     ) -> None:
         self.worker, self.incarnation, self.timeout = worker, incarnation, timeout
-        self.connections = [ClientConnection(a, secret, timeout) for a in addresses]
+        self._secret = secret
+        self.candidates = [a.split(",") for a in addresses]
+        self._current = [0] * len(addresses)  # which replica of each shard we talk to
+        self.failovers = 0
+        self.connections = [
+            ClientConnection(c[0], secret, timeout, watch=True) if len(c) == 1 else self._open(i)
+            for i, c in enumerate(self.candidates)
+        ]
         self.seq = 0
         self.clock = 0
         self.step = 0  # the caller's local step, sent along as the resume point
@@ -92,21 +107,16 @@ class PSClient:
     ) -> list[tuple[dict[str, Any], list[Any]]]:
         self.seq += 1
         for index, (connection, part) in enumerate(zip(self.connections, parts, strict=True)):
-            header = {
-                "op": op,
-                "worker": self.worker,
-                "incarnation": self.incarnation,
-                "seq": self.seq,
-                "clock": self.clock,
-                "step": self.step,
-                **extra,
-            }
-            if part is not None:
-                header["keys"] = list(self.ranges[index])
+            header = self._header(op, index, part, extra)
             connection.send(header, [part] if part is not None else [])
         replies = []
-        for connection in self.connections:
-            header, frames = connection.recv()
+        for index, part in enumerate(parts):
+            connection = self.connections[index]
+            try:
+                header, frames = connection.recv()
+            except (ServerGone, NotPrimary):
+                header, frames = self._recover(index, op, part, extra)
+                connection = self.connections[index]
             if header.get("seq", self.seq) != self.seq:
                 raise ProtocolError(
                     f"server at {connection.address} answered request "
@@ -114,6 +124,61 @@ class PSClient:
                 )
             replies.append((header, frames))
         return replies
+
+    def _header(self, op: str, index: int, part: np.ndarray | None, extra: dict[str, Any]) -> Any:
+        header = {
+            "op": op,
+            "worker": self.worker,
+            "incarnation": self.incarnation,
+            "seq": self.seq,
+            "clock": self.clock,
+            "step": self.step,
+            **extra,
+        }
+        if part is not None:
+            header["keys"] = list(self.ranges[index])
+        return header
+
+    def _recover(
+        self, index: int, op: str, part: np.ndarray | None, extra: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """Shard `index` died or handed over: rejoin whichever replica now serves it and send
+        the request again (the server's sequence check keeps it from being applied twice)."""
+        backoff = _Backoff(self.timeout, f"shard {index} ({', '.join(self.candidates[index])})")
+        while True:
+            self.connections[index].close()
+            self._next_replica(index)
+            self.connections[index] = connection = self._open(index, backoff)
+            try:
+                if op != "register":
+                    connection.send(self._header("register", index, None, {}))
+                    connection.recv()
+                connection.send(
+                    self._header(op, index, part, extra), [part] if part is not None else []
+                )
+                reply = connection.recv()
+                self.failovers += 1
+                return reply
+            except (ServerGone, NotPrimary) as exc:
+                backoff.pause_or_raise(exc)
+
+    def _open(self, index: int, backoff: _Backoff | None = None) -> ClientConnection:
+        """Connect to the shard's current replica, trying the others in turn."""
+        backoff = backoff or _Backoff(self.timeout, f"shard {index}")
+        while True:
+            address = self.candidates[index][self._current[index]]
+            try:
+                connection = ClientConnection(
+                    address, self._secret, min(CONNECT_TIMEOUT, self.timeout), watch=True
+                )
+                connection.timeout = self.timeout
+                return connection
+            except ServerUnavailable as exc:
+                backoff.pause_or_raise(exc)
+            self._next_replica(index)
+
+    def _next_replica(self, index: int) -> None:
+        self._current[index] = (self._current[index] + 1) % len(self.candidates[index])
 
     def _scatter(
         self, replies: list[tuple[dict[str, Any], list[Any]]], out: np.ndarray | None
@@ -130,12 +195,28 @@ class PSClient:
         return received
 
 
+class _Backoff:
+    """Pauses between attempts to reach a shard, doubling up to a limit, until a deadline."""
+
+    def __init__(self, timeout: float, what: str) -> None:
+        self.deadline, self.timeout, self.what = time.monotonic() + timeout, timeout, what
+        self.pause = BACKOFF[0]
+
+    def pause_or_raise(self, error: Exception) -> None:
+        if time.monotonic() + self.pause > self.deadline:
+            raise ServerUnavailable(
+                f"{self.what} did not come back within {self.timeout:g}s: {error}"
+            ) from None
+        time.sleep(self.pause)
+        self.pause = min(2 * self.pause, BACKOFF[1])
+
+
 def fetch_state(
     addresses: list[str], secret: bytes, timeout: float = 60.0
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Gather every shard's parameters and rule state into full flat arrays (for checkpoints and
     the final model), plus step and per-worker clocks from shard 0."""
-    connections = [ClientConnection(a, secret, timeout) for a in addresses]
+    connections = [ClientConnection(a, secret, timeout, watch=True) for a in addresses]
     try:
         for connection in connections:
             connection.send({"op": "snapshot", "seq": 0})
@@ -164,14 +245,19 @@ def fetch_state(
 
 
 def control(
-    addresses: list[str], secret: bytes, op: str, timeout: float = 10.0
+    addresses: list[str],
+    secret: bytes,
+    op: str,
+    timeout: float = 10.0,
+    fields: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Send a payload-free op (`stats`, `stop`) to every shard; return their reply headers."""
+    """Send a payload-free op (`stats`, `stop`, `promote`) to every shard; return their reply
+    headers."""
     out = []
     for address in addresses:
-        connection = ClientConnection(address, secret, timeout)
+        connection = ClientConnection(address, secret, timeout, watch=True)
         try:
-            connection.send({"op": op, "seq": 0})
+            connection.send({"op": op, "seq": 0, **(fields or {})})
             out.append(connection.recv()[0])
         finally:
             connection.close()

@@ -17,7 +17,8 @@ class WorkerEntry:
     incarnation: int  # -1: expected but not registered yet
     clock: int = 0  # pushes folded so far
     step: int = 0  # the worker's own step at its last folded push (its resume point)
-    last_seq: int = -1
+    last_seq: int = -1  # newest request seen
+    answered_seq: int = -1  # newest request fully served (what a replica may count as done)
     last_seen: float = field(default_factory=time.monotonic)
     live: bool = True  # counts towards min_clock
     finished: bool = False  # said `done`; never revived
@@ -49,6 +50,10 @@ class ClockTable:
 
     def register(self, worker: int, incarnation: int, server_step: int) -> WorkerEntry:
         old = self.entries.get(worker)
+        if old is not None and incarnation == old.incarnation and not old.finished:
+            # the same process again, after its server failed over or restarted: it goes on
+            old.live, old.last_seen = True, time.monotonic()
+            return old
         if old is not None and incarnation <= old.incarnation:
             raise ProtocolError(
                 f"worker {worker} incarnation {incarnation} is not newer than {old.incarnation}"
@@ -113,3 +118,31 @@ class ClockTable:
 
     def table(self) -> dict[str, dict[str, int]]:
         return {str(w): {"clock": e.clock, "step": e.step} for w, e in self.entries.items()}
+
+    def touch_all(self) -> None:
+        now = time.monotonic()
+        for entry in self.entries.values():
+            entry.last_seen = now
+
+    def replica_table(self) -> dict[str, list[int]]:
+        """Everything a backup needs to take over: a request the primary answered is never
+        applied twice, one it had not answered is applied when the worker sends it again."""
+        return {
+            str(w): [e.incarnation, e.clock, e.step, e.answered_seq, e.live, e.finished]
+            for w, e in self.entries.items()
+        }
+
+    def restore(self, table: dict[str, list[int]]) -> None:
+        now, entries = time.monotonic(), {}
+        for worker, (incarnation, clock, step, seq, live, finished) in table.items():
+            entries[int(worker)] = WorkerEntry(
+                int(incarnation),
+                clock=int(clock),
+                step=int(step),
+                last_seq=int(seq),
+                answered_seq=int(seq),
+                last_seen=now,
+                live=bool(live),
+                finished=bool(finished),
+            )
+        self.entries = entries

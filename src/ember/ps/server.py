@@ -15,6 +15,7 @@ import zmq
 from ember.errors import ProtocolError
 from ember.ps.clocks import ClockTable, WorkerEntry
 from ember.ps.consistency import Consistency
+from ember.ps.replica import Replicated
 from ember.wire import Chunk, Request, ServerEndpoint
 
 # Payload views alias zmq's read-only receive buffers; the rules only ever read them.
@@ -23,6 +24,8 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
 
 
 ALL_KEYS = slice(0, 1 << 62)  # a reply or snapshot that reads every key of the shard
+WORKER_OPS = ("register", "push", "pull", "done")  # what only a shard's primary serves
+MAX_ERROR_CHARS = 1000
 
 
 class UpdateRule(Protocol):
@@ -80,7 +83,7 @@ class _Held:
     trackers: list[zmq.MessageTracker] = field(default_factory=list)
 
 
-class ParameterServer:
+class ParameterServer(Replicated):
     """A store with an injected update rule; the consistency policy decides when to answer."""
 
     def __init__(
@@ -97,7 +100,12 @@ class ParameterServer:
         workers: dict[int, dict[str, int]] | None = None,
         step: int = 0,
         worker_timeout: float = 30.0,
+        role: str = "primary",
+        backup: str | None = None,
+        replica_seconds: float = 0.25,
     ) -> None:
+        """A `backup` server only takes copies from its primary until it is promoted; a
+        primary with a `backup` address ships it a copy of its state every replica_seconds."""
         size = shard.stop - shard.start
         if params.shape != (size,) or params.dtype != np.float32:
             raise ValueError(
@@ -126,6 +134,10 @@ class ParameterServer:
         self._trackers: list[tuple[slice, zmq.MessageTracker]] = []
         self._reply_pool: list[tuple[torch.Tensor, zmq.MessageTracker | None]] = []
         self._running = True
+        self._secret, self.role, self.replica_seconds = secret, role, replica_seconds
+        self._replicated_at = 0.0
+        self._copy_arriving: Request | None = None  # a copy from the primary, accepted header
+        self.replicator = self._replicator(backup)
 
     # ---- the loop ------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -142,18 +154,27 @@ class ParameterServer:
                 except ProtocolError as exc:
                     self.rejected["request"] += 1
                     self._arriving.pop(request.peer, None)
-                    self.endpoint.reply(request, {"op": "error", "message": str(exc)})
+                    # the reason may quote the bad value: bounded, so the reply always seals
+                    message = str(exc)[:MAX_ERROR_CHARS]
+                    self.endpoint.reply(request, {"op": "error", "message": message})
             self._drop_silent_workers()
+            self._maybe_replicate()
+        if self.replicator is not None:
+            self.replicator.close()
         self.endpoint.close()
 
     def _handle(self, request: Request) -> None:
         header, op = request.header, request.header["op"]
+        if op in WORKER_OPS and self.role != "primary":
+            self.counters["not_primary"] += 1
+            message = f"shard {self.shard.index} at {self.address} is a backup"
+            self.endpoint.reply(request, {"op": "error", "not_primary": True, "message": message})
+            return
         if op in ("push", "pull"):
             worker = self._known_worker(header)
             seq = _int(header, "seq")
             if seq <= worker.last_seq:  # a repeated (worker, incarnation, seq): ack, never re-apply
-                self.counters["duplicates"] += 1
-                self.endpoint.reply(request, {"op": "ok", "duplicate": True, "seq": seq})
+                self._answer_duplicate(request, worker, seq)
                 return
             worker.last_seq = seq
             _int(header, "step")
@@ -191,8 +212,30 @@ class ParameterServer:
         elif op == "stop":
             self.endpoint.reply(request, {"op": "ok", **self.stats()})
             self._running = False
+        elif op == "replicate":
+            self._check_replica(request)
+        elif op == "promote":
+            self._promote(request)
         else:
             raise ProtocolError(f"unknown op {op!r}")
+
+    def _answer_duplicate(self, request: Request, worker: WorkerEntry, seq: int) -> None:
+        """A request sent again (its reply was lost with a failed server) is not applied
+        twice, but gets a reply of the shape it expects: a read is safe to repeat, and an
+        elastic difference it never received is answered as zero, a step it does not take."""
+        self.counters["duplicates"] += 1
+        worker.answered_seq = max(worker.answered_seq, seq)
+        header = {"op": "ok", "duplicate": True, "seq": seq}
+        if request.header["op"] == "pull" or request.header.get("pull"):
+            tracker = self.endpoint.reply(request, header, [self.params.numpy()], track=True)
+            if tracker is not None:
+                self._trackers.append((ALL_KEYS, tracker))
+        elif request.header["op"] == "push" and self.rule.replies:
+            zeros = self._reply_buffer().zero_()
+            tracker = self.endpoint.reply(request, header, [zeros.numpy()], track=True)
+            self._reply_pool.append((zeros, tracker))
+        else:
+            self.endpoint.reply(request, header)
 
     def _known_worker(self, header: dict[str, Any]) -> WorkerEntry:
         try:
@@ -236,11 +279,22 @@ class ParameterServer:
         pull = bool(held.request.header.get("pull"))
         if self.rule.replies:
             held.reply = self._reply_buffer()
-        table = [["float32", [size]]] if (self.rule.replies or pull) else None
+        if not (self.rule.replies or pull):
+            return  # a bare acknowledgement waits until every chunk is applied (_finish_stream)
         header = self._reply_fields(held, clock=held.worker.clock + 1, step=self.step + 1)
-        self.endpoint.reply_header(held.request, header, table)
+        self.endpoint.reply_header(held.request, header, [["float32", [size]]])
 
     def _on_chunk(self, chunk: Chunk) -> None:
+        if chunk.request.header.get("op") == "replicate":
+            if chunk.request is not self._copy_arriving or self.role != "backup":
+                return  # refused at its header
+            if chunk.error is not None:
+                self._copy_arriving = None
+                raise ProtocolError(chunk.error)
+            if chunk.request.complete:
+                self._copy_arriving = None
+                self._apply_replica(chunk.request)
+            return
         held = self._arriving.get(chunk.request.peer)
         if held is None or held.request is not chunk.request:
             return  # the push was refused at its header; its chunks are dropped
@@ -266,8 +320,9 @@ class ParameterServer:
         self._release_params_for_writing(keys)  # another worker's reply may still read them
         params = self.params[keys]
         out = None if held.reply is None else held.reply[keys]
-        contribution = self.rule.contribute(params, values, out)
-        self.rule.commit(params, {k: v[keys] for k, v in self.state.items()}, contribution, 1)
+        if self._finite(values, out):
+            contribution = self.rule.contribute(params, values, out)
+            self.rule.commit(params, {k: v[keys] for k, v in self.state.items()}, contribution, 1)
         held.offset = keys.stop
         if out is not None:
             held.trackers.append(self.endpoint.reply_chunk(held.request, out.numpy()))
@@ -277,15 +332,20 @@ class ParameterServer:
 
     def _finish_stream(self, held: _Held) -> None:
         worker = held.worker
+        answered = held.reply is not None or held.request.header.get("pull")
+        ack = None if answered else self._reply_fields(held, worker.clock + 1, self.step + 1)
         worker.clock += 1
         worker.step = held.request.header["step"]
         worker.pulled_at = self.step + 1
+        worker.answered_seq = held.request.header["seq"]
         self.step += 1
         self.counters["pushes"] += 1
         self.counters["replies"] += 1
         self.counters["streamed"] += 1
         if held.reply is not None:
             self._reply_pool.append((held.reply, zmq.MessageTracker(*held.trackers)))
+        if ack is not None:
+            self.endpoint.reply_header(held.request, ack, None)
         self._drain()  # a worker that was waiting on this one's clock may now go on
 
     # ---- folding and answering -----------------------------------------------------------------
@@ -337,6 +397,9 @@ class ParameterServer:
         for chunk in payload:
             keys = slice(offset, offset + chunk.numel())
             params = self.params[keys]
+            if not self._finite(chunk, None if out is None else out[keys]):
+                offset += chunk.numel()
+                continue
             contribution = self.rule.contribute(params, chunk, None if out is None else out[keys])
             if self.round_sum is not None:
                 # BSP folds only clock == min_clock, so a round never mixes clocks.
@@ -352,6 +415,17 @@ class ParameterServer:
         else:
             self.step += 1
         return out
+
+    def _finite(self, chunk: torch.Tensor, out: torch.Tensor | None) -> bool:
+        """A chunk holding NaN or Inf contributes nothing (its reply part is zero) and is
+        counted, so one diverged worker cannot poison the shared parameters. The sum is a cheap
+        test (a pass at memory speed); it also refuses values so large their sum overflows."""
+        if bool(torch.isfinite(chunk.sum())):
+            return True
+        self.rejected["nonfinite"] += 1
+        if out is not None:
+            out.zero_()
+        return False
 
     def _maybe_commit_round(self) -> None:
         if self.round_sum is None or self.round_count == 0:
@@ -372,6 +446,7 @@ class ParameterServer:
         header = self._reply_fields(held, held.worker.clock, self.step)
         arrays = [reply_tensor.numpy()] if reply_tensor is not None else []
         tracker = self.endpoint.reply(held.request, header, arrays, track=bool(arrays))
+        held.worker.answered_seq = max(held.worker.answered_seq, header["seq"])
         if tracker is not None:
             if aliases_params:
                 self._trackers.append((ALL_KEYS, tracker))
@@ -434,6 +509,8 @@ class ParameterServer:
     def stats(self) -> dict[str, Any]:
         return {
             "shard": self.shard.index,
+            "role": self.role,
+            "replication": self.replicator.stats() if self.replicator is not None else None,
             "step": self.step,
             "counters": dict(self.counters),
             "rejected": dict(self.rejected + self.endpoint.rejected),

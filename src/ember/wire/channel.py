@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from ember.errors import ProtocolError, ServerUnavailable
+from ember.errors import NotPrimary, ProtocolError, ServerGone, ServerUnavailable
 from ember.wire.frames import (
     CHUNK_BYTES,
     MAC_BYTES,
@@ -35,6 +35,8 @@ MAX_PENDING_HANDSHAKES = 1024
 # A frame is a header or one tensor chunk; anything larger makes zmq drop the peer before
 # the bytes are buffered, so an oversized length never reaches an allocation of ours.
 MAX_FRAME_BYTES = max(CHUNK_BYTES, MAC_BYTES + MAX_HEADER_BYTES) + 1024
+# A watched connection looks for a broken TCP session this often while it waits for a reply.
+WATCH_SLICE = 0.25
 
 
 def _socket(context: zmq.Context, kind: int) -> zmq.Socket:
@@ -201,14 +203,26 @@ class ClientConnection:
     """One authenticated DEALER connection to a server; not thread-safe (one owner thread)."""
 
     def __init__(
-        self, address: str, secret: bytes, timeout: float, context: zmq.Context | None = None
+        self,
+        address: str,
+        secret: bytes,
+        timeout: float,
+        context: zmq.Context | None = None,
+        watch: bool = False,
     ) -> None:
+        """With `watch`, a reply awaited from a server whose process died raises ServerGone
+        within a fraction of a second instead of waiting out the timeout."""
         self.address = address
         self.timeout = timeout
         self._context = context or zmq.Context.instance()
         self._sock = _socket(self._context, zmq.DEALER)
-        self._sock.connect(address)
-        self._key = self._handshake(secret)
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED) if watch else None
+        try:
+            self._sock.connect(address)
+            self._key = self._handshake(secret)
+        except BaseException:
+            self.close()
+            raise
 
     def _handshake(self, secret: bytes) -> bytes:
         client_nonce = os.urandom(NONCE_BYTES)
@@ -230,9 +244,17 @@ class ClientConnection:
         return data.bytes[:-NONCE_BYTES], data.bytes[-NONCE_BYTES:]
 
     def _next_frame(self, wait: float, hint: str = "") -> Any:
-        if not self._sock.poll(max(0, int(wait * 1000)), zmq.POLLIN):
-            message = f"parameter server at {self.address} did not answer within {wait:g}s"
-            raise ServerUnavailable(f"{message} {hint}".rstrip())
+        deadline = time.monotonic() + wait
+        while True:
+            left = deadline - time.monotonic()
+            step = left if self._monitor is None else min(left, WATCH_SLICE)
+            if self._sock.poll(max(0, int(step * 1000)), zmq.POLLIN):
+                break
+            if self._disconnected():
+                raise ServerGone(f"parameter server at {self.address} closed the connection")
+            if step >= left:
+                message = f"parameter server at {self.address} did not answer within {wait:g}s"
+                raise ServerUnavailable(f"{message} {hint}".rstrip())
         frames = self._sock.recv_multipart(copy=False)
         if len(frames) != 1:
             raise ProtocolError(f"server at {self.address} sent a message of {len(frames)} frames")
@@ -254,6 +276,8 @@ class ClientConnection:
         deadline = time.monotonic() + wait
         header = unseal(self._key, self._next_frame(wait).buffer)
         if header["op"] == "error":
+            if header.get("not_primary"):
+                raise NotPrimary(f"server at {self.address} is not the primary of its shard")
             raise ProtocolError(
                 f"server at {self.address} refused the request: "
                 f"{header.get('message', 'no reason given')}"
@@ -269,7 +293,15 @@ class ClientConnection:
             frames.append(frame)
         return header, frames
 
+    def _disconnected(self) -> bool:
+        if self._monitor is None:
+            return False
+        return bool(self._monitor.poll(0, zmq.POLLIN))  # the one event it reports: disconnected
+
     def close(self) -> None:
+        if self._monitor is not None:
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
         self._sock.close(linger=0)
 
 

@@ -95,6 +95,7 @@ def expected_chunks(table: object, max_bytes: int) -> list[tuple[np.dtype, tuple
         if not (
             isinstance(entry, list)
             and len(entry) == 2
+            and isinstance(entry[0], str)  # a list or map here is unhashable: `in` would raise
             and entry[0] in DTYPES
             and isinstance(entry[1], list)
             and len(entry[1]) <= 8
