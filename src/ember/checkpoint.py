@@ -45,14 +45,13 @@ class Checkpoint:
 
 
 def free_step(root: Path | str, step: int) -> int:
-    """`step` if no checkpoint is named for it yet, else one past the highest existing name: a
-    run resumed from an older checkpoint never collides with the newer ones it left behind."""
+    """`step` if it is past every existing name, else one past the highest: names grow with
+    time, so a run resumed from an older checkpoint, or a server restarted from one, never
+    collides with the newer ones left behind, and pruning keeps the newest."""
     existing = [
         int(m.group(1)) for p in list_checkpoints(root) if (m := _STEP_DIR.fullmatch(p.name))
     ]
-    if step not in existing:
-        return step
-    return max(existing) + 1
+    return max(step, max(existing, default=-1) + 1)
 
 
 def save_checkpoint(

@@ -15,6 +15,7 @@ from ember import checkpoint
 from ember.checkpoint import (
     FORMAT,
     Checkpoint,
+    free_step,
     latest_valid_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -308,3 +309,12 @@ def test_evaluate_never_imports_a_model_factory_named_only_by_the_checkpoint(tmp
     )
     with pytest.raises(ConfigError, match="trained with model factory 'os:abort'; pass --model"):
         evaluate_checkpoint(path)
+
+
+def test_free_step_names_grow_with_time_even_after_a_fall_back(tmp_path: Path) -> None:
+    assert free_step(tmp_path, 5) == 5
+    save_checkpoint(tmp_path, 10, _state(10), {})
+    save_checkpoint(tmp_path, 20, _state(20), {})
+    assert free_step(tmp_path, 30) == 30
+    assert free_step(tmp_path, 20) == 21  # taken
+    assert free_step(tmp_path, 15) == 21  # free, but older than step-00000020
