@@ -67,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--model", default=None, help="needed to import a package.module:factory model"
     )
+    join = sub.add_parser(
+        "join", help="add a worker to a running async, easgd-async or ssp run (elastic)"
+    )
+    join.add_argument("run_dir", help="the --out directory of the running `ember train`")
+    join.add_argument(
+        "--epochs", type=positive_int, default=1, help="passes over the data (default 1)"
+    )
     _add_bench_parser(sub)
     _add_plan_parser(sub)
     return parser
@@ -140,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             return _bench(args)
         if args.command == "plan":
             return _plan(args)
+        if args.command == "join":
+            return _join(args)
         from ember.api import evaluate_checkpoint
 
         print(json.dumps(evaluate_checkpoint(args.checkpoint, args.data, args.model), indent=2))
@@ -210,6 +219,30 @@ def _bench(args: argparse.Namespace) -> int:
     written = write_report(records, settings.out, settings.to_dict())
     failed = sum(r["status"] != "ok" for r in records)
     print(f"{len(records)} rows ({failed} failed); wrote {', '.join(map(str, written))}")
+    return 0
+
+
+def _join(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ember.engines.join import join_run
+
+    def report(record: dict[str, Any]) -> None:
+        if record.get("kind") == "start":
+            print(f"joined as worker {record['rank']}", file=sys.stderr, flush=True)
+        elif record.get("kind") == "worker":
+            print(
+                f"worker {record['rank']}: epoch {record['epoch']}, step {record['step']},"
+                f" loss {record['loss']:.4f}, {record['samples_per_second']:,.0f} samples/s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    done = join_run(Path(args.run_dir), args.epochs, report)
+    speed = done["samples"] / max(done["seconds"], 1e-9)
+    print(
+        f"worker {done['rank']} left the run after {done['steps']} steps ({speed:,.0f} samples/s)"
+    )
     return 0
 
 

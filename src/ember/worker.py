@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -78,8 +79,14 @@ def evaluate(
     return correct / max(1, len(x)), loss / max(1, len(x))
 
 
-def run_worker(spec: WorkerSpec, report: Report, dataset: Dataset | None = None) -> dict[str, Any]:
-    """Train this worker's shard for the configured epochs; return its totals."""
+def run_worker(
+    spec: WorkerSpec,
+    report: Report,
+    dataset: Dataset | None = None,
+    stop: threading.Event | None = None,
+) -> dict[str, Any]:
+    """Train this worker's shard for the configured epochs, or until `stop` is set; leave the
+    servers cleanly either way and return its totals."""
     config = spec.config
     torch.set_num_threads(config.threads)
     dataset = dataset or load_data(config)
@@ -124,7 +131,11 @@ def run_worker(spec: WorkerSpec, report: Report, dataset: Dataset | None = None)
     aside = 0.0  # seconds of evaluation and checkpointing inside the loop, not training
     saved_step = first_step
     order = torch.empty(0, dtype=torch.int64)
+    last_step = total_steps
     for step in range(first_step, total_steps):
+        if stop is not None and stop.is_set():
+            last_step = step
+            break
         epoch, index = divmod(step, steps_per_epoch)
         if index == 0 or step == first_step:  # a fresh shuffle per epoch, fixed by the seed
             rng = np.random.default_rng([config.seed, spec.rank, epoch])
@@ -189,10 +200,10 @@ def run_worker(spec: WorkerSpec, report: Report, dataset: Dataset | None = None)
             aside += last_checkpoint - aside_started
     algorithm.finish()
     seconds = time.perf_counter() - started - aside
-    if not config.uses_server and spec.rank == 0 and saved_step != total_steps:
-        _save_local(spec, flat, total_steps)
+    if not config.uses_server and spec.rank == 0 and saved_step != last_step:
+        _save_local(spec, flat, last_step)
     stats = algorithm.stats
-    steps_run = total_steps - first_step
+    steps_run = last_step - first_step
     return {
         "kind": "done",
         "rank": spec.rank,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -158,3 +159,107 @@ def test_sigterm_writes_a_final_checkpoint_exits_143_and_resume_auto_continues(t
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from"] == final[0]["path"]
+
+
+def test_a_checkpoint_that_hits_a_full_disk_is_reported_and_training_goes_on(
+    tmp_path, monkeypatch
+) -> None:
+    """The launcher saves checkpoints in-process: its first two attempts meet ENOSPC at the
+    fsync of the state file; the run reports them, keeps training, and later ones succeed."""
+    import errno
+    from unittest import mock
+
+    import ember
+    from ember.engines import servers as group_module
+
+    real_save, attempts = group_module.save_checkpoint, []
+
+    def on_a_full_disk(*args, **kwargs):
+        attempts.append(args[1])
+        if len(attempts) > 2:
+            return real_save(*args, **kwargs)
+        no_space = OSError(errno.ENOSPC, "No space left on device")
+        with mock.patch("ember.checkpoint.os.fsync", side_effect=no_space):
+            return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(group_module, "save_checkpoint", on_a_full_disk)
+    out = tmp_path / "run"
+    result = ember.fit(
+        data="digits",
+        strategy="async",
+        epochs=6,
+        checkpoint_seconds=0.3,
+        log_every=10,
+        out=str(out),
+    )
+    failed = [
+        r for r in read_metrics(out / "metrics.jsonl") if r.get("event") == "checkpoint failed"
+    ]
+    assert len(failed) == 2
+    assert all("cannot save (No space left on device)" in r["error"] for r in failed)
+    assert len(attempts) > 2  # it went on trying, and the later checkpoints were written
+    saved = sorted(p.name for p in (out / "checkpoints").glob("step-*"))
+    assert saved and (out / "checkpoints" / "last").read_text().strip() == saved[-1]
+    assert result.summary["test_accuracy"] > 0.85
+
+
+def test_a_worker_joins_a_running_async_run_and_leaves_it_cleanly(tmp_path) -> None:
+    out = tmp_path / "run"
+    launcher = launch(out, "--strategy", "async", "--epochs", "25")
+    assert wait_for(lambda: has_worker_records(out), 90), "no worker reported progress"
+    join_file = out / "join.json"
+    assert join_file.stat().st_mode & 0o777 == 0o600  # it holds the run's secret
+    joined = subprocess.run(
+        [sys.executable, "-m", "ember", "join", str(out), "--epochs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert joined.returncode == 0, joined.stderr
+    assert "joined as worker 2" in joined.stderr
+    assert "worker 2 left the run after 156 steps" in joined.stdout  # 10,000 rows / 64
+    summary, _, _ = finish(launcher, out)
+    registered = [e for e in summary["server"]["events"] if e["event"] == "register"]
+    assert sorted(e["worker"] for e in registered) == [0, 1, 2]
+    assert summary["test_accuracy"] > 0.85
+    assert not join_file.exists()  # a finished run cannot be joined
+
+
+def test_joining_a_run_that_is_not_running_names_what_is_missing(tmp_path) -> None:
+    joined = subprocess.run(
+        [sys.executable, "-m", "ember", "join", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert joined.returncode == 2
+    assert f"{tmp_path}/join.json does not exist: the run is not running" in joined.stderr
+
+
+def test_a_port_taken_while_its_server_restarts_ends_the_run_naming_the_address(
+    tmp_path,
+) -> None:
+    out = tmp_path / "run"
+    launcher = launch(out, "--strategy", "async", "--epochs", "40")
+    assert wait_for(lambda: has_worker_records(out), 90), "no worker reported progress"
+    log = (out / "logs" / "server-0.log").read_text()
+    port = int(log.split("at tcp://127.0.0.1:")[1].split()[0])
+    child(launcher, "server-0.log").kill()
+    squatter = socket.socket()
+    assert wait_for(lambda: _bound(squatter, port), 2), "the dead server's port never freed"
+    squatter.listen()
+    try:
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        squatter.close()
+    assert launcher.returncode == 1
+    assert "ember-server-0 did not start" in err
+    assert f"Address already in use (addr='tcp://127.0.0.1:{port}')" in err
+
+
+def _bound(sock: socket.socket, port: int) -> bool:
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True

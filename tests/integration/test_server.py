@@ -202,7 +202,7 @@ def test_a_round_completed_by_a_leaving_worker_is_committed() -> None:
         leaves.close()
 
 
-def test_a_new_incarnation_voids_the_requests_its_predecessor_left_held() -> None:
+def test_a_new_incarnation_voids_what_its_predecessor_left_held_and_refuses_its_late_push() -> None:
     params = np.zeros(1, dtype=np.float32)
     with running_servers(params, SGDRule(lr=1.0), "ssp", expected_workers=2) as (server,):
         steady = PSClient([server.address], SECRET, worker=0, timeout=5)
@@ -232,6 +232,10 @@ def test_a_new_incarnation_voids_the_requests_its_predecessor_left_held() -> Non
         pusher.join(10)
         state, _ = fetch_state([server.address], SECRET)
         np.testing.assert_array_equal(state["params"], [-13.0])  # 1 + 1 + 10 + 1, not + 10 more
+        with pytest.raises(ProtocolError, match="worker 1 incarnation 0 is not registered"):
+            old.push(np.full(1, 100.0, np.float32))  # a late push of the old incarnation
+        state, _ = fetch_state([server.address], SECRET)
+        np.testing.assert_array_equal(state["params"], [-13.0])
         for client in (steady, old, new):
             client.close()
 

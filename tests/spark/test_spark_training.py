@@ -103,6 +103,8 @@ class FailsOnce(torch.nn.Module):
                 os.close(os.open(MARKER, os.O_CREAT | os.O_EXCL))
             except FileExistsError:
                 return self.net(x)
+            if HOW == "exit":  # the Python worker process dies, as with a lost executor
+                os._exit(1)
             raise RuntimeError("injected failure on the first attempt")
         return self.net(x)
 
@@ -112,15 +114,16 @@ def make(input_shape, num_classes):
 """
 
 
+@pytest.mark.parametrize("how", ["raise", "exit"])
 def test_a_retried_stage_resumes_from_the_servers_not_the_initial_weights(
-    spark, to_frame, digits, tmp_path, monkeypatch
+    spark, to_frame, digits, tmp_path, monkeypatch, how
 ) -> None:
-    module = tmp_path / "ember_fails_once.py"
-    module.write_text(f"MARKER = {str(tmp_path / 'failed')!r}\n{FAULTY}")
+    module = tmp_path / f"ember_fails_once_{how}.py"
+    module.write_text(f"MARKER = {str(tmp_path / 'failed')!r}\nHOW = {how!r}\n{FAULTY}")
     monkeypatch.syspath_prepend(str(tmp_path))  # the driver builds the model too
     spark.sparkContext.addPyFile(str(module))
     result = ember.spark.fit(
-        model="ember_fails_once:make",
+        model=f"ember_fails_once_{how}:make",
         df=to_frame(digits.x_train, digits.y_train),
         test_df=to_frame(digits.x_test, digits.y_test),
         strategy="easgd-async",

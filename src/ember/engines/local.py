@@ -13,6 +13,7 @@ import safetensors.numpy
 
 from ember.checkpoint import latest_valid_checkpoint
 from ember.config import RunConfig
+from ember.engines.join import JOIN_FILE, JOINABLE, write_join_file
 from ember.engines.process import SPAWN, free_port, reap, start_child, tail
 from ember.engines.progress import Progress
 from ember.engines.run import RunResult, RunSetup, finish_run, prepare_run
@@ -33,6 +34,8 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
     processes: list[Any] = []
     try:
         addresses = servers.start() if servers is not None else []
+        if config.strategy in JOINABLE:
+            write_join_file(setup.run_dir, config, addresses, setup.secret)
         records = SPAWN.Queue()
         started = time.perf_counter()
         initial_file = None
@@ -74,16 +77,21 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
             save_what_the_servers_hold(setup, servers)
         raise
     finally:
+        (setup.run_dir / JOIN_FILE).unlink(missing_ok=True)  # the run can no longer be joined
         reap(processes)
         if servers is not None:
             reap(servers.processes)
 
 
 def save_what_the_servers_hold(setup: RunSetup, servers: ServerGroup) -> None:
-    """On failure or Ctrl-C, a last checkpoint keeps the progress made since the previous one."""
+    """On failure or Ctrl-C, a last checkpoint keeps the progress made since the previous one
+    (briefly: a server that does not answer at once is not going to)."""
+    if not all(s.process is not None and s.process.exitcode is None for s in servers.primary_slots):
+        setup.metrics.write({"kind": "run", "event": "final checkpoint skipped: a server is down"})
+        return
     try:
         path = servers.checkpoint(
-            setup.checkpoints, checkpoint_meta(setup.config, setup.initial.size, 0)
+            setup.checkpoints, checkpoint_meta(setup.config, setup.initial.size, 0), timeout=10.0
         )
     except EmberError as exc:
         setup.metrics.write({"kind": "run", "event": "final checkpoint failed", "error": str(exc)})
@@ -112,6 +120,7 @@ def _watch(
     done: dict[int, dict[str, Any]] = {}
     incarnations = [0] * len(processes)
     failed: dict[int, tuple[int | None, str]] = {}  # rank -> (exit code, error) to act on
+    reported: list[dict[str, Any]] = []  # the servers' events already written
 
     def drain(timeout: float) -> None:
         record = _next(records, timeout)
@@ -144,14 +153,20 @@ def _watch(
                 processes[rank] = _start_worker(spec, records)
             failed.clear()
             if servers is not None:
-                for event in servers.keep_alive(setup.checkpoints):
-                    setup.metrics.write({"kind": "server", **event})
-                    if bar.interactive:
-                        bar.bar.write(f"{event['server']} {event['event']}")
+                servers.keep_alive(setup.checkpoints)
                 servers.checkpoint_if_due(
                     setup.checkpoints, checkpoint_meta(config, setup.initial.size, 0)
                 )
+                for event in servers.events[len(reported) :]:
+                    reported.append(event)
+                    setup.metrics.write({"kind": "server", **event})
+                    bar.note(_describe(event))
     return [done[rank] for rank in sorted(done)], sum(incarnations)
+
+
+def _describe(event: dict[str, Any]) -> str:
+    details = ", ".join(f"{k}: {v}" for k, v in event.items() if k not in ("event", "server"))
+    return f"{event.get('server', 'parameter servers')} {event['event']} ({details})"
 
 
 def _note_restart(
@@ -168,8 +183,7 @@ def _note_restart(
             "error": error,
         }
     )
-    if bar.interactive:
-        bar.bar.write(f"worker {rank} {how} {last[0]}; restarted (incarnation {incarnation})")
+    bar.note(f"worker {rank} {how} {last[0]}; restarted (incarnation {incarnation})")
 
 
 def _fail(setup: RunSetup, rank: int, exitcode: int | None, error: str) -> None:

@@ -58,6 +58,13 @@ class Progress:
             )
             self.bar.refresh()
 
+    def note(self, text: str) -> None:
+        """A line about the run (a restart, a failover) above the bar, or on its own."""
+        if self.interactive:
+            self.bar.write(text, file=sys.stderr)
+        elif self.enabled:
+            print(text, file=sys.stderr, flush=True)
+
     def __enter__(self) -> Progress:
         return self
 

@@ -23,7 +23,7 @@ from ember.algorithms import make_update_rule
 from ember.checkpoint import Checkpoint, free_step, latest_valid_checkpoint, save_checkpoint
 from ember.config import RunConfig
 from ember.engines.process import reap, start_child, tail
-from ember.errors import EmberError, ServerUnavailable
+from ember.errors import CheckpointError, EmberError, ServerUnavailable
 from ember.ps import (
     ParameterServer,
     ShardSpec,
@@ -77,8 +77,12 @@ class ServerGroup:
         ]
 
     @property
+    def primary_slots(self) -> list[Slot]:
+        return [shard[p] for shard, p in zip(self.slots, self.primary, strict=True)]
+
+    @property
     def primaries(self) -> list[str]:
-        return [shard[p].address for shard, p in zip(self.slots, self.primary, strict=True)]
+        return [slot.address for slot in self.primary_slots]
 
     def start(self) -> list[str]:
         ranges = shard_ranges(self.initial.size, self.config.servers)
@@ -131,10 +135,9 @@ class ServerGroup:
             f" its log ends:\n{tail(self._log(slot))}"
         )
 
-    def keep_alive(self, checkpoints: Path) -> list[dict[str, Any]]:
+    def keep_alive(self, checkpoints: Path) -> None:
         """Promote the backup of a dead primary and start every dead slot again, up to
-        max_restarts times each; raise when a slot has used them all. Returns what it did."""
-        seen = len(self.events)
+        max_restarts times each (each noted in `events`); raise when a slot has used them all."""
         for index, shard in enumerate(self.slots):
             dead = [slot for slot in shard if slot.process.exitcode is not None]
             for slot in dead:
@@ -150,7 +153,6 @@ class ServerGroup:
             if shard[self.primary[index]] in dead and live:
                 self._promote(index, live[0], dead[0])
             self._restart(index, dead, checkpoints, primary_needed=not live)
-        return self.events[seen:]
 
     def _promote(self, index: int, survivor: Slot, dead: Slot) -> None:
         control([survivor.address], self.secret, "promote", fields={"backup": dead.address})
@@ -186,9 +188,12 @@ class ServerGroup:
             {"event": what, "server": _name(slot), "pid": slot.process.pid, **details}
         )
 
-    def checkpoint(self, root: Path, meta: dict[str, Any]) -> Path | None:
+    def checkpoint(
+        self, root: Path, meta: dict[str, Any], timeout: float | None = None
+    ) -> Path | None:
         """Save the primaries' state named by their update count; None if nothing changed."""
-        tensors, state_meta = fetch_state(self.primaries, self.secret, self.config.request_timeout)
+        wait = self.config.request_timeout if timeout is None else timeout
+        tensors, state_meta = fetch_state(self.primaries, self.secret, wait)
         step = int(state_meta["step"])
         if step == self._saved_step:
             return None
@@ -202,17 +207,20 @@ class ServerGroup:
     def checkpoint_if_due(self, root: Path, meta: dict[str, Any]) -> None:
         """Checkpoint on the configured cadence: every checkpoint_seconds, or every
         checkpoint_steps server updates when that is set. A shard failing over meanwhile
-        postpones it to the next call."""
+        postpones it to the next call; a checkpoint that cannot be written (a full disk) is
+        noted in `events` and tried again at the next interval, and training goes on."""
         config = self.config
         try:
             if time.monotonic() - self._last_checkpoint > config.checkpoint_seconds or (
                 config.checkpoint_steps
                 and self.updates_since_checkpoint() >= config.checkpoint_steps
             ):
-                self.checkpoint(root, meta)
                 self._last_checkpoint = time.monotonic()
+                self.checkpoint(root, meta)
         except ServerUnavailable:
             return
+        except CheckpointError as exc:
+            self.events.append({"event": "checkpoint failed", "error": str(exc)})
 
     def updates_since_checkpoint(self) -> int:
         """Server updates since the last checkpoint (shard 0 speaks for all: every push

@@ -516,6 +516,7 @@ class ParameterServer(Replicated):
             "rejected": dict(self.rejected + self.endpoint.rejected),
             "events": list(self.clocks.events),
             "live_workers": sorted(w for w, e in self.clocks.entries.items() if e.live),
+            "known_workers": sorted(self.clocks.entries),
         }
 
 
