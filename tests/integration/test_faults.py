@@ -246,12 +246,15 @@ def test_a_port_taken_while_its_server_restarts_ends_the_run_naming_the_address(
     port = int(log.split("at tcp://127.0.0.1:")[1].split()[0])
     child(launcher, "server-0.log").kill()
     squatter = socket.socket()
-    assert wait_for(lambda: _bound(squatter, port), 2), "the dead server's port never freed"
-    squatter.listen()
+    # the dead server's connections linger in TIME_WAIT; only a listener keeps zmq from binding
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
+        assert wait_for(lambda: _bound(squatter, port), 2), "the dead server's port never freed"
+        squatter.listen()
         _, err = launcher.communicate(timeout=120)
     finally:
         squatter.close()
+        launcher.kill()
     assert launcher.returncode == 1
     assert "ember-server-0 did not start" in err
     assert f"Address already in use (addr='tcp://127.0.0.1:{port}')" in err

@@ -199,6 +199,9 @@ def test_interrupted_run_exits_130_and_reaps_every_child(tmp_path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as in a terminal: a shell that started the tests in the background made them ignore
+        # SIGINT, and that would be inherited
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert wait_for(lambda: has_worker_records(out), 60), "no worker reported progress"
     children = psutil.Process(launcher.pid).children(recursive=True)
