@@ -207,6 +207,7 @@ def run_worker(
     return {
         "kind": "done",
         "rank": spec.rank,
+        "incarnation": spec.incarnation,
         "steps": steps_run,
         "samples": steps_run * config.batch_size,
         "seconds": seconds,  # the training loop, without evaluation and checkpoints

@@ -216,11 +216,12 @@ def test_a_worker_joins_a_running_async_run_and_leaves_it_cleanly(tmp_path) -> N
         timeout=120,
     )
     assert joined.returncode == 0, joined.stderr
-    assert "joined as worker 2" in joined.stderr
-    assert "worker 2 left the run after 156 steps" in joined.stdout  # 10,000 rows / 64
+    worker = int(joined.stderr.split("joined as worker ")[1].split()[0])
+    assert worker >= 2  # an id of its own, beside the run's workers 0 and 1
+    assert f"worker {worker} left the run after 156 steps" in joined.stdout  # 10,000 rows / 64
     summary, _, _ = finish(launcher, out)
     registered = [e for e in summary["server"]["events"] if e["event"] == "register"]
-    assert sorted(e["worker"] for e in registered) == [0, 1, 2]
+    assert sorted(e["worker"] for e in registered) == [0, 1, worker]
     assert summary["test_accuracy"] > 0.85
     assert not join_file.exists()  # a finished run cannot be joined
 

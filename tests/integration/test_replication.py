@@ -102,7 +102,7 @@ def test_backup_converges_to_the_primary_params_rule_state_step_and_workers() ->
         time.sleep(0.3)  # several replica intervals
         state, meta = _await_copy(shard)
         assert sorted(state) == ["momentum", "params"] and meta["step"] == 5
-        assert meta["workers"] == {"0": {"clock": 5, "step": 5}}
+        assert meta["workers"] == {"0": {"clock": 5, "step": 5, "finished": False}}
         assert shard.backup.clocks.replica_table() == shard.primary.clocks.replica_table()
         assert control([shard.backup.address], SECRET, "stats")[0]["counters"]["copies_applied"] > 0
         client.close()
@@ -399,3 +399,67 @@ def test_bsp_makes_a_fast_worker_wait_every_round_and_commits_the_mean_of_each_r
         assert sent[1][c - 1] <= replied[0][c - 1], c
     np.testing.assert_array_equal(state["params"], np.full(8, -2.0 * n, F32))  # (1 + 3) / 2
     assert meta["step"] == n
+
+
+def _copies(shard: Shard) -> int:
+    return control([shard.backup.address], SECRET, "stats")[0]["counters"].get("copies_applied", 0)
+
+
+def test_a_worker_that_dies_mid_stream_does_not_stop_replication_once_replaced() -> None:
+    size = CHUNK_BYTES // 4 + 16  # two chunks: the primary folds the first, then waits
+    with replicated(np.zeros(size, F32)) as shard:
+        dying = ClientConnection(shard.primary.address, SECRET, timeout=5)
+        dying.send(_header("register", 1))
+        dying.recv()
+        payload = [np.ones(size, F32)]
+        dying.send(_header("push", 2, keys=[0, size], tensors=describe(payload)))
+        dying._sock.send(next(chunk_frames(payload)), copy=False)  # then the process "dies"
+        _until(lambda: any(h.offset > 0 for h in shard.primary._arriving.values()))
+        stuck = _copies(shard)
+        time.sleep(0.3)  # six intervals: at most the copy already in flight lands
+        assert _copies(shard) <= stuck + 1
+        replacement = ClientConnection(shard.primary.address, SECRET, timeout=5)
+        replacement.send(_header("register", 1, incarnation=1))
+        replacement.recv()
+        before = _copies(shard)
+        _until(lambda: _copies(shard) >= before + 2)
+        assert not shard.primary._arriving and not shard.primary.endpoint._streams
+        for connection in (dying, replacement):
+            connection.close()
+
+
+def test_done_resent_to_a_promoted_backup_that_saw_the_worker_leave_or_never_join_is_ok() -> None:
+    with replicated(np.zeros(4, F32)) as shard:
+        client = PSClient([shard.primary.address], SECRET, worker=0, timeout=5)
+        client.register()
+        client.push(np.full(4, 1.0, F32))
+        client.done()
+        client.close()
+        _await_copy(shard)
+        shard.kill_primary()
+        control([shard.backup.address], SECRET, "promote")
+        connection = ClientConnection(shard.backup.address, SECRET, timeout=5)
+        for worker in (0, 7):  # worker 0 left before the last copy; 7 never registered
+            connection.send(_header("done", 3, worker=worker))
+            assert connection.recv()[0] == {"op": "ok"}
+        connection.close()
+        assert control([shard.backup.address], SECRET, "stats")[0]["live_workers"] == []
+
+
+def test_a_backup_never_drops_workers_for_silence_once_copies_stop() -> None:
+    with replicated(np.zeros(4, F32), worker_timeout=0.3) as shard:
+        shard.primary.clocks.timeout = 60.0  # only the backup may time workers out
+        clients = [PSClient([shard.primary.address], SECRET, worker=w, timeout=5) for w in (0, 1)]
+        for client in clients:
+            client.register()
+            client.push(np.full(4, 1.0, F32))
+        _await_copy(shard)
+        shard.kill_primary()  # no more copies
+        stats = control([shard.backup.address], SECRET, "stats")[0]
+        assert stats["live_workers"] == [0, 1]
+        time.sleep(1.0)  # more than three timeouts, several serve-loop turns
+        stats = control([shard.backup.address], SECRET, "stats")[0]
+        assert stats["live_workers"] == [0, 1]
+        assert not [e for e in stats["events"] if e["event"] == "drop"]
+        for client in clients:
+            client.close()

@@ -8,9 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ember.algorithms.rules import SGDRule
 from ember.errors import ProtocolError
-from ember.wire import CHUNK_BYTES, gather, seal, tensors_from_frames, unseal
+from ember.wire import CHUNK_BYTES, ClientConnection, gather, seal, tensors_from_frames, unseal
 from ember.wire.frames import chunk_frames, describe, mac
+from tests.conftest import SECRET, running_servers
 
 KEY = b"k" * 32
 
@@ -90,3 +92,11 @@ def test_declared_sizes_that_would_overflow_64_bits_are_rejected() -> None:
     table = [["float32", [2**39, 2**24 + 2**23]], ["float32", [2**39, 2**23]]]
     with pytest.raises(ProtocolError, match="exceeds the 4000-byte limit"):
         tensors_from_frames(table, [], max_bytes=4000)
+
+
+def test_closing_a_watched_client_connection_twice_does_not_raise() -> None:
+    with running_servers(np.zeros(4, dtype=np.float32), SGDRule(lr=1.0)) as (server,):
+        connection = ClientConnection(server.address, SECRET, timeout=5, watch=True)
+        connection.close()
+        connection.close()
+        assert connection._sock.closed

@@ -3,7 +3,7 @@
 A local run of an asynchronous strategy writes `join.json` into its run directory (readable by
 its owner only, removed when the run ends): the servers' addresses, the run's secret and its
 configuration. `ember join RUN_DIR` reads it and trains one more worker against those servers
-under a worker id no one holds, over the whole training set in its own order. It leaves by
+under a random worker id of its own, over the whole training set in its own order. It leaves by
 telling the servers it is done (after its epochs, or on Ctrl-C or SIGTERM), so nobody waits
 for it.
 """
@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import threading
 from pathlib import Path
 from typing import Any
 
 from ember.config import RunConfig
-from ember.errors import ConfigError, ProtocolError
-from ember.ps import control
+from ember.errors import ConfigError
 from ember.worker import WorkerSpec, run_worker
 
 JOIN_FILE = "join.json"
 JOINABLE = ("async", "easgd-async", "ssp")  # no round waits for a newcomer or a leaver
+JOINER_IDS = 1 << 30
 
 
 def write_join_file(run_dir: Path, config: RunConfig, servers: list[str], secret: bytes) -> Path:
@@ -49,26 +50,16 @@ def join_run(run_dir: Path, epochs: int, report: Any = print) -> dict[str, Any]:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    for _ in range(8):  # another joiner may take the same id at the same moment
-        worker = _free_worker_id(saved["servers"], secret, config)
-        spec = WorkerSpec(
-            config,
-            worker,
-            config.workers,
-            saved["servers"],
-            secret,
-            run_dir=str(run_dir),
-            own_rows=True,  # the whole training set, shuffled by its own id
-        )
-        try:
-            return run_worker(spec, report, stop=stop)
-        except ProtocolError as exc:
-            if "is not newer" not in str(exc):
-                raise
-    raise ConfigError(f"no free worker id to join the run at {run_dir}")
-
-
-def _free_worker_id(servers: list[str], secret: bytes, config: RunConfig) -> int:
-    primaries = [address.split(",")[0] for address in servers]
-    stats = control(primaries[:1], secret, "stats", timeout=config.request_timeout)[0]
-    return max([config.workers - 1, *stats["known_workers"]]) + 1
+    # A random id: two joiners starting at once must never share one (the servers would take
+    # the second for the first reconnecting), and an id names no other worker of the run.
+    worker = config.workers + secrets.randbelow(JOINER_IDS)
+    spec = WorkerSpec(
+        config,
+        worker,
+        config.workers,
+        saved["servers"],
+        secret,
+        run_dir=str(run_dir),
+        own_rows=True,  # the whole training set, shuffled by its own id
+    )
+    return run_worker(spec, report, stop=stop)

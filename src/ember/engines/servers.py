@@ -151,13 +151,18 @@ class ServerGroup:
             if not dead:
                 continue
             if shard[self.primary[index]] in dead and live:
-                self._promote(index, live[0], dead[0])
+                try:
+                    self._promote(index, live[0], dead[0])
+                except ServerUnavailable:  # the backup failed too: restart both
+                    dead, live = shard, []
             self._restart(index, dead, checkpoints, primary_needed=not live)
 
     def _promote(self, index: int, survivor: Slot, dead: Slot) -> None:
-        control([survivor.address], self.secret, "promote", fields={"backup": dead.address})
+        fields = {"backup": dead.address}
+        reply = control([survivor.address], self.secret, "promote", fields=fields)[0]
         self.primary[index] = survivor.replica
-        self._event("promoted", survivor, died=_name(dead))
+        copies = reply.get("copies_applied", 0)  # 0: it holds its start checkpoint, no copy
+        self._event("promoted", survivor, died=_name(dead), step=reply["step"], copies=copies)
 
     def _restart(
         self, index: int, dead: list[Slot], checkpoints: Path, primary_needed: bool

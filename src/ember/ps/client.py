@@ -150,7 +150,7 @@ class PSClient:
             self._next_replica(index)
             self.connections[index] = connection = self._open(index, backoff)
             try:
-                if op != "register":
+                if op not in ("register", "done"):  # done needs no membership: it ends it
                     connection.send(self._header("register", index, None, {}))
                     connection.recv()
                 connection.send(
@@ -168,11 +168,13 @@ class PSClient:
         while True:
             address = self.candidates[index][self._current[index]]
             try:
-                connection = ClientConnection(
-                    address, self._secret, min(CONNECT_TIMEOUT, self.timeout), watch=True
+                return ClientConnection(
+                    address,
+                    self._secret,
+                    self.timeout,
+                    watch=True,
+                    connect_timeout=min(CONNECT_TIMEOUT, self.timeout),
                 )
-                connection.timeout = self.timeout
-                return connection
             except ServerUnavailable as exc:
                 backoff.pause_or_raise(exc)
             self._next_replica(index)
@@ -216,7 +218,10 @@ def fetch_state(
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Gather every shard's parameters and rule state into full flat arrays (for checkpoints and
     the final model), plus step and per-worker clocks from shard 0."""
-    connections = [ClientConnection(a, secret, timeout, watch=True) for a in addresses]
+    connections = [
+        ClientConnection(a, secret, timeout, watch=True, connect_timeout=CONNECT_TIMEOUT)
+        for a in addresses
+    ]
     try:
         for connection in connections:
             connection.send({"op": "snapshot", "seq": 0})
@@ -255,7 +260,9 @@ def control(
     headers."""
     out = []
     for address in addresses:
-        connection = ClientConnection(address, secret, timeout, watch=True)
+        connection = ClientConnection(
+            address, secret, timeout, watch=True, connect_timeout=min(CONNECT_TIMEOUT, timeout)
+        )
         try:
             connection.send({"op": op, "seq": 0, **(fields or {})})
             out.append(connection.recv()[0])

@@ -41,7 +41,10 @@ class ClockTable:
         self.timeout, self.startup_grace = timeout, startup_grace
         self.entries = {w: WorkerEntry(-1) for w in range(expected)}
         for worker, values in (saved or {}).items():
-            self.entries[int(worker)] = WorkerEntry(-1, clock=values["clock"], step=values["step"])
+            finished = bool(values.get("finished", False))  # a worker that left stays gone
+            self.entries[int(worker)] = WorkerEntry(
+                -1, clock=values["clock"], step=values["step"], live=not finished, finished=finished
+            )
         self.events: deque[dict[str, Any]] = deque(maxlen=200)
 
     def min_clock(self) -> int:
@@ -52,8 +55,7 @@ class ClockTable:
         old = self.entries.get(worker)
         if old is not None and incarnation == old.incarnation and not old.finished:
             # the same process again, after its server failed over or restarted: it goes on
-            old.live, old.last_seen = True, time.monotonic()
-            return old
+            return self.known(worker, incarnation)
         if old is not None and incarnation <= old.incarnation:
             raise ProtocolError(
                 f"worker {worker} incarnation {incarnation} is not newer than {old.incarnation}"
@@ -117,7 +119,10 @@ class ClockTable:
         return dropped
 
     def table(self) -> dict[str, dict[str, int]]:
-        return {str(w): {"clock": e.clock, "step": e.step} for w, e in self.entries.items()}
+        return {
+            str(w): {"clock": e.clock, "step": e.step, "finished": e.finished}
+            for w, e in self.entries.items()
+        }
 
     def touch_all(self) -> None:
         now = time.monotonic()

@@ -138,7 +138,7 @@ class Replicated:
             replicator is None
             or not replicator.idle
             or time.monotonic() - self._replicated_at < self.replica_seconds
-            or any(h.streaming for h in self._arriving.values())
+            or any(h.streaming and h.worker.live for h in self._arriving.values())
             or any(h.folded for h in self._held)
         ):
             return
@@ -195,4 +195,5 @@ class Replicated:
             self.clocks.events.append({"event": "promoted", "step": self.step})
         if isinstance(backup, str) and self.replicator is None:
             self.replicator = self._replicator(backup)
-        self.endpoint.reply(request, {"op": "ok", "step": self.step})
+        copies = self.counters["copies_applied"]  # 0: it serves the checkpoint it started from
+        self.endpoint.reply(request, {"op": "ok", "step": self.step, "copies_applied": copies})

@@ -199,9 +199,10 @@ class ParameterServer(Replicated):
                     "keys": [self.shard.start, self.shard.stop],
                 },
             )
+            self._forget_dead_streams()
             self._drain()
         elif op == "done":
-            self.clocks.finish(self._known_worker(header))
+            self._leave(header)
             self.endpoint.reply(request, {"op": "ok"})
             self._maybe_commit_round()  # the leaver may have been the last one a round awaited
             self._drain()
@@ -487,10 +488,28 @@ class ParameterServer(Replicated):
         self._trackers.clear()
         self.counters["copies_for_slow_readers"] += 1
 
+    def _leave(self, header: dict[str, Any]) -> None:
+        """`done` is idempotent: a worker re-sending it after a failover, to a backup whose
+        copy already saw it leave (or never saw it join), has nothing more to do."""
+        entry = self.clocks.entries.get(_int(header, "worker"))
+        if entry is not None and entry.incarnation == _int(header, "incarnation"):
+            self.clocks.finish(entry)
+
     def _drop_silent_workers(self) -> None:
+        if self.role != "primary":
+            return  # a backup hears from nobody; its copies say who is live
         if self.clocks.drop_silent({id(h.worker) for h in self._held}):
+            self._forget_dead_streams()
             self._maybe_commit_round()
             self._drain()
+
+    def _forget_dead_streams(self) -> None:
+        """A push whose worker died mid-stream (replaced by a new incarnation, or dropped for
+        silence) will never complete: forget it, and the frames the endpoint kept for it."""
+        for peer, held in list(self._arriving.items()):
+            if not held.worker.live:
+                del self._arriving[peer]
+                self.endpoint.forget_stream(peer)
 
     # ---- introspection -------------------------------------------------------------------------
     def _snapshot(self, request: Request) -> None:
@@ -516,7 +535,6 @@ class ParameterServer(Replicated):
             "rejected": dict(self.rejected + self.endpoint.rejected),
             "events": list(self.clocks.events),
             "live_workers": sorted(w for w, e in self.clocks.entries.items() if e.live),
-            "known_workers": sorted(self.clocks.entries),
         }
 
 

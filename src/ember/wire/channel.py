@@ -163,6 +163,10 @@ class ServerEndpoint:
             return
         raise ProtocolError("unauthenticated: message before a completed handshake")
 
+    def forget_stream(self, peer: bytes) -> None:
+        """Drop the frames kept for a request whose payload will never complete."""
+        self._streams.pop(peer, None)
+
     def reply(
         self,
         request: Request,
@@ -209,17 +213,22 @@ class ClientConnection:
         timeout: float,
         context: zmq.Context | None = None,
         watch: bool = False,
+        connect_timeout: float | None = None,
     ) -> None:
         """With `watch`, a reply awaited from a server whose process died raises ServerGone
-        within a fraction of a second instead of waiting out the timeout."""
+        within a fraction of a second instead of waiting out the timeout. The handshake waits
+        `connect_timeout` (default `timeout`): a server that is not there never disconnects."""
         self.address = address
         self.timeout = timeout
         self._context = context or zmq.Context.instance()
         self._sock = _socket(self._context, zmq.DEALER)
         self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED) if watch else None
+        self._closed = False
         try:
             self._sock.connect(address)
+            self.timeout = timeout if connect_timeout is None else connect_timeout
             self._key = self._handshake(secret)
+            self.timeout = timeout
         except BaseException:
             self.close()
             raise
@@ -299,6 +308,9 @@ class ClientConnection:
         return bool(self._monitor.poll(0, zmq.POLLIN))  # the one event it reports: disconnected
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         if self._monitor is not None:
             self._sock.disable_monitor()
             self._monitor.close(linger=0)
