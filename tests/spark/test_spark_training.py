@@ -73,7 +73,7 @@ def test_trains_from_a_vector_assembler_output(spark, digits, tmp_path) -> None:
         features_col="pixels",
         label_col="digit",
         workers=2,
-        epochs=2,
+        epochs=3,  # after 2 epochs this async run lands within a point or two of the bar
         out=str(tmp_path / "run"),
     )
     assert result.summary["test_accuracy"] > 0.85
