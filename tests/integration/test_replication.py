@@ -80,6 +80,22 @@ def _await_copy(shard: Shard, timeout: float = 5.0) -> tuple[dict[str, np.ndarra
         time.sleep(0.05)
 
 
+def _registered(shard: Shard, worker: int = 0) -> PSClient:
+    """A client of the shard's primary that has registered (its seq 1)."""
+    client = PSClient([shard.primary.address], SECRET, worker=worker, timeout=5)
+    client.register()
+    return client
+
+
+def _push_once(shard: Shard, values: np.ndarray, leave: bool = False) -> None:
+    """Worker 0 registers, pushes `values` once (and says done if `leave`), and goes."""
+    client = _registered(shard)
+    client.push(values)
+    if leave:
+        client.done()
+    client.close()
+
+
 def _header(op: str, seq: int, **extra: Any) -> dict[str, Any]:
     return {"op": op, "worker": 0, "incarnation": 0, "seq": seq, "clock": 0, "step": 0, **extra}
 
@@ -94,8 +110,7 @@ def _until(condition: Any, timeout: float = 5.0) -> None:
 def test_backup_converges_to_the_primary_params_rule_state_step_and_workers() -> None:
     params = np.linspace(-1, 1, 64, dtype=F32)
     with replicated(params, SGDRule(lr=0.1, momentum=0.9)) as shard:
-        client = PSClient([shard.primary.address], SECRET, worker=0, timeout=5)
-        client.register()
+        client = _registered(shard)
         for k in range(5):
             client.step = k + 1
             client.push(np.full(64, k + 1, F32))
@@ -111,10 +126,7 @@ def test_backup_converges_to_the_primary_params_rule_state_step_and_workers() ->
 def test_a_backup_refuses_worker_requests_until_promoted_then_serves_the_last_copy() -> None:
     params = np.linspace(-1, 1, 16, dtype=F32)
     with replicated(params) as shard:
-        client = PSClient([shard.primary.address], SECRET, worker=0, timeout=5)
-        client.register()
-        client.push(np.full(16, 2.0, F32))
-        client.close()
+        _push_once(shard, np.full(16, 2.0, F32))
         copy, _ = _await_copy(shard)
         connection = ClientConnection(shard.backup.address, SECRET, timeout=5)
         for op in ("register", "push", "pull", "done"):
@@ -203,8 +215,7 @@ def test_a_push_the_primary_held_unanswered_is_applied_once_by_the_promoted_back
 
 def test_a_resend_the_copy_counts_as_answered_is_acknowledged_as_a_duplicate() -> None:
     with replicated(np.zeros(4, F32)) as shard:
-        client = PSClient([shard.primary.address], SECRET, worker=0, timeout=5)
-        client.register()  # seq 1
+        client = _registered(shard)  # seq 1
         client.push(np.full(4, 1.0, F32))  # seq 2
         client.push(np.full(4, 2.0, F32))  # seq 3
         client.close()
@@ -230,8 +241,7 @@ def test_a_resend_the_copy_counts_as_answered_is_acknowledged_as_a_duplicate() -
 def test_a_repeated_read_gets_the_current_params_and_a_repeated_easgd_push_gets_zeros() -> None:
     values, out = np.full(8, 3.0, F32), np.empty(8, dtype=F32)
     with replicated(np.zeros(8, F32)) as shard:
-        client = PSClient([shard.primary.address], SECRET, worker=0, timeout=5)
-        client.register()
+        client = _registered(shard)
         client.push(values, reply_into=out, pull=True)
         np.testing.assert_array_equal(out, np.full(8, -3.0, F32))
         out.fill(np.nan)
@@ -249,8 +259,7 @@ def test_a_repeated_read_gets_the_current_params_and_a_repeated_easgd_push_gets_
         assert control([shard.primary.address], SECRET, "stats")[0]["counters"]["duplicates"] == 2
         client.close()
     with replicated(np.zeros(8, F32), EASGDRule(alpha=0.5)) as shard:
-        client = PSClient([shard.primary.address], SECRET, worker=0, timeout=5)
-        client.register()
+        client = _registered(shard)
         client.push(values, reply_into=out)  # e = 0.5 * (3 - 0); the center moves by e
         np.testing.assert_array_equal(out, np.full(8, 1.5, F32))
         out.fill(np.nan)
@@ -266,10 +275,7 @@ def test_a_repeated_read_gets_the_current_params_and_a_repeated_easgd_push_gets_
 
 def test_a_copy_with_the_wrong_tensors_is_refused_counted_and_never_touches_the_backup() -> None:
     with replicated(np.zeros(6, F32)) as shard:
-        client = PSClient([shard.primary.address], SECRET, worker=0, timeout=5)
-        client.register()
-        client.push(np.full(6, 1.0, F32))
-        client.close()
+        _push_once(shard, np.full(6, 1.0, F32))
         before, before_meta = _await_copy(shard)
         copy = {"op": "replicate", "seq": 0, "step": 99, "round": [0, 0], "workers": {}}
         bad = [
@@ -300,10 +306,8 @@ def test_a_copy_whose_header_came_before_the_promotion_is_never_applied_after_it
     size = CHUNK_BYTES // 4 + 16  # a copy of two chunks: the second can be held back
     out = np.empty(size, dtype=F32)
     with replicated(np.zeros(size, F32)) as shard:
-        client = PSClient([shard.primary.address], SECRET, worker=0, timeout=5)
-        client.register()
-        # with pull, the answer waits for the whole payload (a bare streamed push is answered
-        # at its header, and close() would drop the chunks still queued)
+        client = _registered(shard)
+        # with pull, the answer comes chunk by chunk as the payload is applied
         client.push(np.full(size, 1.0, F32), reply_into=out, pull=True)
         client.close()
         _await_copy(shard)
@@ -430,11 +434,7 @@ def test_a_worker_that_dies_mid_stream_does_not_stop_replication_once_replaced()
 
 def test_done_resent_to_a_promoted_backup_that_saw_the_worker_leave_or_never_join_is_ok() -> None:
     with replicated(np.zeros(4, F32)) as shard:
-        client = PSClient([shard.primary.address], SECRET, worker=0, timeout=5)
-        client.register()
-        client.push(np.full(4, 1.0, F32))
-        client.done()
-        client.close()
+        _push_once(shard, np.full(4, 1.0, F32), leave=True)
         _await_copy(shard)
         shard.kill_primary()
         control([shard.backup.address], SECRET, "promote")

@@ -172,7 +172,6 @@ def _describe(event: dict[str, Any]) -> str:
 def _note_restart(
     setup: RunSetup, rank: int, incarnation: int, exitcode: int | None, error: str, bar: Progress
 ) -> None:
-    how = f"exited with code {exitcode}" if exitcode is not None else "raised"
     last = error.strip().splitlines()[-1:] or [""]
     setup.metrics.write(
         {
@@ -183,17 +182,20 @@ def _note_restart(
             "error": error,
         }
     )
-    bar.note(f"worker {rank} {how} {last[0]}; restarted (incarnation {incarnation})")
+    bar.note(f"worker {rank} {_how(exitcode)} {last[0]}; restarted (incarnation {incarnation})")
 
 
 def _fail(setup: RunSetup, rank: int, exitcode: int | None, error: str) -> None:
     log = setup.run_dir / "logs" / f"worker-{rank}.log"
-    how = f"exited with code {exitcode}" if exitcode is not None else "raised"
     setup.metrics.write({"kind": "failure", "rank": rank, "exitcode": exitcode, "error": error})
     raise WorkerFailed(
-        f"worker {rank} {how}:\n{error.strip() or '(no traceback)'}\n"
+        f"worker {rank} {_how(exitcode)}:\n{error.strip() or '(no traceback)'}\n"
         f"--- last lines of {log} ---\n{tail(log)}"
     )
+
+
+def _how(exitcode: int | None) -> str:
+    return f"exited with code {exitcode}" if exitcode is not None else "raised"
 
 
 def _next(records: Any, timeout: float) -> dict[str, Any] | None:

@@ -2,7 +2,10 @@
 
 Map:
 - ParameterServer, UpdateRule, ShardSpec, shard_ranges -> server.py: one key-range shard
-- PSClient, ExchangeResult, fetch_state, control -> client.py: push/pull/exchange across shards
+- PSClient, ExchangeResult, fetch_state, control -> client.py: push/pull/exchange across shards,
+  failing over to a shard's replica or restart
+- Replicator, Replicated -> replica.py: a primary's copies to its backup, and promotion
+- ClockTable -> clocks.py: per-worker clocks, incarnations and liveness of one shard
 - Consistency, BulkSynchronous, StaleSynchronous, Asynchronous, make_consistency -> consistency.py
 """
 
