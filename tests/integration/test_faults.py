@@ -226,7 +226,9 @@ def test_a_worker_joins_a_running_async_run_and_leaves_it_cleanly(tmp_path) -> N
     assert not join_file.exists()  # a finished run cannot be joined
 
 
-def test_joining_a_run_that_is_not_running_names_what_is_missing(tmp_path) -> None:
+def test_joining_a_run_that_is_not_running_or_a_damaged_join_file_is_a_clear_error(
+    tmp_path,
+) -> None:
     joined = subprocess.run(
         [sys.executable, "-m", "ember", "join", str(tmp_path)],
         capture_output=True,
@@ -235,6 +237,17 @@ def test_joining_a_run_that_is_not_running_names_what_is_missing(tmp_path) -> No
     )
     assert joined.returncode == 2
     assert f"{tmp_path}/join.json does not exist: the run is not running" in joined.stderr
+    for damaged in ("{not json", '{"servers": []}'):
+        (tmp_path / "join.json").write_text(damaged)
+        joined = subprocess.run(
+            [sys.executable, "-m", "ember", "join", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert joined.returncode == 2
+        assert f"{tmp_path}/join.json is not the join file a run writes" in joined.stderr
+        assert "Traceback" not in joined.stderr
 
 
 def test_a_port_taken_while_its_server_restarts_ends_the_run_naming_the_address(

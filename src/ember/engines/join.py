@@ -45,8 +45,13 @@ def join_run(run_dir: Path, epochs: int, report: Any = print) -> dict[str, Any]:
             f"{path} does not exist: the run is not running, or its strategy is not one of"
             f" {', '.join(JOINABLE)}"
         ) from None
-    config = RunConfig(**{**saved["config"], "epochs": epochs}).validate()
-    secret = bytes.fromhex(saved["secret"])
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not the join file a run writes: {exc}") from None
+    try:
+        config = RunConfig(**{**saved["config"], "epochs": epochs}).validate()
+        secret, servers = bytes.fromhex(saved["secret"]), list(saved["servers"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{path} is not the join file a run writes: {exc!r}") from None
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
@@ -57,7 +62,7 @@ def join_run(run_dir: Path, epochs: int, report: Any = print) -> dict[str, Any]:
         config,
         worker,
         config.workers,
-        saved["servers"],
+        servers,
         secret,
         run_dir=str(run_dir),
         own_rows=True,  # the whole training set, shuffled by its own id
