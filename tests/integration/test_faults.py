@@ -226,25 +226,17 @@ def test_a_worker_joins_a_running_async_run_and_leaves_it_cleanly(tmp_path) -> N
     assert not join_file.exists()  # a finished run cannot be joined
 
 
-def test_joining_a_run_that_is_not_running_or_a_damaged_join_file_is_a_clear_error(
-    tmp_path,
-) -> None:
-    joined = subprocess.run(
-        [sys.executable, "-m", "ember", "join", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def test_joining_a_stopped_run_or_a_damaged_join_file_is_a_clear_error(tmp_path) -> None:
+    def join() -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "ember", "join", str(tmp_path)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+    joined = join()
     assert joined.returncode == 2
     assert f"{tmp_path}/join.json does not exist: the run is not running" in joined.stderr
     for damaged in ("{not json", '{"servers": []}'):
         (tmp_path / "join.json").write_text(damaged)
-        joined = subprocess.run(
-            [sys.executable, "-m", "ember", "join", str(tmp_path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        joined = join()
         assert joined.returncode == 2
         assert f"{tmp_path}/join.json is not the join file a run writes" in joined.stderr
         assert "Traceback" not in joined.stderr
