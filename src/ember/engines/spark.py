@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
 import sys
-import threading
 import time
-import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -31,29 +25,36 @@ from ember.engines.process import reap
 from ember.engines.progress import Progress
 from ember.engines.run import RunResult, RunSetup, finish_run, prepare_run
 from ember.engines.servers import ServerGroup
-from ember.errors import ConfigError, EmberError, WorkerFailed
+from ember.engines.spark_jobs import RECORDS, Job, WarmUp, python_error
+from ember.engines.spark_session import (
+    check_cluster,
+    check_supported,
+    driver_memory,
+    session,
+    stopped,
+)
+from ember.errors import EmberError, WorkerFailed
 from ember.ps import fetch_state
 from ember.worker import WorkerSpec, checkpoint_meta, run_worker
 
 EVAL_ROWS = 1000  # test rows shipped to each task for worker 0's per-epoch evaluation
-_LOCAL = re.compile(
-    r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?|local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,.*\]"
-)
 
 
 def train_spark(config: RunConfig, show_progress: bool = True) -> RunResult:
     """`ember train --engine spark`: load --data on the driver, hand its training split to Spark
     as a DataFrame, and keep the test split on the driver for the final evaluation."""
-    _check_supported(config)
-    with _session(config, show_progress) as (spark, session_seconds):
+    check_supported(config)
+    with session(config, show_progress) as (spark, session_seconds):
         ready = time.perf_counter()
+        warm_up = WarmUp(spark, config.workers)
         setup = prepare_run(config)
         data = setup.dataset
         frame = frame_from_arrays(spark, data.x_train, data.y_train, config.workers)
         # load_dataset checked every row already: no Spark job is needed to learn the facts
         width, parts = int(np.prod(data.input_shape)), frame.rdd.getNumPartitions()
         facts = FrameFacts.even(len(data.x_train), parts, width, data.num_classes - 1)
-        return _train(setup, spark, frame, facts, (session_seconds, ready), show_progress)
+        clock = (session_seconds, ready)
+        return _train(setup, spark, frame, facts, clock, warm_up, show_progress)
 
 
 def train_dataframe(
@@ -66,17 +67,21 @@ def train_dataframe(
 ) -> RunResult:
     """`ember.spark.fit`: train on a user's DataFrame in its session; the test set (`test_df`,
     or a seeded tenth of `df`) is collected to the driver for the final evaluation."""
-    _check_supported(config)
-    _check_cluster(config, df.sparkSession)
+    check_supported(config)
+    check_cluster(config, df.sparkSession)
     ready = time.perf_counter()
+    warm_up = WarmUp(df.sparkSession, config.workers)
     frame, facts, data = dataframe_dataset(df, features_col, label_col, test_df, config.seed)
     setup = _prepare(config, data)
-    return _train(setup, df.sparkSession, frame, facts, (0.0, ready), show_progress)
+    return _train(setup, df.sparkSession, frame, facts, (0.0, ready), warm_up, show_progress)
 
 
-def _task(spec: WorkerSpec, probe: Dataset, batches: Iterator[Any]) -> Iterator[Any]:
+def _task(
+    spec: WorkerSpec, probe: Dataset, rows: int | None, batches: Iterator[Any]
+) -> Iterator[Any]:
     """One worker in a barrier task: its partition as NumPy, then the ordinary worker loop.
-    `probe` holds the few test rows worker 0 evaluates on after each epoch."""
+    `probe` holds the few test rows worker 0 evaluates on after each epoch; `rows` is how
+    many rows each worker trains on, when the driver knows every partition's size."""
     import pyarrow as pa
     from pyspark import BarrierTaskContext
 
@@ -87,7 +92,11 @@ def _task(spec: WorkerSpec, probe: Dataset, batches: Iterator[Any]) -> Iterator[
     x, y = partition_arrays(batches, probe.input_shape)
     # Every worker trains on as many rows as the smallest partition holds, so synchronous
     # strategies take the same number of steps everywhere (as shard_indices does locally).
-    rows = min(int(n) for n in context.allGather(str(len(x))))
+    # After a repartition only the tasks know their sizes; allGather costs about a second.
+    if rows is None:
+        rows = min(int(n) for n in context.allGather(str(len(x))))
+    elif len(x) < rows:
+        raise EmberError(f"partition {context.partitionId()} holds {len(x)} rows, not {rows}")
     data = replace(probe, name="partition", x_train=x[:rows], y_train=y[:rows])
     # Task attempt ids only grow, so a retried stage registers newer incarnations and each
     # worker resumes from the servers' current parameters and its own last pushed step.
@@ -105,6 +114,7 @@ def _train(
     frame: Any,
     facts: FrameFacts,
     clock: tuple[float, float],  # seconds the session took to start, and when it was ready
+    warm_up: WarmUp,
     show_progress: bool,
 ) -> RunResult:
     config, data, (session_seconds, ready) = setup.config, setup.dataset, clock
@@ -115,7 +125,7 @@ def _train(
     if repartition:
         frame = frame.repartition(config.workers)
     servers = ServerGroup(config, setup.initial, setup.secret, setup.run_dir / "logs", setup.resume)
-    job: _Job | None = None
+    job: Job | None = None
     try:
         spec = WorkerSpec(
             config,
@@ -129,11 +139,12 @@ def _train(
         )
         x_eval, y_eval = data.x_test[:EVAL_ROWS], data.y_test[:EVAL_ROWS]
         probe = replace(data, x_train=x_eval, y_train=y_eval, x_test=x_eval, y_test=y_eval)
+        warm_up.wait(config.request_timeout)
         prepared = time.perf_counter()
-        task = partial(_task, spec, probe)
+        task = partial(_task, spec, probe, None if repartition else rows)
         # The shuffle after the barrier stage makes it a map stage, which Spark retries as a
         # whole when a task fails; a failed barrier result stage would end the job instead.
-        job = _Job(spark, frame.mapInArrow(task, "record string", barrier=True).repartition(1))
+        job = Job(spark, frame.mapInArrow(task, RECORDS, barrier=True).repartition(1))
         total = config.epochs * (rows // config.batch_size) * config.batch_size * config.workers
         results = _watch(setup, servers, job, total, show_progress)
         seconds = time.perf_counter() - prepared
@@ -160,51 +171,28 @@ def _train(
         reap(servers.processes)
 
 
-class _Job:
-    """The training job on a thread of its own, so the driver can watch servers meanwhile."""
-
-    def __init__(self, spark: Any, frame: Any) -> None:
-        self.context = spark.sparkContext
-        self.group = f"ember-{uuid.uuid4().hex[:12]}"
-        self.rows: list[str] = []
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(frame,), daemon=True)
-        self.thread.start()
-
-    def _run(self, frame: Any) -> None:
-        self.context.setJobGroup(self.group, "ember training", interruptOnCancel=True)
-        try:
-            self.rows = [row["record"] for row in frame.collect()]
-        except BaseException as exc:
-            self.error = exc
-
-    def attempt(self) -> int:
-        """The newest attempt of any stage of the job: above 0 once Spark retried a stage."""
-        tracker = self.context.statusTracker()
-        attempts = [0]
-        for job_id in tracker.getJobIdsForGroup(self.group):
-            job = tracker.getJobInfo(job_id)
-            for stage_id in job.stageIds if job else []:
-                stage = tracker.getStageInfo(stage_id)
-                attempts.append(stage.currentAttemptId if stage else 0)
-        return max(attempts)
-
-    def cancel(self) -> None:
-        self.context.cancelJobGroup(self.group)
-        self.thread.join(30)
-
-
 def _watch(
-    setup: RunSetup, servers: ServerGroup, job: _Job, total: int, show_progress: bool
+    setup: RunSetup, servers: ServerGroup, job: Job, total: int, show_progress: bool
 ) -> list[dict[str, Any]]:
     """Checkpoint the servers on schedule and fail fast when one dies, until the job ends."""
     config, metrics = setup.config, setup.metrics
-    last_poll = time.monotonic()
-    seen_attempt = 0
+    last_poll = started = time.monotonic()
+    seen_attempt, workers_seen = 0, False
     with Progress(total, enabled=show_progress) as bar:
         while job.thread.is_alive():
             job.thread.join(0.5)
             servers.keep_alive(setup.checkpoints)
+            if not workers_seen and time.monotonic() - last_poll > 5:
+                last_poll = time.monotonic()
+                table = fetch_state(servers.primaries, setup.secret, config.request_timeout)[1]
+                workers_seen = bool(table["workers"])
+                if not workers_seen and last_poll - started > config.request_timeout:
+                    job.cancel()
+                    raise WorkerFailed(
+                        f"no Spark task reached the parameter servers within"
+                        f" {config.request_timeout:g} s of the training job's start; see the"
+                        " Spark UI or driver log for why its tasks did not run"
+                    )
             attempt = job.attempt()
             if attempt > seen_attempt:
                 metrics.write({"kind": "run", "event": "stage retry", "attempt": attempt})
@@ -223,7 +211,13 @@ def _watch(
                 setup.checkpoints, checkpoint_meta(config, setup.initial.size, 0)
             )
         if job.error is not None:
-            error = _python_error(job.error)
+            error = python_error(job.error)
+            if stopped(job.context):
+                error = (
+                    "the SparkContext stopped during training: the driver's JVM exits this way"
+                    " when it runs out of memory (raise spark.driver.memory, now"
+                    f" {driver_memory(job.context)})\n{error}"
+                )
             metrics.write({"kind": "failure", "error": error})
             tries = job.attempt() + 1
             raise WorkerFailed(f"the Spark training job failed ({tries} attempt(s)):\n{error}")
@@ -239,119 +233,6 @@ def _watch(
     return [done[rank] for rank in sorted(done)]
 
 
-def _python_error(exc: BaseException) -> str:
-    """The task's Python traceback out of Spark's error, without the JVM stack around it."""
-    text = str(exc)
-    start = text.find("Traceback (most recent call last)")
-    if start < 0:
-        return text[:2000]
-    ends = [i for i in (text.find("\n\tat ", start), text.find("SQLSTATE", start)) if i > 0]
-    return text[start : min(ends, default=len(text))].strip()
-
-
-def _check_supported(config: RunConfig) -> None:
-    if not config.uses_server:
-        raise ConfigError(
-            f"strategy {config.strategy!r} is not supported on engine 'spark', which runs a"
-            " parameter server beside the driver; use bsp, ssp, async, easgd or easgd-async"
-        )
-    try:
-        import pandas  # noqa: F401 - mapInArrow needs it
-        import pyspark  # noqa: F401
-    except ImportError:
-        raise ConfigError("engine 'spark' needs pyspark: pip install 'ember[spark]'") from None
-
-
-def _check_cluster(config: RunConfig, spark: Any) -> None:
-    """Refuse, before any worker starts, what would make the barrier stage wait or fail."""
-    try:
-        context = spark.sparkContext
-    except Exception as exc:  # Spark Connect sessions have no SparkContext
-        raise ConfigError(f"engine 'spark' needs a classic SparkSession, not {spark!r}") from exc
-    conf, master = context.getConf(), context.master
-    if conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() == "true":
-        raise ConfigError(
-            "spark.dynamicAllocation.enabled is true, but barrier stages (all workers at once)"
-            " do not support dynamic allocation; set it to false"
-        )
-    match = _LOCAL.fullmatch(master)
-    if match is None:
-        raise ConfigError(
-            f"master {master!r} is not local: the parameter servers listen on 127.0.0.1 of the"
-            " driver, which executors on other machines cannot reach; use local[N] or"
-            " local-cluster[...] (a routable bind address is future work)"
-        )
-    threads, executors, cores = match.groups()
-    if executors is not None:
-        slots = int(executors) * int(cores)
-    else:
-        slots = (os.cpu_count() or 1) if threads == "*" else int(threads or 1)
-    slots //= max(1, int(conf.get("spark.task.cpus", "1")))
-    if slots < config.workers:
-        raise ConfigError(
-            f"master {master!r} runs {slots} task(s) at once, but the barrier stage needs one"
-            f" per worker: {config.workers}; lower workers or use local[{config.workers}]"
-        )
-
-
-@contextmanager
-def _session(config: RunConfig, show_progress: bool) -> Iterator[tuple[Any, float]]:
-    """The active SparkSession, or one started (and stopped) here for config.master."""
-    from pyspark.errors import PySparkRuntimeError
-    from pyspark.sql import SparkSession
-
-    try:  # the session of this thread, or the one another thread created
-        active = SparkSession.active()
-    except PySparkRuntimeError:
-        active = None
-    if active is not None:
-        if config.master and config.master != active.sparkContext.master:
-            raise ConfigError(
-                f"master {config.master!r} differs from the running SparkSession's"
-                f" {active.sparkContext.master!r}; leave master unset to use that session"
-            )
-        _check_cluster(config, active)
-        yield active, 0.0
-        return
-    master = config.master or f"local[{config.workers}]"
-    if master.startswith("local"):  # only here do tasks share the driver's machine and Python
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    java = os.path.join(os.environ.get("JAVA_HOME", ""), "bin", "java")
-    if not (os.access(java, os.X_OK) or shutil.which("java")):
-        raise ConfigError(
-            "engine 'spark' needs a Java runtime (17 or 21) and found none on PATH or in"
-            " JAVA_HOME: install one (e.g. apt-get install openjdk-17-jre-headless)"
-        )
-    started = time.perf_counter()
-    builder = SparkSession.builder.master(master).appName("ember")
-    if show_progress:  # Spark's stage bar would fight with ember's
-        builder = builder.config("spark.ui.showConsoleProgress", "false")
-    try:
-        spark = builder.getOrCreate()
-    except Exception as exc:
-        raise EmberError(f"Spark did not start with master {master!r}: {exc}") from exc
-    try:
-        spark.sparkContext.setLogLevel("FATAL")  # a failed job is reported by ember, once
-        _check_cluster(config, spark)
-        yield spark, time.perf_counter() - started
-    finally:
-        spark.stop()
-
-
 def _prepare(config: RunConfig, data: Dataset) -> RunSetup:
     """prepare_run for data already in Spark: the test rows stand in for the dataset."""
     return prepare_run(replace(config, data=data.name), data)
-
-
-def end_spark(session: Any) -> None:
-    """Stop `session` and the JVM behind it: SparkSession.stop() alone leaves the JVM running,
-    and a process that must leave no child behind (a test, a benchmark) needs it gone."""
-    from pyspark import SparkContext
-
-    session.stop()
-    gateway, SparkContext._gateway, SparkContext._jvm = SparkContext._gateway, None, None
-    if gateway is not None:
-        gateway.shutdown()
-        gateway.proc.stdin.close()  # the JVM exits when its stdin closes
-        gateway.proc.wait(30)
