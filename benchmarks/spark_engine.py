@@ -1,0 +1,194 @@
+"""spark_engine: the same training run on the local engine and on the Spark engine (local[2]).
+
+Each repeat runs, back to back and in alternating order:
+- **local**: `ember train --epochs E` as a command (MNIST, mlp, easgd-async, 2 workers);
+  its wall time.
+- **spark (fresh session)**: `ember train --engine spark --master local[2] --epochs E`; its wall
+  time less the SparkSession start the summary records (`spark.session_seconds`).
+- **spark (running session)**: a child process that starts a SparkSession, then calls
+  `ember.fit(engine="spark")` twice; the second call's time. This is what a Spark application
+  pays whose session has run Python tasks before (Spark keeps its Python workers).
+
+Both commands pay for their own interpreter start and imports. The ratios are computed per
+repeat and summarized as median (min–max).
+
+Usage: python benchmarks/spark_engine.py [--epochs E] [--repeat R] [--quick] [--out F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import (
+    fmt,
+    make_parser,
+    markdown_table,
+    positive_int,
+    report,
+    spread,
+)
+
+EPOCHS = 3
+MASTER = "local[2]"
+TARGET = 1.3  # spark / local wall time, SparkSession start excluded: at most this
+COMMAND_TIMEOUT = 600.0
+
+
+def run_command(epochs: int, out: Path, *flags: str) -> dict[str, Any]:
+    """`ember train` as a user runs it; its wall time and its summary."""
+    command = [sys.executable, "-m", "ember", "train", "--epochs", str(epochs), "--out", str(out)]
+    started = time.perf_counter()
+    subprocess.run(
+        [*command, *flags],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=COMMAND_TIMEOUT,
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable},
+    )
+    wall = time.perf_counter() - started
+    return {"wall": wall, "summary": json.loads((out / "summary.json").read_text())}
+
+
+def fit_twice_in_one_session(epochs: int, root: Path) -> list[float]:
+    """In a child process: one SparkSession, two `ember.fit(engine="spark")` calls."""
+    command = [sys.executable, __file__, "--fit-twice", str(root), "--epochs", str(epochs)]
+    done = subprocess.run(command, capture_output=True, timeout=COMMAND_TIMEOUT)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr.decode()[-3000:]}")
+    return [float(s) for s in done.stdout.decode().split()[-2:]]
+
+
+def _fit_twice(epochs: int, root: Path) -> None:
+    """The child's side: print the seconds of each call."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    import ember
+    from ember.engines.spark_session import end_spark
+
+    # Two runs' data in the JVM at once: more than Spark's 1g default heap holds
+    spark = SparkSession.builder.master(MASTER).config("spark.driver.memory", "4g").getOrCreate()
+    spark.sparkContext.setLogLevel("FATAL")
+    seconds: list[float] = []
+    try:
+        for run in range(2):
+            started = time.perf_counter()
+            ember.fit(engine="spark", epochs=epochs, out=str(root / f"fit{run}"))
+            seconds.append(time.perf_counter() - started)
+    finally:
+        end_spark(spark)
+    print(*seconds)
+
+
+def one_repeat(index: int, epochs: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="ember-bench-spark-") as tmp:
+        root = Path(tmp)
+        runs = {
+            "local": lambda: run_command(epochs, root / "local"),
+            "spark": lambda: run_command(
+                epochs, root / "spark", "--engine", "spark", "--master", MASTER
+            ),
+            "running": lambda: fit_twice_in_one_session(epochs, root),
+        }
+        order = ["local", "spark", "running"]
+        order = order[index % 3 :] + order[: index % 3]
+        done = {name: runs[name]() for name in order}
+    local, spark = done["local"], done["spark"]
+    session = spark["summary"]["spark"]["session_seconds"]
+    return {
+        "local_seconds": local["wall"],
+        "spark_seconds": spark["wall"] - session,
+        "session_seconds": session,
+        "spark_prepare_seconds": spark["summary"]["spark"]["prepare_seconds"],
+        "spark_job_seconds": spark["summary"]["spark"]["job_seconds"],
+        "running_first_seconds": done["running"][0],
+        "running_second_seconds": done["running"][1],
+        "local_accuracy": local["summary"]["test_accuracy"],
+        "spark_accuracy": spark["summary"]["test_accuracy"],
+        "ratio": (spark["wall"] - session) / local["wall"],
+    }
+
+
+def summarize(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = [key for key in repeats[0] if key != "ratio"]
+    results: dict[str, Any] = {key: spread([r[key] for r in repeats]) for key in keys}
+    results["ratio"] = spread([r["ratio"] for r in repeats])
+    results["running_ratio"] = spread(
+        [r["running_second_seconds"] / r["local_seconds"] for r in repeats]
+    )
+    results["repeats"] = repeats
+    return results
+
+
+def at_most(ratio: dict[str, Any]) -> str:
+    return "yes" if ratio["median"] <= TARGET else "**no**"
+
+
+def table(results: dict[str, Any]) -> str:
+    seconds = lambda key: fmt(results[key], 2)  # noqa: E731
+    rows = [
+        ["local engine: `ember train`", seconds("local_seconds"), "1", ""],
+        [
+            f"Spark {MASTER}, fresh session: `ember train --engine spark` less session start"
+            f" ({seconds('session_seconds')} s); prepare"
+            f" {seconds('spark_prepare_seconds')} s, job {seconds('spark_job_seconds')} s",
+            seconds("spark_seconds"),
+            fmt(results["ratio"], 2),
+            at_most(results["ratio"]),
+        ],
+        [
+            f'Spark {MASTER}, running session: second `ember.fit(engine="spark")`',
+            seconds("running_second_seconds"),
+            fmt(results["running_ratio"], 2),
+            at_most(results["running_ratio"]),
+        ],
+        [
+            "test accuracy: local / Spark",
+            f"{fmt(results['local_accuracy'], 4)} / {fmt(results['spark_accuracy'], 4)}",
+            "",
+            "",
+        ],
+    ]
+    return markdown_table(["run", "seconds", "ratio to local", f"<= {TARGET}"], rows)
+
+
+def main() -> None:
+    parser = make_parser(__doc__.splitlines()[0])
+    parser.add_argument(
+        "--epochs", type=positive_int, default=EPOCHS, help=f"epochs per run (default {EPOCHS})"
+    )
+    parser.add_argument("--fit-twice", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.fit_twice:
+        _fit_twice(args.epochs, args.fit_twice)
+        return
+    epochs, repeat = (1, 1) if args.quick else (args.epochs, args.repeat)
+    repeats = []
+    for index in range(repeat):
+        repeats.append(one_repeat(index, epochs))
+        done = repeats[-1]
+        print(
+            f"repeat {index + 1}/{repeat}: local {done['local_seconds']:.2f} s, Spark"
+            f" {done['spark_seconds']:.2f} s (+{done['session_seconds']:.2f} s session), running"
+            f" session {done['running_second_seconds']:.2f} s",
+            flush=True,
+        )
+    print()
+    settings = {"data": "mnist", "model": "mlp", "strategy": "easgd-async", "workers": 2}
+    settings |= {"epochs": epochs, "master": MASTER, "repeat": repeat, "target": TARGET}
+    results = summarize(repeats)
+    report("spark_engine", table(results), settings, results, args.out)
+
+
+if __name__ == "__main__":
+    main()
