@@ -35,7 +35,7 @@ class Calibration:
     """What a short local run measured; every figure is per worker and one torch thread."""
 
     batch_size: int
-    t_comp: float  # seconds per minibatch: forward, backward and the local update
+    t_comp: float  # seconds per minibatch outside exchanges: the loop's wall less its blocking
     parameters: int  # floats in the model
     exchange_wall: float  # seconds per push + pull of all parameters, one client, loopback
     client_cpu: float  # CPU seconds a worker spends on that exchange (its zmq thread included)
