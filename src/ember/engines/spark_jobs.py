@@ -49,8 +49,9 @@ class WarmUp:
         self.thread.join(timeout)
         if self.error is not None:
             raise EmberError(
-                "Spark's Python workers could not import ember (is it installed on every"
-                f" executor, for the Python in PYSPARK_PYTHON?):\n{python_error(self.error)}"
+                "a first small Spark job, which starts the Python workers and imports ember in"
+                " them, failed (is ember installed on every executor, for the Python in"
+                f" PYSPARK_PYTHON?):\n{python_error(self.error)}"
             )
 
 
