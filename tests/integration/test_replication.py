@@ -117,7 +117,8 @@ def test_backup_converges_to_the_primary_params_rule_state_step_and_workers() ->
         time.sleep(0.3)  # several replica intervals
         state, meta = _await_copy(shard)
         assert sorted(state) == ["momentum", "params"] and meta["step"] == 5
-        assert meta["workers"] == {"0": {"clock": 5, "step": 5, "finished": False}}
+        entry = {"clock": 5, "step": 5, "finished": False, "incarnation": client.incarnation}
+        assert meta["workers"] == {"0": entry}
         assert shard.backup.clocks.replica_table() == shard.primary.clocks.replica_table()
         assert control([shard.backup.address], SECRET, "stats")[0]["counters"]["copies_applied"] > 0
         client.close()

@@ -20,10 +20,12 @@ def test_a_saved_table_keeps_finished_workers_out_of_min_clock_and_refuses_them(
     table.finish(table.entries[1])
     saved = table.table()
     assert saved == {
-        "0": {"clock": 5, "step": 0, "finished": False},
-        "1": {"clock": 3, "step": 0, "finished": True},
+        "0": {"clock": 5, "step": 0, "finished": False, "incarnation": 0},
+        "1": {"clock": 3, "step": 0, "finished": True, "incarnation": 0},
     }
     restored = ClockTable(2, saved, timeout=30.0, startup_grace=120.0)
+    # a restored entry waits for its worker to register again
+    assert restored.table()["0"]["incarnation"] == -1
     assert restored.min_clock() == 5
     assert not restored.entries[1].live and restored.entries[1].finished
     with pytest.raises(ProtocolError, match="already finished"):

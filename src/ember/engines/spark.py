@@ -185,7 +185,7 @@ def _watch(
             if not workers_seen and time.monotonic() - last_poll > 5:
                 last_poll = time.monotonic()
                 table = fetch_state(servers.primaries, setup.secret, config.request_timeout)[1]
-                workers_seen = bool(table["workers"])
+                workers_seen = any(w["incarnation"] >= 0 for w in table["workers"].values())
                 if not workers_seen and last_poll - started > config.request_timeout:
                     job.cancel()
                     raise WorkerFailed(

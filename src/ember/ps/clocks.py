@@ -120,7 +120,12 @@ class ClockTable:
 
     def table(self) -> dict[str, dict[str, int]]:
         return {
-            str(w): {"clock": e.clock, "step": e.step, "finished": e.finished}
+            str(w): {
+                "clock": e.clock,
+                "step": e.step,
+                "finished": e.finished,
+                "incarnation": e.incarnation,  # -1 until the worker registers
+            }
             for w, e in self.entries.items()
         }
 
