@@ -4,7 +4,7 @@ Map:
 - train -> __init__.py: dispatch a validated RunConfig to its engine
 - train_local -> local.py: spawned server and worker processes on this machine
 - train_spark, train_dataframe -> spark.py: one Spark barrier task per worker, servers by the driver
-- WarmUp, Job -> spark_jobs.py: the Spark jobs of a run (Python workers warmed up; training)
+- Job, start_warm_up -> spark_jobs.py: the Spark jobs of a run (Python workers warmed up; training)
 - session, check_cluster, end_spark -> spark_session.py: the SparkSession a run trains in
 - ServerGroup -> servers.py: the server processes, their replicas, restarts, checkpoints, shutdown
 - join_run, write_join_file -> join.py: `ember join`, a worker added to a running async run

@@ -25,7 +25,13 @@ from ember.engines.process import reap
 from ember.engines.progress import Progress
 from ember.engines.run import RunResult, RunSetup, finish_run, prepare_run
 from ember.engines.servers import ServerGroup
-from ember.engines.spark_jobs import RECORDS, Job, WarmUp, python_error
+from ember.engines.spark_jobs import (
+    RECORDS,
+    Job,
+    python_error,
+    start_warm_up,
+    wait_for_warm_up,
+)
 from ember.engines.spark_session import (
     check_cluster,
     check_supported,
@@ -46,7 +52,7 @@ def train_spark(config: RunConfig, show_progress: bool = True) -> RunResult:
     check_supported(config)
     with session(config, show_progress) as (spark, session_seconds):
         ready = time.perf_counter()
-        warm_up = WarmUp(spark, config.workers)
+        warm_up = start_warm_up(spark, config.workers)
         setup = prepare_run(config)
         data = setup.dataset
         frame = frame_from_arrays(spark, data.x_train, data.y_train, config.workers)
@@ -70,7 +76,7 @@ def train_dataframe(
     check_supported(config)
     check_cluster(config, df.sparkSession)
     ready = time.perf_counter()
-    warm_up = WarmUp(df.sparkSession, config.workers)
+    warm_up = start_warm_up(df.sparkSession, config.workers)
     frame, facts, data = dataframe_dataset(df, features_col, label_col, test_df, config.seed)
     setup = _prepare(config, data)
     return _train(setup, df.sparkSession, frame, facts, (0.0, ready), warm_up, show_progress)
@@ -114,7 +120,7 @@ def _train(
     frame: Any,
     facts: FrameFacts,
     clock: tuple[float, float],  # seconds the session took to start, and when it was ready
-    warm_up: WarmUp,
+    warm_up: Job,
     show_progress: bool,
 ) -> RunResult:
     config, data, (session_seconds, ready) = setup.config, setup.dataset, clock
@@ -139,12 +145,13 @@ def _train(
         )
         x_eval, y_eval = data.x_test[:EVAL_ROWS], data.y_test[:EVAL_ROWS]
         probe = replace(data, x_train=x_eval, y_train=y_eval, x_test=x_eval, y_test=y_eval)
-        warm_up.wait(config.request_timeout)
+        wait_for_warm_up(warm_up, config.request_timeout)
         prepared = time.perf_counter()
         task = partial(_task, spec, probe, None if repartition else rows)
         # The shuffle after the barrier stage makes it a map stage, which Spark retries as a
         # whole when a task fails; a failed barrier result stage would end the job instead.
-        job = Job(spark, frame.mapInArrow(task, RECORDS, barrier=True).repartition(1))
+        training = frame.mapInArrow(task, RECORDS, barrier=True).repartition(1)
+        job = Job(spark, lambda: training, "ember training")
         total = config.epochs * (rows // config.batch_size) * config.batch_size * config.workers
         results = _watch(setup, servers, job, total, show_progress)
         seconds = time.perf_counter() - prepared
@@ -182,17 +189,6 @@ def _watch(
         while job.thread.is_alive():
             job.thread.join(0.5)
             servers.keep_alive(setup.checkpoints)
-            if not workers_seen and time.monotonic() - last_poll > 5:
-                last_poll = time.monotonic()
-                table = fetch_state(servers.primaries, setup.secret, config.request_timeout)[1]
-                workers_seen = any(w["incarnation"] >= 0 for w in table["workers"].values())
-                if not workers_seen and last_poll - started > config.request_timeout:
-                    job.cancel()
-                    raise WorkerFailed(
-                        f"no Spark task reached the parameter servers within"
-                        f" {config.request_timeout:g} s of the training job's start; see the"
-                        " Spark UI or driver log for why its tasks did not run"
-                    )
             attempt = job.attempt()
             if attempt > seen_attempt:
                 metrics.write({"kind": "run", "event": "stage retry", "attempt": attempt})
@@ -200,13 +196,24 @@ def _watch(
                     text = f"Spark retries the training stage (attempt {attempt})"
                     bar.bar.write(text, file=sys.stderr)
                 seen_attempt = attempt
-            if bar.interactive and time.monotonic() - last_poll > 5:
-                # Tasks report only when they end; meanwhile the servers know each worker's
-                # step (this fetches the parameters too, hence not more often).
+            if (bar.interactive or not workers_seen) and time.monotonic() - last_poll > 5:
+                # Tasks report only when they end; meanwhile the servers know whether each
+                # worker arrived and its step (this fetches the parameters too, hence not
+                # more often).
                 table = fetch_state(servers.primaries, setup.secret, config.request_timeout)[1]
-                steps = sum(w["step"] for w in table["workers"].values())
-                bar.bar.n, last_poll = min(total, steps * config.batch_size), time.monotonic()
-                bar.bar.refresh()
+                workers, last_poll = table["workers"].values(), time.monotonic()
+                workers_seen = any(w["incarnation"] >= 0 for w in workers)
+                if not workers_seen and last_poll - started > config.request_timeout:
+                    job.cancel()
+                    raise WorkerFailed(
+                        f"no Spark task reached the parameter servers within"
+                        f" {config.request_timeout:g} s of the training job's start; see the"
+                        " Spark UI or driver log for why its tasks did not run"
+                    )
+                if bar.interactive:
+                    steps = sum(w["step"] for w in workers)
+                    bar.bar.n = min(total, steps * config.batch_size)
+                    bar.bar.refresh()
             servers.checkpoint_if_due(
                 setup.checkpoints, checkpoint_meta(config, setup.initial.size, 0)
             )

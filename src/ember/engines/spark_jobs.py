@@ -1,10 +1,10 @@
-"""The Spark jobs of a training run: the warm-up, and the training job watched from a thread."""
+"""The Spark jobs of a training run, each on a thread of its own: the warm-up, and training."""
 
 from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ember.data.spark import FEATURES
@@ -24,52 +24,22 @@ def import_worker(batches: Iterator[Any]) -> Iterator[Any]:
     yield pa.RecordBatch.from_pydict({"record": [""]})
 
 
-class WarmUp:
-    """A small job, run while the driver loads data and starts servers, that starts Spark's
-    Python workers and imports ember and torch in them: idle workers are reused by the next
-    job, so the training tasks start without that cost (seconds on a fresh session). It also
-    finds out early when the executors cannot import ember at all."""
-
-    def __init__(self, spark: Any, workers: int) -> None:
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(spark, workers), daemon=True)
-        self.thread.start()
-
-    def _run(self, spark: Any, workers: int) -> None:
-        from pyspark.sql import functions as F
-
-        try:  # one row per task, with a features array as training rows have
-            frame = spark.range(0, workers, numPartitions=workers)
-            frame = frame.select(F.array(F.lit(0.0).cast("float")).alias(FEATURES), "id")
-            frame.mapInArrow(import_worker, RECORDS).collect()
-        except BaseException as exc:
-            self.error = exc
-
-    def wait(self, timeout: float) -> None:
-        self.thread.join(timeout)
-        if self.error is not None:
-            raise EmberError(
-                "a first small Spark job, which starts the Python workers and imports ember in"
-                " them, failed (is ember installed on every executor, for the Python in"
-                f" PYSPARK_PYTHON?):\n{python_error(self.error)}"
-            )
-
-
 class Job:
-    """The training job on a thread of its own, so the driver can watch servers meanwhile."""
+    """A Spark job on a thread of its own, so the driver can watch servers meanwhile."""
 
-    def __init__(self, spark: Any, frame: Any) -> None:
+    def __init__(self, spark: Any, make_frame: Callable[[], Any], description: str) -> None:
         self.context = spark.sparkContext
         self.group = f"ember-{uuid.uuid4().hex[:12]}"
         self.rows: list[str] = []
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(frame,), daemon=True)
+        args = (make_frame, description)
+        self.thread = threading.Thread(target=self._run, args=args, daemon=True)
         self.thread.start()
 
-    def _run(self, frame: Any) -> None:
-        self.context.setJobGroup(self.group, "ember training", interruptOnCancel=True)
-        try:
-            self.rows = [row["record"] for row in frame.collect()]
+    def _run(self, make_frame: Callable[[], Any], description: str) -> None:
+        self.context.setJobGroup(self.group, description, interruptOnCancel=True)
+        try:  # the frame is planned here too: on a fresh session that alone takes a while
+            self.rows = [row["record"] for row in make_frame().collect()]
         except BaseException as exc:
             self.error = exc
 
@@ -87,6 +57,32 @@ class Job:
     def cancel(self) -> None:
         self.context.cancelJobGroup(self.group)
         self.thread.join(30)
+
+
+def start_warm_up(spark: Any, workers: int) -> Job:
+    """A small job, run while the driver loads data and starts servers, that starts Spark's
+    Python workers and imports ember and torch in them: idle workers are reused by the next
+    job, so the training tasks start without that cost (seconds on a fresh session). It also
+    finds out early when the executors cannot import ember at all."""
+
+    def one_row_per_task() -> Any:  # with a features array, as training rows have
+        from pyspark.sql import functions as F
+
+        frame = spark.range(0, workers, numPartitions=workers)
+        frame = frame.select(F.array(F.lit(0.0).cast("float")).alias(FEATURES), "id")
+        return frame.mapInArrow(import_worker, RECORDS)
+
+    return Job(spark, one_row_per_task, "ember warm-up")
+
+
+def wait_for_warm_up(warm_up: Job, timeout: float) -> None:
+    warm_up.thread.join(timeout)
+    if warm_up.error is not None:
+        raise EmberError(
+            "a first small Spark job, which starts the Python workers and imports ember in"
+            " them, failed (is ember installed on every executor, for the Python in"
+            f" PYSPARK_PYTHON?):\n{python_error(warm_up.error)}"
+        )
 
 
 def python_error(exc: BaseException) -> str:
