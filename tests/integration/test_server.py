@@ -12,7 +12,14 @@ import zmq
 from ember.algorithms.rules import SGDRule
 from ember.errors import ProtocolError, ServerUnavailable
 from ember.ps import PSClient, control, fetch_state
-from ember.wire import CHUNK_BYTES, ClientConnection, channel, gather, tensors_from_frames
+from ember.wire import (
+    CHUNK_BYTES,
+    ClientConnection,
+    channel,
+    gather,
+    shared,
+    tensors_from_frames,
+)
 from ember.wire.frames import seal
 from tests.conftest import SECRET, running_servers
 
@@ -255,6 +262,7 @@ def test_a_dropped_worker_that_speaks_again_rejoins_level_with_the_slowest() -> 
 def test_a_reply_still_being_sent_never_sees_a_later_update(monkeypatch) -> None:
     size = 4 * CHUNK_BYTES // 4 + 1024  # several full chunks and a small tail
     params = np.zeros(size, dtype=np.float32)
+    monkeypatch.setenv(shared.DISABLE_VARIABLE, "0")  # replies that zmq reads from memory
     with running_servers(params, SGDRule(lr=1.0), "async") as (server,):
         plain_socket = channel._socket
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ember.errors import NotPrimary, ProtocolError, ServerGone, ServerUnavailable
-from ember.wire import ClientConnection, gather, tensors_from_frames
+from ember.wire import ClientConnection, gather, shared, tensors_from_frames
 
 CONNECT_TIMEOUT = 2.0  # per attempt while a shard fails over or restarts
 BACKOFF = (0.05, 1.0)  # first and longest pause between attempts
@@ -59,6 +59,8 @@ class PSClient:
         """Join every shard; returns the clock and step the servers remember for this worker."""
         replies = self._round_trip("register", [None] * len(self.connections), {})
         self.ranges = [(int(h["keys"][0]), int(h["keys"][1])) for h, _ in replies]
+        for index in range(len(self.connections)):
+            self._share_memory(index)
         clocks = {h["clock"] for h, _ in replies}
         self.clock = min(clocks)
         self.step = min(h["step"] for h, _ in replies)
@@ -153,6 +155,7 @@ class PSClient:
                 if op not in ("register", "done"):  # done needs no membership: it ends it
                     connection.send(self._header("register", index, None, {}))
                     connection.recv()
+                    self._share_memory(index)
                 connection.send(
                     self._header(op, index, part, extra), [part] if part is not None else []
                 )
@@ -161,6 +164,12 @@ class PSClient:
                 return reply
             except (ServerGone, NotPrimary) as exc:
                 backoff.pause_or_raise(exc)
+
+    def _share_memory(self, index: int) -> None:
+        """On the shard's host, payloads go through shared memory (see wire/shared.py)."""
+        if shared.enabled():
+            start, stop = self.ranges[index]
+            self.connections[index].share_memory(4 * (stop - start), owner=self.worker)
 
     def _open(self, index: int, backoff: _Backoff | None = None) -> ClientConnection:
         """Connect to the shard's current replica, trying the others in turn."""

@@ -535,6 +535,7 @@ class ParameterServer(Replicated):
             "rejected": dict(self.rejected + self.endpoint.rejected),
             "events": list(self.clocks.events),
             "live_workers": sorted(w for w, e in self.clocks.entries.items() if e.live),
+            "shared_memory": self.endpoint.shared_memory,
         }
 
 

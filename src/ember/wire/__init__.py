@@ -6,8 +6,10 @@ Map:
 - Request         -> channel.py: an authenticated request (peer, header, payload frames)
 - seal / unseal   -> frames.py: HMAC-SHA256 + msgpack header frames
 - tensors_from_frames / gather -> frames.py: validated zero-copy tensor chunk views
+- shared            -> shared.py: same-host payloads through a shared-memory region
 """
 
+from ember.wire import shared
 from ember.wire.channel import Chunk, ClientConnection, Request, ServerEndpoint
 from ember.wire.frames import CHUNK_BYTES, gather, seal, tensors_from_frames, unseal
 
@@ -19,6 +21,7 @@ __all__ = [
     "ServerEndpoint",
     "gather",
     "seal",
+    "shared",
     "tensors_from_frames",
     "unseal",
 ]

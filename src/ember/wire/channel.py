@@ -25,6 +25,7 @@ from ember.wire.frames import (
     seal,
     unseal,
 )
+from ember.wire.shared import Region, ServerRegions, fits
 
 # Handshake messages are a tag followed by 32 bytes (a nonce or a MAC).
 HELLO, CHALLENGE, PROOF = b"EMBER2-HELLO", b"EMBER2-CHALLENGE", b"EMBER2-PROOF"
@@ -100,11 +101,17 @@ class ServerEndpoint:
         self._pending: OrderedDict[bytes, bytes] = OrderedDict()  # peer -> nonces sn|cn
         self._sessions: dict[bytes, bytes] = {}  # peer -> session key
         self._streams: dict[bytes, Request] = {}  # peer -> request whose payload is arriving
+        self._regions = ServerRegions(max_payload_bytes)  # same-host peers' shared memory
         self.rejected: Counter[str] = Counter()
 
     def poll(self, timeout: float) -> Request | Chunk | None:
         """Wait up to `timeout` seconds; return the next authenticated request header or
         payload chunk, if any."""
+        queued = self._regions.next_chunk()
+        if queued is not None:  # a payload in shared memory is handed out as the socket's is
+            request, frame = queued
+            request.frames.append(frame)
+            return Chunk(request, len(request.frames) - 1)
         if not self._sock.poll(int(timeout * 1000), zmq.POLLIN):
             return None
         frames = self._sock.recv_multipart(copy=False)
@@ -136,9 +143,20 @@ class ServerEndpoint:
                 del self._streams[peer]
             return Chunk(stream, index)
         header = unseal(key, frame.buffer)
+        if header["op"] == "attach":
+            answer = {"op": "ok", "seq": header.get("seq"), **self._regions.attach(peer, header)}
+            self._sock.send_multipart([peer, seal(key, answer)])
+            return None
         sizes = frame_sizes(header.get("tensors", []), self.max_payload_bytes)
         request = Request(peer, header, [], sizes)
-        if sizes:
+        if sizes and header.get("shm"):
+            try:
+                self._regions.queue_payload(request)
+            except ProtocolError as exc:  # e.g. a newer connection of its worker took over
+                message = {"op": "error", "seq": header.get("seq"), "message": str(exc)}
+                self._sock.send_multipart([peer, seal(key, message)])
+                raise
+        elif sizes:
             self._streams[peer] = request
         return request
 
@@ -166,6 +184,7 @@ class ServerEndpoint:
     def forget_stream(self, peer: bytes) -> None:
         """Drop the frames kept for a request whose payload will never complete."""
         self._streams.pop(peer, None)
+        self._regions.forget(peer)
 
     def reply(
         self,
@@ -191,15 +210,30 @@ class ServerEndpoint:
             return False
         if table:
             header = {**header, "tensors": table}
+            if self._regions.start_reply(request, header, frame_sizes(table, MAX_REPLY_BYTES)):
+                return True  # the header follows the payload's last byte into shared memory
         self._sock.send_multipart([request.peer, seal(key, header)], copy=False)
         return True
 
     def reply_chunk(self, request: Request, frame: Any) -> zmq.MessageTracker:
-        """Send one payload frame zero-copy; the tracker says when zmq is done reading it."""
+        """Send one payload frame zero-copy; the tracker says when zmq is done reading it.
+        A reply through shared memory is copied at once, so its tracker is already done."""
+        if self._regions.replying(request.peer):
+            header = self._regions.write_reply(request.peer, frame)
+            if header is not None:
+                sealed = seal(self._sessions[request.peer], header)
+                self._sock.send_multipart([request.peer, sealed])
+            return zmq.MessageTracker()
         self._sock.send(request.peer, zmq.SNDMORE)
         return self._sock.send(frame, 0, copy=False, track=True)
 
+    @property
+    def shared_memory(self) -> dict[str, int]:
+        """Connections with a shared-memory region, and the payloads and replies it carried."""
+        return self._regions.stats()
+
     def close(self) -> None:
+        self._regions.close()
         self._sock.close(linger=0)
 
 
@@ -224,6 +258,8 @@ class ClientConnection:
         self._sock = _socket(self._context, zmq.DEALER)
         self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED) if watch else None
         self._closed = False
+        self._region: Region | None = None  # shared memory with a server on this host
+        self._in_flight = 0  # requests sent and not yet answered
         try:
             self._sock.connect(address)
             self.timeout = timeout if connect_timeout is None else connect_timeout
@@ -269,21 +305,60 @@ class ClientConnection:
             raise ProtocolError(f"server at {self.address} sent a message of {len(frames)} frames")
         return frames[0]
 
+    @property
+    def shared(self) -> bool:
+        """Whether payloads may go through a shared-memory region."""
+        return self._region is not None
+
+    def share_memory(self, payload_bytes: int, owner: int | None = None) -> bool:
+        """Offer the server a shared-memory region for payloads of up to `payload_bytes` each
+        way; True if it mapped it (same host). `owner` (a worker id) lets the server release
+        the region of that worker's previous connection."""
+        region = Region.create(payload_bytes)
+        if region is None:
+            return False
+        try:
+            self.send(
+                {
+                    "op": "attach",
+                    "seq": 0,
+                    "region": region.name,
+                    "bytes": region.size,
+                    "owner": owner,
+                }
+            )
+            attached = bool(self.recv()[0].get("attached"))
+        finally:
+            region.unlink()  # mapped on both sides now, or not needed: no file is left behind
+        self._region = region if attached else None
+        return attached
+
     def send(self, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> None:
         """Send the header, then each chunk as a message of its own, zero-copy: the arrays must
-        stay alive and unmodified until the reply arrives."""
+        stay alive and unmodified until the reply arrives. With a shared-memory region and no
+        other request in flight, the arrays are copied into the region instead, and the reply
+        may come back through it."""
+        region = self._region if self._in_flight == 0 else None
         if arrays:
             header = {**header, "tensors": describe(arrays)}
+        if region is not None:
+            header = {**header, "reply_shm": True}
+            if fits(arrays, region):
+                region.write_all(False, arrays)
+                header["shm"], arrays = True, ()
         self._sock.send(seal(self._key, header), copy=False)
+        self._in_flight += 1
         for frame in chunk_frames(arrays):
             self._sock.send(frame, copy=False)
 
     def recv(self, timeout: float | None = None) -> tuple[dict[str, Any], list[Any]]:
-        """Next reply as (header, payload frames); payload views alias the frames. The whole
-        reply must arrive within the timeout."""
+        """Next reply as (header, payload frames); payload views alias the frames, or the
+        shared-memory region until the next send. The whole reply must arrive within the
+        timeout."""
         wait = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + wait
         header = unseal(self._key, self._next_frame(wait).buffer)
+        self._in_flight = max(0, self._in_flight - 1)
         if header["op"] == "error":
             if header.get("not_primary"):
                 raise NotPrimary(f"server at {self.address} is not the primary of its shard")
@@ -291,8 +366,16 @@ class ClientConnection:
                 f"server at {self.address} refused the request: "
                 f"{header.get('message', 'no reason given')}"
             )
+        sizes = frame_sizes(header.get("tensors", []), MAX_REPLY_BYTES)
+        if header.get("shm"):
+            if self._region is None:
+                raise ProtocolError(
+                    f"server at {self.address} answered into shared memory "
+                    "this connection does not have"
+                )
+            return header, list(self._region.frames(True, sizes))
         frames = []
-        for size in frame_sizes(header.get("tensors", []), MAX_REPLY_BYTES):
+        for size in sizes:
             frame = self._next_frame(deadline - time.monotonic())
             if len(frame) != size:
                 raise ProtocolError(

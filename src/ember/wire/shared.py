@@ -1,0 +1,207 @@
+"""Same-host payloads through shared memory: one region per connection, a file in /dev/shm.
+
+A client on the server's host creates a region, names it in a sealed `attach` request, and
+unlinks it once the server has answered: from then on the memory lives exactly as long as the
+two mappings. The first half carries request payloads, the second half replies; the sealed
+header still travels over the socket and says which half holds the payload. Moving a tensor
+then costs one memory copy each way instead of a trip through the kernel's TCP stack. When
+the server cannot open the region (another host, another container, /dev/shm too small) the
+connection keeps sending frames.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import re
+import stat
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ember.errors import ProtocolError
+
+SHM_DIR = "/dev/shm"
+NAME = re.compile(r"ember-[0-9a-f]{32}")
+DISABLE_VARIABLE = "EMBER_SHARED_MEMORY"  # "0" keeps every payload on the socket
+
+
+def enabled() -> bool:
+    return os.environ.get(DISABLE_VARIABLE, "1") != "0" and os.path.isdir(SHM_DIR)
+
+
+class SharedFrame:
+    """A payload frame that lies in a region: what zmq.Frame offers the readers of payloads."""
+
+    __slots__ = ("buffer",)
+
+    def __init__(self, buffer: memoryview) -> None:
+        self.buffer = buffer
+
+    def __len__(self) -> int:
+        return self.buffer.nbytes
+
+
+class Region:
+    """A mapped shared-memory file of 2 x `half` bytes: requests in the first half, replies in
+    the second."""
+
+    def __init__(self, name: str, size: int, fd: int) -> None:
+        self.name, self.size, self.half = name, size, size // 2
+        # The views handed out keep the mapping alive; it is unmapped when the last one goes.
+        self._memory = np.frombuffer(mmap.mmap(fd, size), dtype=np.uint8)
+
+    @classmethod
+    def create(cls, half: int) -> Region | None:
+        """A new region for payloads of up to `half` bytes each way, or None when this host
+        cannot give one."""
+        name = f"ember-{os.urandom(16).hex()}"
+        path = os.path.join(SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            return None
+        try:
+            # Reserve every page now: a full /dev/shm fails here, not later as a SIGBUS.
+            os.posix_fallocate(fd, 0, 2 * half)
+            return cls(name, 2 * half, fd)
+        except OSError:
+            os.unlink(path)
+            return None
+        finally:
+            os.close(fd)
+
+    @classmethod
+    def open(cls, name: object, size: object, limit: int) -> Region:
+        """Map a region a peer created, after checking that it is one of ours and its size."""
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise ProtocolError(f"shared-memory region name {name!r} is not an ember region")
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= 2 * limit:
+            raise ProtocolError(f"shared-memory region of {size!r} bytes is outside the limit")
+        try:
+            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise ProtocolError(f"cannot open shared-memory region {name}: {exc}") from exc
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+                raise ProtocolError(f"shared-memory region {name} is not a file of this user")
+            if info.st_size != size:
+                raise ProtocolError(
+                    f"shared-memory region {name} holds {info.st_size} bytes, not {size}"
+                )
+            return cls(name, size, fd)
+        finally:
+            os.close(fd)
+
+    def unlink(self) -> None:
+        """Remove the name; both mappings stay valid until closed."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(SHM_DIR, self.name))
+
+    def write(self, reply: bool, offset: int, data: Any) -> None:
+        """Copy `data` (any C-contiguous buffer) into a half at byte `offset`."""
+        source = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+        start = (self.half if reply else 0) + offset
+        if offset + source.size > self.half:
+            raise ProtocolError(f"{offset + source.size} bytes do not fit a {self.half}-byte half")
+        self._memory[start : start + source.size] = source
+
+    def write_all(self, reply: bool, arrays: Sequence[np.ndarray]) -> None:
+        offset = 0
+        for array in arrays:
+            self.write(reply, offset, array.reshape(-1))
+            offset += array.nbytes
+
+    def frames(self, reply: bool, sizes: Sequence[int]) -> list[SharedFrame]:
+        """Views of a half cut as the socket would have framed it (`sizes` from the header)."""
+        if sum(sizes) > self.half:
+            raise ProtocolError(f"{sum(sizes)} payload bytes exceed the {self.half}-byte half")
+        out, offset = [], self.half if reply else 0
+        for size in sizes:
+            out.append(SharedFrame(self._memory[offset : offset + size].data))
+            offset += size
+        return out
+
+
+def fits(arrays: Sequence[np.ndarray], region: Region | None) -> bool:
+    return region is not None and 0 < sum(a.nbytes for a in arrays) <= region.half
+
+
+class ServerRegions:
+    """A server's side of its peers' regions: which peer has which, request payloads waiting to
+    be handed out chunk by chunk, and replies being written before their header is sent."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit  # the largest payload a peer may send
+        self._by_peer: dict[bytes, Region] = {}
+        self._by_owner: dict[int, bytes] = {}
+        self._queued: deque[tuple[Any, SharedFrame]] = deque()
+        self._replying: dict[bytes, tuple[Region, dict[str, Any], list[int]]] = {}
+        self.payloads = self.replies = 0  # how many went through regions rather than the socket
+
+    def attach(self, peer: bytes, header: dict[str, Any]) -> dict[str, Any]:
+        """Map the region a peer names; the answer says whether its payloads may use it. A new
+        region of the same owner (a worker's next connection) releases the previous one."""
+        try:
+            region = Region.open(header.get("region"), header.get("bytes"), self.limit)
+        except ProtocolError as exc:
+            return {"attached": False, "reason": str(exc)}
+        self._by_peer[peer] = region
+        owner = header.get("owner")
+        if isinstance(owner, int) and not isinstance(owner, bool):
+            previous = self._by_owner.get(owner)
+            if previous is not None and previous != peer:
+                self._by_peer.pop(previous, None)
+            self._by_owner[owner] = peer
+        return {"attached": True}
+
+    def stats(self) -> dict[str, int]:
+        return {"peers": len(self._by_peer), "payloads": self.payloads, "replies": self.replies}
+
+    def queue_payload(self, request: Any) -> None:
+        """A request whose header says its payload lies in the region: its frames are handed
+        out by next_chunk, as the socket's would be."""
+        region = self._by_peer.get(request.peer)
+        if region is None:
+            raise ProtocolError("payload in shared memory, but this connection has no region")
+        self._queued.extend((request, frame) for frame in region.frames(False, request.sizes))
+        self.payloads += 1
+
+    def next_chunk(self) -> tuple[Any, SharedFrame] | None:
+        return self._queued.popleft() if self._queued else None
+
+    def forget(self, peer: bytes) -> None:
+        self._queued = deque(item for item in self._queued if item[0].peer != peer)
+
+    def start_reply(self, request: Any, header: dict[str, Any], sizes: list[int]) -> bool:
+        """Whether this reply's payload goes through the region; if so its header waits until
+        write_reply has copied every byte."""
+        region = self._by_peer.get(request.peer)
+        total = sum(sizes)
+        if region is None or not request.header.get("reply_shm") or not 0 < total <= region.half:
+            return False
+        self._replying[request.peer] = (region, {**header, "shm": True}, [0, total])
+        return True
+
+    def replying(self, peer: bytes) -> bool:
+        return peer in self._replying
+
+    def write_reply(self, peer: bytes, data: Any) -> dict[str, Any] | None:
+        """Copy one reply chunk; returns the header to send once the last one is in."""
+        region, header, progress = self._replying[peer]
+        region.write(True, progress[0], data)
+        progress[0] += memoryview(data).nbytes
+        if progress[0] < progress[1]:
+            return None
+        del self._replying[peer]
+        self.replies += 1
+        return header
+
+    def close(self) -> None:
+        self._by_peer.clear()
+        self._queued.clear()
+        self._replying.clear()
