@@ -3,7 +3,10 @@
 Each system moves the same bytes per round trip: N float32 to a peer process and N float32 back.
 - ember: a real ParameterServer (1 shard, SGD lr 0.01 without momentum, async consistency,
   HMAC-authenticated) in a child process; a PSClient here does `push(grad, reply_into=params,
-  pull=True)`, so every round trip also authenticates headers and applies an SGD update.
+  pull=True)`, so every round trip also authenticates headers and applies an SGD update. On one
+  host the payloads go through shared memory, as they do in training.
+- ember socket: the same with EMBER_SHARED_MEMORY=0, every payload over the TCP socket, as
+  between hosts.
 - raw pyzmq: a ROUTER child echoes a same-size reply; DEALER client; 2 MiB frames, copy=False
   both ways, received into preallocated arrays; no auth, no header, no update.
 - gloo: two child processes, rank 0 sends N floats then receives N, rank 1 the reverse.
@@ -44,7 +47,8 @@ WARMUP = 2  # untimed round trips before each timed batch
 CHUNK_BYTES = 2 << 20  # frame size for the raw pyzmq baseline, as ember's wire uses
 TIMEOUT_MS = 120_000  # a peer that does not answer within this is an error, not a hang
 TARGET = 0.8  # ember / max(raw, gloo) should reach this at every size
-SYSTEMS = ("ember", "raw pyzmq", "gloo")
+SYSTEMS = ("ember", "ember socket", "raw pyzmq", "gloo")
+BASELINES = ("raw pyzmq", "gloo")
 
 
 def parse_size(text: str) -> int:
@@ -117,15 +121,25 @@ def _ember_server(size: int, secret: bytes, address_pipe: Any) -> None:
 class EmberPeer:
     """A ParameterServer child and a registered PSClient pushing gradients and pulling params."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, shared_memory: bool = True) -> None:
         from ember.ps import PSClient
+        from ember.wire import shared
 
         self.secret = os.urandom(32)
         receiver, sender = SPAWN.Pipe(duplex=False)
         self.process = start(_ember_server, size, self.secret, sender)
         self.address = _receive_address(receiver, "the ember parameter server")
         self.client = PSClient([self.address], self.secret, worker=0, timeout=TIMEOUT_MS / 1000)
-        self.client.register()
+        chosen = os.environ.get(shared.DISABLE_VARIABLE)
+        os.environ[shared.DISABLE_VARIABLE] = "1" if shared_memory else "0"
+        try:  # the client offers a region (or not) when it registers
+            self.client.register()
+        finally:
+            os.environ.pop(shared.DISABLE_VARIABLE)
+            if chosen is not None:
+                os.environ[shared.DISABLE_VARIABLE] = chosen
+        if self.client.connections[0].shared != shared_memory:
+            raise RuntimeError(f"ember's shared memory is {'off' if shared_memory else 'on'}")
         self.grad = np.random.default_rng(0).standard_normal(size, dtype=np.float32)
         self.params = np.empty(size, dtype=np.float32)
 
@@ -268,7 +282,12 @@ class GlooPeer:
         finish(self.processes)
 
 
-PEERS = {"ember": EmberPeer, "raw pyzmq": RawZmqPeer, "gloo": GlooPeer}
+PEERS: dict[str, Callable[[int], Any]] = {
+    "ember": EmberPeer,
+    "ember socket": lambda size: EmberPeer(size, shared_memory=False),
+    "raw pyzmq": RawZmqPeer,
+    "gloo": GlooPeer,
+}
 
 
 # ---- the benchmark ------------------------------------------------------------------------------
@@ -280,19 +299,21 @@ def measure_size(size: int, repeat: int, iterations: int) -> dict[str, Any]:
         for name in SYSTEMS:
             started[name] = PEERS[name](size)
         for index in range(repeat):
-            order = SYSTEMS[index % 3 :] + SYSTEMS[: index % 3]  # no system always goes first
+            turn = index % len(SYSTEMS)
+            order = SYSTEMS[turn:] + SYSTEMS[:turn]  # no system always goes first
             for name in order:
                 seconds = statistics.median(started[name].measure(iterations))
                 gbps[name].append(2 * size * 4 / seconds / 1e9)
     finally:
         for peer in started.values():
             peer.close()
-    ratios = [e / max(r, g) for e, r, g in zip(*(gbps[name] for name in SYSTEMS), strict=True)]
+    best = [max(values) for values in zip(*(gbps[name] for name in BASELINES), strict=True)]
     return {
         "floats": size,
         "iterations": iterations,
         "gbps": {name: spread(values) for name, values in gbps.items()},
-        "ember_vs_best": spread(ratios),
+        "ember_vs_best": spread([e / b for e, b in zip(gbps["ember"], best, strict=True)]),
+        "socket_vs_best": spread([e / b for e, b in zip(gbps["ember socket"], best, strict=True)]),
     }
 
 
@@ -303,6 +324,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         *(f"{name} GB/s" for name in SYSTEMS),
         "ember / max(raw, gloo)",
         f">= {TARGET}",
+        "ember socket / max(raw, gloo)",
     ]
     rows = []
     for label, result in results.items():
@@ -314,6 +336,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
                 *(fmt(result["gbps"][name]) for name in SYSTEMS),
                 fmt(ratio),
                 check(ratio, TARGET),
+                fmt(result["socket_vs_best"]),
             ]
         )
     return markdown_table(headers, rows)
@@ -338,7 +361,8 @@ def main() -> None:
         results[label] = measure_size(size, repeat, iterations_for(size, args.quick))
         print(
             f"{label}: ember {fmt(results[label]['gbps']['ember'])} GB/s, ratio "
-            f"{fmt(results[label]['ember_vs_best'])}",
+            f"{fmt(results[label]['ember_vs_best'])}; over the socket "
+            f"{fmt(results[label]['socket_vs_best'])}",
             flush=True,
         )
     print()
