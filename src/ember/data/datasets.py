@@ -104,6 +104,26 @@ def _unknown_data(spec: str) -> str:
     )
 
 
+def train_pixels(data: Dataset) -> np.ndarray | None:
+    """The uint8 images (n, rows, cols) that `data.x_train` was normalized from, for a dataset
+    read from IDX files (mnist, digits, an IDX folder); None for any other. A quarter of the
+    bytes of the floats, for engines that ship the training split elsewhere."""
+    if data.name in ("mnist", "digits"):
+        rows = None if data.name == "mnist" else _DIGITS_ROWS[0]
+        pixels = load_idx_folder(MNIST_DIR)["x_train"][:rows]
+    elif Path(data.name).is_dir() and find_idx_files(Path(data.name)):
+        pixels = load_idx_folder(data.name)["x_train"]
+    else:
+        return None
+    # the caller may have changed the floats since loading: use the bytes only if they still match
+    if len(pixels) != len(data.x_train) or data.x_train.shape[1:] != (1, *pixels.shape[1:]):
+        return None
+    head = slice(0, min(64, len(pixels)))
+    if not np.array_equal(normalize_images(pixels[head]), data.x_train[head]):
+        return None
+    return pixels
+
+
 def shard_indices(n: int, rank: int, world: int) -> np.ndarray:
     """Rows worker `rank` of `world` trains on: a contiguous int64 range of exactly n // world rows.
 

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from ember.data.datasets import Dataset
-from ember.errors import ConfigError
+from ember.data.idx import normalize_images
+from ember.errors import ConfigError, EmberError
 
 FEATURES, LABEL = "features", "label"  # the column names of a checked training frame
 _INF = float("inf")
@@ -198,12 +199,38 @@ def frame_from_arrays(spark: Any, x: np.ndarray, y: np.ndarray, partitions: int)
 
     flat = np.ascontiguousarray(x, dtype=np.float32).reshape(len(x), -1)
     features = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
+    return _arrow_frame(spark, features, y, partitions)
+
+
+def frame_from_pixels(spark: Any, pixels: np.ndarray, y: np.ndarray, partitions: int) -> Any:
+    """As frame_from_arrays for IDX images, whose `features` are each image's uint8 bytes
+    (binary): a quarter of the floats' size, and one value per row rather than one per pixel
+    for the JVM to convert. Tasks normalize them as the loader does (partition_arrays)."""
+    if pixels.size >= 2**31:  # binary offsets are int32
+        return frame_from_arrays(spark, normalize_images(pixels), y, partitions)
+    return _arrow_frame(spark, pixel_column(pixels), y, partitions)
+
+
+def pixel_column(pixels: np.ndarray) -> Any:
+    """uint8 images (n, rows, cols) as an Arrow binary array of one value per image, no copy."""
+    import pyarrow as pa
+
+    flat = np.ascontiguousarray(pixels, dtype=np.uint8).reshape(-1)
+    width = max(1, flat.size // max(1, len(pixels)))
+    offsets = np.arange(0, flat.size + 1, width, dtype=np.int32)
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(flat)]
+    return pa.Array.from_buffers(pa.binary(), len(pixels), buffers)
+
+
+def _arrow_frame(spark: Any, features: Any, y: np.ndarray, partitions: int) -> Any:
+    import pyarrow as pa
+
     table = pa.table({FEATURES: features, LABEL: pa.array(y)})
     # Spark keeps a large table as one partition per Arrow batch of at most this many rows (a
     # small one it slices evenly over the default parallelism): set for this call alone.
     key = "spark.sql.execution.arrow.maxRecordsPerBatch"
     saved = spark.conf.get(key)
-    spark.conf.set(key, str(-(-len(x) // partitions)))
+    spark.conf.set(key, str(-(-len(y) // partitions)))
     try:
         return spark.createDataFrame(table)
     finally:
@@ -224,10 +251,30 @@ def partition_arrays(
 
 def table_arrays(table: Any, input_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """A checked frame's Arrow table as (rows, *input_shape) float32 and int64 arrays."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
-    # list_flatten honours each chunk's offsets; to_numpy concatenates the chunks in one copy
-    x = pc.list_flatten(table.column(FEATURES)).to_numpy()
-    x = np.ascontiguousarray(x, dtype=np.float32).reshape(table.num_rows, *input_shape)
+    column = table.column(FEATURES)
+    if pa.types.is_binary(column.type):  # IDX images from frame_from_pixels
+        x = normalize_images(_pixel_rows(column, input_shape))
+    else:
+        # list_flatten honours each chunk's offsets; to_numpy concatenates chunks in one copy
+        x = pc.list_flatten(column).to_numpy()
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(table.num_rows, *input_shape)
     y = table.column(LABEL).to_numpy().astype(np.int64)
     return (x if x.flags.writeable else x.copy()), y
+
+
+def _pixel_rows(column: Any, input_shape: tuple[int, ...]) -> np.ndarray:
+    """A binary column of images, each exactly prod(input_shape) bytes, as uint8 (n, rows, cols)."""
+    width, parts = int(np.prod(input_shape)), []
+    for chunk in column.chunks:
+        if len(chunk) == 0:
+            continue
+        offsets = np.frombuffer(chunk.buffers()[1], np.int32)
+        offsets = offsets[chunk.offset : chunk.offset + len(chunk) + 1]
+        if chunk.null_count or np.any(np.diff(offsets) != width):
+            raise EmberError(f"an image of the training frame is not {width} bytes")
+        parts.append(np.frombuffer(chunk.buffers()[2], np.uint8)[offsets[0] : offsets[-1]])
+    flat = parts[0] if len(parts) == 1 else np.concatenate([np.empty(0, np.uint8), *parts])
+    return flat.reshape(-1, *input_shape[-2:])

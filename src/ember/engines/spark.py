@@ -14,10 +14,12 @@ import numpy as np
 
 from ember.config import RunConfig
 from ember.data import Dataset
+from ember.data.datasets import train_pixels
 from ember.data.spark import (
     FrameFacts,
     dataframe_dataset,
     frame_from_arrays,
+    frame_from_pixels,
     partition_arrays,
 )
 from ember.engines.local import merge_server_stats, save_what_the_servers_hold
@@ -55,7 +57,11 @@ def train_spark(config: RunConfig, show_progress: bool = True) -> RunResult:
         warm_up = start_warm_up(spark, config.workers)
         setup = prepare_run(config)
         data = setup.dataset
-        frame = frame_from_arrays(spark, data.x_train, data.y_train, config.workers)
+        pixels = train_pixels(data)
+        if pixels is not None:
+            frame = frame_from_pixels(spark, pixels, data.y_train, config.workers)
+        else:
+            frame = frame_from_arrays(spark, data.x_train, data.y_train, config.workers)
         # load_dataset checked every row already: no Spark job is needed to learn the facts
         width, parts = int(np.prod(data.input_shape)), frame.rdd.getNumPartitions()
         facts = FrameFacts.even(len(data.x_train), parts, width, data.num_classes - 1)
