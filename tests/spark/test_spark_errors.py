@@ -157,3 +157,19 @@ def test_without_java_the_cli_says_what_to_install(tmp_path) -> None:
         " in JAVA_HOME: install one (e.g. apt-get install openjdk-17-jre-headless)"
     )
     assert not list(tmp_path.iterdir())  # nothing loaded, nothing written
+
+
+def test_too_few_task_slots_on_the_cli_is_refused_before_anything_starts(tmp_path) -> None:
+    command = [sys.executable, "-m", "ember", "train", "--engine", "spark", "--workers", "2"]
+    done = subprocess.run(
+        [*command, "--master", "local[1]", "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "ember: error: master 'local[1]' runs 1 task(s) at once, but the barrier stage needs one"
+        " per worker: 2; lower workers or use local[2]"
+    )
+    assert not (tmp_path / "run").exists()  # nothing loaded, nothing written, no JVM started

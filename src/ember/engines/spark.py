@@ -35,6 +35,7 @@ from ember.engines.spark_jobs import (
     wait_for_warm_up,
 )
 from ember.engines.spark_session import (
+    check_before_start,
     check_cluster,
     check_supported,
     driver_memory,
@@ -52,22 +53,28 @@ def train_spark(config: RunConfig, show_progress: bool = True) -> RunResult:
     """`ember train --engine spark`: load --data on the driver, hand its training split to Spark
     as a DataFrame, and keep the test split on the driver for the final evaluation."""
     check_supported(config)
-    with session(config, show_progress) as (spark, session_seconds):
-        ready = time.perf_counter()
-        warm_up = start_warm_up(spark, config.workers)
-        setup = prepare_run(config)
-        data = setup.dataset
-        pixels = train_pixels(data)
-        if pixels is not None:
-            frame = frame_from_pixels(spark, pixels, data.y_train, config.workers)
-        else:
-            frame = frame_from_arrays(spark, data.x_train, data.y_train, config.workers)
-        # load_dataset checked every row already: no Spark job is needed to learn the facts
-        rows, width = len(data.x_train), int(np.prod(data.input_shape))
-        parts = partition_count(spark, frame, rows, config.workers)
-        facts = FrameFacts.even(rows, parts, width, data.num_classes - 1)
-        clock = (session_seconds, ready)
-        return _train(setup, spark, frame, facts, clock, warm_up, show_progress)
+    check_before_start(config)
+    began = time.perf_counter()
+    setup = prepare_run(config)  # bad data is refused before any JVM starts
+    data = setup.dataset
+    servers = ServerGroup(config, setup.initial, setup.secret, setup.run_dir / "logs", setup.resume)
+    try:
+        # the servers start (and import PyTorch) while the JVM does
+        with session(config, show_progress, servers.start) as (spark, session_seconds):
+            warm_up = start_warm_up(spark, config.workers)
+            pixels = train_pixels(data)
+            if pixels is not None:
+                frame = frame_from_pixels(spark, pixels, data.y_train, config.workers)
+            else:
+                frame = frame_from_arrays(spark, data.x_train, data.y_train, config.workers)
+            # load_dataset checked every row already: no Spark job is needed to learn the facts
+            rows, width = len(data.x_train), int(np.prod(data.input_shape))
+            parts = partition_count(spark, frame, rows, config.workers)
+            facts = FrameFacts.even(rows, parts, width, data.num_classes - 1)
+            clock = (session_seconds, began)
+            return _train(setup, spark, frame, facts, clock, warm_up, show_progress, servers)
+    finally:
+        reap(servers.processes)
 
 
 def partition_count(spark: Any, frame: Any, rows: int, partitions: int) -> int:
@@ -94,11 +101,16 @@ def train_dataframe(
     or a seeded tenth of `df`) is collected to the driver for the final evaluation."""
     check_supported(config)
     check_cluster(config, df.sparkSession)
-    ready = time.perf_counter()
+    began = time.perf_counter()
     warm_up = start_warm_up(df.sparkSession, config.workers)
     frame, facts, data = dataframe_dataset(df, features_col, label_col, test_df, config.seed)
     setup = _prepare(config, data)
-    return _train(setup, df.sparkSession, frame, facts, (0.0, ready), warm_up, show_progress)
+    servers = ServerGroup(config, setup.initial, setup.secret, setup.run_dir / "logs", setup.resume)
+    try:
+        clock = (0.0, began)
+        return _train(setup, df.sparkSession, frame, facts, clock, warm_up, show_progress, servers)
+    finally:
+        reap(servers.processes)
 
 
 def _task(
@@ -138,25 +150,25 @@ def _train(
     spark: Any,
     frame: Any,
     facts: FrameFacts,
-    clock: tuple[float, float],  # seconds the session took to start, and when it was ready
+    clock: tuple[float, float],  # seconds the session took to start, and when the run began
     warm_up: Job,
     show_progress: bool,
+    servers: ServerGroup,  # started here unless already started
 ) -> RunResult:
-    config, data, (session_seconds, ready) = setup.config, setup.dataset, clock
+    config, data, (session_seconds, began) = setup.config, setup.dataset, clock
     rows, repartition = facts.rows_per_worker(config.workers, config.batch_size)
     unused = facts.rows - rows * config.workers
     event = {"kind": "run", "event": "partitions", "partitions": len(facts.partition_rows)}
     setup.metrics.write({**event, "repartitioned": repartition, "unused_rows": unused})
     if repartition:
         frame = frame.repartition(config.workers)
-    servers = ServerGroup(config, setup.initial, setup.secret, setup.run_dir / "logs", setup.resume)
     job: Job | None = None
     try:
         spec = WorkerSpec(
             config,
             0,
             config.workers,
-            servers.start(),
+            servers.addresses if servers.slots else servers.start(),
             setup.secret,
             run_dir=str(setup.run_dir),
             initial_step=setup.resumed_step,
@@ -176,7 +188,9 @@ def _train(
         seconds = time.perf_counter() - prepared
         params = servers.snapshot()["params"]
         last = servers.checkpoint(setup.checkpoints, checkpoint_meta(config, params.size, 0))
-        timings = {"session": session_seconds, "prepare": prepared - ready, "job": seconds}
+        # the session started while the driver prepared: what it added is the rest
+        prepare = prepared - began - session_seconds
+        timings = {"session": session_seconds, "prepare": prepare, "job": seconds}
         extra = {
             "server": merge_server_stats(servers.stop()),
             "checkpoint": str(last) if last else None,

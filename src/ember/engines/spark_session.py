@@ -8,7 +8,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,6 +21,7 @@ _SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 # Locally the data passes through this JVM's heap in several copies (Spark's 1g default
 # holds MNIST once, not twice); a ceiling, not a reservation.
 _LOCAL_DRIVER_MEMORY = "4g"
+SESSION_START_TIMEOUT = 300.0  # a JVM that has not started by then is not going to
 _LOCAL = re.compile(
     r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?|local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,.*\]"
 )
@@ -45,8 +46,12 @@ def check_cluster(config: RunConfig, spark: Any) -> None:
         context = spark.sparkContext
     except Exception as exc:  # Spark Connect sessions have no SparkContext
         raise ConfigError(f"engine 'spark' needs a classic SparkSession, not {spark!r}") from exc
-    conf, master = context.getConf(), context.master
-    if conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() == "true":
+    check_master(config, context.master, context.getConf().get)
+
+
+def check_master(config: RunConfig, master: str, setting: Callable[[str, str], Any]) -> None:
+    """check_cluster for a master URL and a lookup of its settings (key, default) -> value."""
+    if str(setting("spark.dynamicAllocation.enabled", "false")).strip().lower() == "true":
         raise ConfigError(
             "spark.dynamicAllocation.enabled is true, but barrier stages (all workers at once)"
             " do not support dynamic allocation; set it to false"
@@ -63,7 +68,7 @@ def check_cluster(config: RunConfig, spark: Any) -> None:
         slots = int(executors) * int(cores)
     else:
         slots = (os.cpu_count() or 1) if threads == "*" else int(threads or 1)
-    slots //= max(1, int(conf.get("spark.task.cpus", "1")))
+    slots //= max(1, int(setting("spark.task.cpus", "1")))
     if slots < config.workers:
         raise ConfigError(
             f"master {master!r} runs {slots} task(s) at once, but the barrier stage needs one"
@@ -71,23 +76,63 @@ def check_cluster(config: RunConfig, spark: Any) -> None:
         )
 
 
-@contextmanager
-def session(config: RunConfig, show_progress: bool) -> Iterator[tuple[Any, float]]:
-    """The active SparkSession, or one started (and stopped) here for config.master."""
+def active_session() -> Any:
+    """The session of this thread, or the one another thread created; None if none runs."""
     from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession
 
-    try:  # the session of this thread, or the one another thread created
-        active = SparkSession.active()
+    try:
+        return SparkSession.active()
     except PySparkRuntimeError:
-        active = None
+        return None
+
+
+def check_before_start(config: RunConfig) -> None:
+    """What can be refused before anything is loaded or started: a master that differs from
+    the running session's, no Java for a session of ember's own, too few task slots."""
+    active = active_session()
     if active is not None:
-        if config.master and config.master != active.sparkContext.master:
-            raise ConfigError(
-                f"master {config.master!r} differs from the running SparkSession's"
-                f" {active.sparkContext.master!r}; leave master unset to use that session"
-            )
+        _check_same_master(config, active)
         check_cluster(config, active)
+        return
+    check_java()
+    check_master(config, config.master or f"local[{config.workers}]", lambda _, value: value)
+
+
+def _check_same_master(config: RunConfig, active: Any) -> None:
+    if config.master and config.master != active.sparkContext.master:
+        raise ConfigError(
+            f"master {config.master!r} differs from the running SparkSession's"
+            f" {active.sparkContext.master!r}; leave master unset to use that session"
+        )
+
+
+def check_java() -> None:
+    """A Spark session of ember's own needs a Java runtime: say so before anything starts."""
+    java = os.path.join(os.environ.get("JAVA_HOME", ""), "bin", "java")
+    if not (os.access(java, os.X_OK) or shutil.which("java")):
+        raise ConfigError(
+            "engine 'spark' needs a Java runtime (17 or 21) and found none on PATH or in"
+            " JAVA_HOME: install one (e.g. apt-get install openjdk-17-jre-headless)"
+        )
+
+
+@contextmanager
+def session(
+    config: RunConfig, show_progress: bool, meanwhile: Callable[[], object] | None = None
+) -> Iterator[tuple[Any, float]]:
+    """The active SparkSession, or one started (and stopped) here for config.master.
+
+    `meanwhile` runs on the calling thread while a JVM starts (or first, when a session is
+    running): the driver's own preparation then overlaps the seconds the JVM takes."""
+    from pyspark.sql import SparkSession
+
+    active = active_session()
+    if active is not None:
+        _check_same_master(config, active)
+        check_cluster(config, active)
+        if meanwhile is not None:
+            meanwhile()
         yield active, 0.0
         return
     master = config.master or f"local[{config.workers}]"
@@ -97,25 +142,58 @@ def session(config: RunConfig, show_progress: bool) -> Iterator[tuple[Any, float
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = builder.config("spark.driver.extraJavaOptions", _SHORT_LIVED_JVM)
         builder = builder.config("spark.driver.memory", _LOCAL_DRIVER_MEMORY)
-    java = os.path.join(os.environ.get("JAVA_HOME", ""), "bin", "java")
-    if not (os.access(java, os.X_OK) or shutil.which("java")):
-        raise ConfigError(
-            "engine 'spark' needs a Java runtime (17 or 21) and found none on PATH or in"
-            " JAVA_HOME: install one (e.g. apt-get install openjdk-17-jre-headless)"
-        )
-    started = time.perf_counter()
+    check_java()
     if show_progress:  # Spark's stage bar would fight with ember's
         builder = builder.config("spark.ui.showConsoleProgress", "false")
+    starting = _Starting(builder)
     try:
-        spark = builder.getOrCreate()
-    except Exception as exc:
-        raise EmberError(f"Spark did not start with master {master!r}: {exc}") from exc
+        if meanwhile is not None:
+            meanwhile()
+        spark, seconds = starting.result(master)
+    except BaseException:
+        starting.abandon()
+        raise
     try:
         spark.sparkContext.setLogLevel("FATAL")  # a failed job is reported by ember, once
         check_cluster(config, spark)
-        yield spark, time.perf_counter() - started
+        yield spark, seconds
     finally:
         _stop_without_waiting(spark)
+
+
+class _Starting:
+    """A SparkSession starting on a thread of its own (pyspark supports that: it then leaves
+    SIGINT to the caller), so the caller's thread is free meanwhile."""
+
+    def __init__(self, builder: Any) -> None:
+        self._started = time.perf_counter()
+        self._outcome: dict[str, Any] = {}
+        self._thread = threading.Thread(target=self._start, args=(builder,), daemon=True)
+        self._thread.start()
+
+    def _start(self, builder: Any) -> None:
+        try:
+            self._outcome["spark"] = builder.getOrCreate()
+            self._outcome["seconds"] = time.perf_counter() - self._started
+        except BaseException as exc:  # handed to the caller's thread in result()
+            self._outcome["error"] = exc
+
+    def result(self, master: str) -> tuple[Any, float]:
+        self._thread.join(SESSION_START_TIMEOUT)
+        if self._thread.is_alive():
+            raise EmberError(
+                f"Spark did not start with master {master!r} within {SESSION_START_TIMEOUT:g}s"
+            )
+        if "error" in self._outcome:
+            error = self._outcome["error"]
+            raise EmberError(f"Spark did not start with master {master!r}: {error}") from error
+        return self._outcome["spark"], self._outcome["seconds"]
+
+    def abandon(self) -> None:
+        """The caller failed first: stop the session once it is up, so no JVM outlives this."""
+        self._thread.join(SESSION_START_TIMEOUT)
+        if "spark" in self._outcome:
+            _stop_without_waiting(self._outcome["spark"])
 
 
 def _stop_without_waiting(spark: Any) -> None:
