@@ -394,6 +394,7 @@ class ClientConnection:
         if self._closed:
             return
         self._closed = True
+        self._region = None  # unmapped once no reply view refers to it
         if self._monitor is not None:
             self._sock.disable_monitor()
             self._monitor.close(linger=0)
