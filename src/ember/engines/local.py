@@ -26,11 +26,7 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
     """Run servers and workers as children of this process; every child is reaped on return,
     error or Ctrl-C, and a failure saves what the servers hold before they stop."""
     setup = prepare_run(config)
-    servers = (
-        ServerGroup(config, setup.initial, setup.secret, setup.run_dir / "logs", setup.resume)
-        if config.uses_server
-        else None
-    )
+    servers = setup.server_group() if config.uses_server else None
     processes: list[Any] = []
     try:
         addresses = servers.start() if servers is not None else []

@@ -15,6 +15,7 @@ from ember.algorithms import flatten_parameters, load_flat_parameters
 from ember.checkpoint import Checkpoint, latest_valid_checkpoint, list_checkpoints, load_checkpoint
 from ember.config import RunConfig
 from ember.data import Dataset
+from ember.engines.servers import ServerGroup
 from ember.errors import CheckpointError, ConfigError
 from ember.metrics import MetricsLog, write_json
 from ember.worker import evaluate, load_data, make_model
@@ -43,6 +44,11 @@ class RunSetup:
     @property
     def checkpoints(self) -> Path:
         return self.run_dir / "checkpoints"
+
+    def server_group(self) -> ServerGroup:
+        """This run's parameter servers, not started yet."""
+        logs = self.run_dir / "logs"
+        return ServerGroup(self.config, self.initial, self.secret, logs, self.resume)
 
     @property
     def resumed_step(self) -> int:

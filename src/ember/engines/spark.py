@@ -57,7 +57,7 @@ def train_spark(config: RunConfig, show_progress: bool = True) -> RunResult:
     began = time.perf_counter()
     setup = prepare_run(config)  # bad data is refused before any JVM starts
     data = setup.dataset
-    servers = ServerGroup(config, setup.initial, setup.secret, setup.run_dir / "logs", setup.resume)
+    servers = setup.server_group()
     try:
         # the servers start (and import PyTorch) while the JVM does
         with session(config, show_progress, servers.start) as (spark, session_seconds):
@@ -105,8 +105,9 @@ def train_dataframe(
     warm_up = start_warm_up(df.sparkSession, config.workers)
     frame, facts, data = dataframe_dataset(df, features_col, label_col, test_df, config.seed)
     setup = _prepare(config, data)
-    servers = ServerGroup(config, setup.initial, setup.secret, setup.run_dir / "logs", setup.resume)
+    servers = setup.server_group()
     try:
+        servers.start()
         clock = (0.0, began)
         return _train(setup, df.sparkSession, frame, facts, clock, warm_up, show_progress, servers)
     finally:
@@ -153,7 +154,7 @@ def _train(
     clock: tuple[float, float],  # seconds the session took to start, and when the run began
     warm_up: Job,
     show_progress: bool,
-    servers: ServerGroup,  # started here unless already started
+    servers: ServerGroup,  # started; the caller reaps them
 ) -> RunResult:
     config, data, (session_seconds, began) = setup.config, setup.dataset, clock
     rows, repartition = facts.rows_per_worker(config.workers, config.batch_size)
@@ -168,7 +169,7 @@ def _train(
             config,
             0,
             config.workers,
-            servers.addresses if servers.slots else servers.start(),
+            servers.addresses,
             setup.secret,
             run_dir=str(setup.run_dir),
             initial_step=setup.resumed_step,
@@ -207,8 +208,6 @@ def _train(
         if servers.addresses:
             save_what_the_servers_hold(setup, servers)
         raise
-    finally:
-        reap(servers.processes)
 
 
 def _watch(
