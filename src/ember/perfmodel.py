@@ -27,7 +27,10 @@ from ember.config import STRATEGIES
 FLOAT_BYTES = 4
 # Strategies without a two-worker calibration run of their own wait like one that has it:
 # SSP with a small bound waits for the slowest about as often as BSP's rounds do.
-_WAITS_LIKE = {"ssp": "bsp", "easgd": "bsp", "easgd-async": "async"}
+_WAITS_LIKE = {"ssp": "bsp", "easgd": "bsp"}
+# The tau of easgd-async's two-worker calibration run: an exchange every minibatch, so the
+# exchange's cost under load is most of the period and is measured precisely.
+CALIBRATION_TAU = 1
 
 
 @dataclass(frozen=True)
@@ -41,20 +44,37 @@ class Calibration:
     client_cpu: float  # CPU seconds a worker spends on that exchange (its zmq thread included)
     server_cpu: float  # CPU seconds the one server spends on it
     cores: int  # of the calibrating machine
-    # (seconds per minibatch, seconds per exchange) of ember's worker loop with two workers
-    # (and a server) sharing this host, per strategy measured: async, bsp and allreduce
+    # (seconds per minibatch, seconds blocked per exchange) of ember's worker loop with two workers
+    # (and a server) sharing this host, per strategy measured: async, bsp, ssp, allreduce and
+    # easgd-async (at CALIBRATION_TAU)
     on_host: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def sharing(self, strategy: str, workers: int, servers: int) -> tuple[float, float]:
         """(seconds per minibatch, seconds per exchange) with `workers` workers and `servers`
         servers on this one host: the figures alone for one worker; else the two-worker run
         of the strategy that waits like this one, scaled by how many more processes than that
-        run's compete for the cores."""
-        measured = self.on_host.get(_WAITS_LIKE.get(strategy, strategy))
+        run's compete for the cores. easgd-async's exchanger keeps its exchanges off the
+        worker's path, so its compute is the figure alone; the cores bound what it shares."""
+        if strategy == "easgd-async":
+            return self.t_comp, self.exchange_wall
+        measured = self.on_host.get(strategy) or self.on_host.get(_WAITS_LIKE.get(strategy, ""))
         if workers < 2 or measured is None:
             return self.t_comp, self.exchange_wall
         scale = max(1.0, (workers + servers) / (2 + min(servers, 1)))
         return measured[0] * scale, measured[1] * scale
+
+    def exchange_cpu_under_load(self) -> float:
+        """CPU seconds one easgd-async exchange costs the host's cores while two workers and a
+        server share them: the worker's and the server's own CPU, plus what measuring them
+        alone misses (wake-ups, zmq's threads, caches the other processes evict). When the
+        calibration kept every core busy, its period at CALIBRATION_TAU is that many
+        minibatches plus this cost, spread over the cores."""
+        alone = self.client_cpu + self.server_cpu
+        measured = self.on_host.get("easgd-async")
+        if measured is None or self.cores > 2:  # cores to spare: the processes did not compete
+            return alone
+        period = CALIBRATION_TAU * measured[0] + measured[1]  # compute, then the wait for it
+        return max(alone, period * self.cores / 2 - CALIBRATION_TAU * self.t_comp)
 
     @property
     def exchange_bytes(self) -> int:
@@ -130,7 +150,10 @@ def predict(
             # a round closes after the server took every worker's push
             candidates["worker"] += (n - 1) * server_share
         if network.bandwidth is None:
-            per_worker = tau * c.t_comp + c.client_cpu + c.server_cpu
+            exchange_cpu = c.client_cpu + c.server_cpu
+            if strategy == "easgd-async":  # its compute overlaps the exchange: only CPU bounds
+                exchange_cpu = c.exchange_cpu_under_load()
+            per_worker = tau * c.t_comp + exchange_cpu
             candidates["cpu"] = n * per_worker / _cores(c, network)
         else:
             candidates["network"] = n * c.exchange_bytes / servers / network.bandwidth

@@ -30,6 +30,8 @@ MLP = Calibration(
 SHARED = Calibration(
     **{**MLP.__dict__, "on_host": {"async": (0.0025, 0.004), "bsp": (0.0026, 0.005)}}
 )
+# And easgd-async's loop at tau 1: 4 ms per minibatch, 1 ms more waiting per exchange
+EXCHANGER = Calibration(**{**SHARED.__dict__, "on_host": {"easgd-async": (0.004, 0.001)}})
 HERE = Network(cores=2)
 GIGABIT = Network(bandwidth=125e6, latency=0.0005)
 
@@ -96,6 +98,22 @@ def test_on_one_host_two_workers_run_at_the_measured_loop_figures() -> None:
     assert crowded.period >= 2 * async_.period
     # over a network, each process has its host: the figures measured alone apply
     assert predict("async", 2, SHARED, GIGABIT) == predict("async", 2, MLP, GIGABIT)
+
+
+def test_easgd_async_on_one_host_pays_each_exchange_at_its_cost_under_load() -> None:
+    # two workers on two cores: the tau-1 period (5 ms) is one minibatch (2 ms) plus the
+    # exchange's cost to the cores, 3 ms: more than the 2 ms the exchange costs alone
+    assert EXCHANGER.exchange_cpu_under_load() == pytest.approx(0.003)
+    for tau in (1, 8, 32):
+        p = predict("easgd-async", 2, EXCHANGER, HERE, tau=tau)
+        assert p.bound == "cpu"
+        assert p.period == pytest.approx(tau * 0.002 + 0.003)
+    # cheaper under load than alone is not believed: the exchange costs at least its own CPU
+    quick = Calibration(**{**MLP.__dict__, "on_host": {"easgd-async": (0.002, 0.0)}})
+    assert quick.exchange_cpu_under_load() == pytest.approx(MLP.client_cpu + MLP.server_cpu)
+    # with cores to spare the processes did not compete, and the figures alone apply
+    roomy = Calibration(**{**EXCHANGER.__dict__, "cores": 8})
+    assert roomy.exchange_cpu_under_load() == pytest.approx(MLP.client_cpu + MLP.server_cpu)
 
 
 def test_time_to_target_scales_with_the_divergence_penalty() -> None:

@@ -1,6 +1,7 @@
 """The short local runs `ember plan` and `ember bench` feed the throughput model: the time and
 CPU of one parameter exchange alone, and a few hundred minibatches of ember's own worker loop
-for single, and for async, bsp and allreduce with two workers sharing this host's cores."""
+for single, and for async, bsp, ssp, easgd-async and allreduce with two workers sharing this
+host's cores."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from ember.config import RunConfig
 from ember.data import Dataset
 from ember.engines.process import SPAWN, free_port, reap
 from ember.engines.servers import ServerGroup
-from ember.perfmodel import Calibration
+from ember.perfmodel import CALIBRATION_TAU, Calibration
 from ember.ps import PSClient
 from ember.worker import WorkerSpec, load_data, make_model, run_worker
 
@@ -39,7 +40,7 @@ def calibrate(config: RunConfig, dataset: Dataset) -> Calibration:
     params = flatten_parameters(make_model(config, dataset))
     wall, client_cpu, server_cpu = _exchange_figures(config, params)
     t_comp, _ = _loop_figures(config, dataset, params, "single")
-    strategies = ("async", "bsp", "allreduce")
+    strategies = ("async", "bsp", "ssp", "easgd-async", "allreduce")
     on_host = {s: _loop_figures(config, dataset, params, s) for s in strategies}
     return Calibration(
         batch_size=config.batch_size,
@@ -93,7 +94,7 @@ def _calibration_rows(dataset: Dataset, batch_size: int, workers: int) -> int:
 def _loop_figures(
     config: RunConfig, dataset: Dataset, params: np.ndarray, strategy: str
 ) -> tuple[float, float]:
-    """(seconds per minibatch, seconds per exchange) of ember's own worker loop running
+    """(seconds per minibatch, seconds blocked per exchange) of ember's own worker loop running
     `strategy` on this host (two workers, and a server if it uses one), over one pass of the
     calibration rows after WARM_STEPS minibatches each: those include connecting and waiting
     for the peer."""
@@ -105,6 +106,7 @@ def _loop_figures(
             **config.to_dict(),
             "strategy": strategy,
             "workers": workers,
+            "tau": CALIBRATION_TAU,
             "epochs": 1,
             "log_every": warm_steps,
             "checkpoint_seconds": 3600.0,
@@ -133,8 +135,8 @@ def _loop_figures(
         raise RuntimeError(f"calibrating {strategy}: {'; '.join(failed)}")
     steps = sum(d["steps"] for d in done)
     exchanges = sum(d["exchanges"] for d in done)
-    comm = sum(d["t_comm"] for d in done) / exchanges if exchanges else 0.0
-    return sum(d["t_comp"] for d in done) / steps, comm
+    blocked = sum(d["blocked"] for d in done) / exchanges if exchanges else 0.0
+    return sum(d["t_comp"] for d in done) / steps, blocked
 
 
 def _loop_worker(spec: WorkerSpec, rows: int, warm_steps: int, results: Any) -> None:
@@ -164,7 +166,7 @@ def _loop_worker(spec: WorkerSpec, rows: int, warm_steps: int, results: Any) -> 
             {
                 "steps": done["steps"] - warm_steps,
                 "t_comp": max(done["t_comp"] - warm["t_comp"], wall - blocked),
-                "t_comm": done["t_comm"] - warm["t_comm"],
+                "blocked": blocked,
                 "exchanges": done["exchanges"] - warm["exchanges"],
             }
         )
