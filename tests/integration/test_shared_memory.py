@@ -158,3 +158,52 @@ def test_a_second_request_in_flight_is_answered_over_the_socket() -> None:
             routes.append(bool(header.get("shm")))
         assert routes == [True, False]
         client.close()
+
+
+def test_payloads_written_and_read_in_place_give_what_copies_give(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """EASGD through a client's shared buffers: the push is written straight into the region
+    and the elastic difference read where the server computed it, round after round."""
+    monkeypatch.setenv(shared.DISABLE_VARIABLE, "1")
+    params = np.linspace(-1, 1, SIZE, dtype=np.float32)
+    start = np.linspace(3, -3, SIZE, dtype=np.float32)
+    alpha, rounds = 0.25, 3
+    results = {}
+    for in_place in (True, False):
+        with running_servers(params, EASGDRule(alpha=alpha), "async", expected_workers=1) as (
+            server,
+        ):
+            client = PSClient([server.address], SECRET, worker=0, timeout=10)
+            client.register()
+            buffers = client.shared_buffers()
+            assert buffers is not None
+            if not in_place:
+                buffers = (np.empty(SIZE, np.float32), np.empty(SIZE, np.float32))
+            request, reply = buffers
+            x = start.copy()
+            for _ in range(rounds):  # x_i -= e each round, as a worker does
+                request[...] = x
+                client.push(request, reply_into=reply)
+                x -= reply
+            results[in_place] = x
+            stats = control([server.address], SECRET, "stats")[0]
+            client.close()
+        assert stats["shared_memory"]["replies"] == rounds
+    np.testing.assert_array_equal(results[True], results[False])
+    center, x = params.copy(), start.copy()  # the paper's update, by hand
+    for _ in range(rounds):
+        elastic = alpha * (x - center)
+        center += elastic
+        x -= elastic
+    np.testing.assert_allclose(results[True], x, rtol=1e-5, atol=1e-6)
+
+
+def test_several_shards_have_no_shared_buffers() -> None:
+    params = np.zeros(SIZE, dtype=np.float32)
+    with running_servers(params, EASGDRule(alpha=0.5), "async", shards=2) as servers:
+        client = PSClient([s.address for s in servers], SECRET, worker=0, timeout=10)
+        client.register()
+        assert all(c.shared for c in client.connections)
+        assert client.shared_buffers() is None
+        client.close()

@@ -45,6 +45,9 @@ class SyncEASGD(_EASGDBase):
         self.elastic = np.empty(flat.size, dtype=np.float32)
         self.client = self._client()
         resumed = self.client.register()
+        buffers = self.client.shared_buffers()
+        if buffers is not None:  # the elastic difference is read where the server wrote it
+            self.elastic = buffers[1]
         self.client.pull(flat.params_np)  # x_i starts at the center
         return resumed["step"]
 
@@ -99,6 +102,9 @@ class AsyncEASGD(_EASGDBase):
             client = self._client()
             self._resumed = client.register()
             client.pull(self.flat.params_np)
+            buffers = client.shared_buffers()
+            if buffers is not None:  # snapshot and reply live in shared memory: no copies
+                self.snapshot, self.elastic = buffers
         except BaseException as exc:  # re-raised on the main thread
             self._error = exc
             self._arrived.set()

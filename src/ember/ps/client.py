@@ -70,6 +70,15 @@ class PSClient:
     def size(self) -> int:
         return self.ranges[-1][1] if self.ranges else 0
 
+    def shared_buffers(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """With one shard whose payloads go through shared memory: (request, reply) arrays of
+        all parameters that lie in its region. Values written into the first are pushed with
+        no copy; a reply into the second arrives with none, and stays there until the next
+        request. None when the payloads travel some other way (several shards, a socket)."""
+        if len(self.connections) != 1 or not self.ranges:
+            return None
+        return self.connections[0].payload_views(self.size)
+
     def push(
         self, values: np.ndarray, reply_into: np.ndarray | None = None, pull: bool = False
     ) -> ExchangeResult:

@@ -80,6 +80,7 @@ class _Held:
     streaming: bool = False  # folded chunk by chunk as it arrives, each answered at once
     offset: int = 0  # keys folded so far while streaming
     reply: torch.Tensor | None = None  # easgd's elastic difference, filled chunk by chunk
+    pooled: bool = True  # the reply buffer returns to the pool (not a shared-memory view)
     trackers: list[zmq.MessageTracker] = field(default_factory=list)
 
 
@@ -278,12 +279,15 @@ class ParameterServer(Replicated):
         size = self.shard.stop - self.shard.start
         held.streaming = True
         pull = bool(held.request.header.get("pull"))
-        if self.rule.replies:
-            held.reply = self._reply_buffer()
         if not (self.rule.replies or pull):
             return  # a bare acknowledgement waits until every chunk is applied (_finish_stream)
         header = self._reply_fields(held, clock=held.worker.clock + 1, step=self.step + 1)
         self.endpoint.reply_header(held.request, header, [["float32", [size]]])
+        if self.rule.replies:
+            # Through shared memory, the reply is computed where the worker will read it.
+            in_place = self.endpoint.reply_view(held.request)
+            held.reply = self._reply_buffer() if in_place is None else torch.from_numpy(in_place)
+            held.pooled = in_place is None
 
     def _on_chunk(self, chunk: Chunk) -> None:
         if chunk.request.header.get("op") == "replicate":
@@ -343,7 +347,7 @@ class ParameterServer(Replicated):
         self.counters["pushes"] += 1
         self.counters["replies"] += 1
         self.counters["streamed"] += 1
-        if held.reply is not None:
+        if held.reply is not None and held.pooled:
             self._reply_pool.append((held.reply, zmq.MessageTracker(*held.trackers)))
         if ack is not None:
             self.endpoint.reply_header(held.request, ack, None)

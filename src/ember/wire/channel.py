@@ -227,6 +227,11 @@ class ServerEndpoint:
         self._sock.send(request.peer, zmq.SNDMORE)
         return self._sock.send(frame, 0, copy=False, track=True)
 
+    def reply_view(self, request: Request) -> np.ndarray | None:
+        """After reply_header: where a reply through shared memory lands, as float32, so the
+        caller can compute it there and hand reply_chunk the views; None on the socket."""
+        return self._regions.reply_view(request.peer)
+
     @property
     def shared_memory(self) -> dict[str, int]:
         """Connections with a shared-memory region, and the payloads and replies it carried."""
@@ -309,6 +314,14 @@ class ClientConnection:
     def shared(self) -> bool:
         """Whether payloads may go through a shared-memory region."""
         return self._region is not None
+
+    def payload_views(self, floats: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """With a region: (request, reply) float32 views of its halves. A payload written into
+        the request view is sent without a copy, and a reply read from the reply view needs
+        none; the reply view holds the last reply until the next request is sent."""
+        if self._region is None or 4 * floats > self._region.half:
+            return None
+        return self._region.half_view(False, floats), self._region.half_view(True, floats)
 
     def share_memory(self, payload_bytes: int, owner: int | None = None) -> bool:
         """Offer the server a shared-memory region for payloads of up to `payload_bytes` each

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ember.errors import ProtocolError
+from ember.wire.frames import same_place
 
 SHM_DIR = "/dev/shm"
 NAME = re.compile(r"ember-[0-9a-f]{32}")
@@ -103,12 +104,23 @@ class Region:
             os.unlink(os.path.join(SHM_DIR, self.name))
 
     def write(self, reply: bool, offset: int, data: Any) -> None:
-        """Copy `data` (any C-contiguous buffer) into a half at byte `offset`."""
+        """Copy `data` (any C-contiguous buffer) into a half at byte `offset`; data already
+        written there in place (see `half_view`) is left as it is."""
         source = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
         start = (self.half if reply else 0) + offset
         if offset + source.size > self.half:
             raise ProtocolError(f"{offset + source.size} bytes do not fit a {self.half}-byte half")
-        self._memory[start : start + source.size] = source
+        target = self._memory[start : start + source.size]
+        if not same_place(source, target):
+            target[...] = source
+
+    def half_view(self, reply: bool, floats: int) -> np.ndarray:
+        """The first `floats` float32 of a half, for a peer to fill or read in place instead of
+        copying a payload in or out."""
+        start = self.half if reply else 0
+        if 4 * floats > self.half:
+            raise ProtocolError(f"{4 * floats} bytes do not fit a {self.half}-byte half")
+        return self._memory[start : start + 4 * floats].view(np.float32)
 
     def write_all(self, reply: bool, arrays: Sequence[np.ndarray]) -> None:
         offset = 0
@@ -189,6 +201,14 @@ class ServerRegions:
 
     def replying(self, peer: bytes) -> bool:
         return peer in self._replying
+
+    def reply_view(self, peer: bytes) -> np.ndarray | None:
+        """While a reply to `peer` goes through its region: the reply half as float32, for the
+        server to compute the reply in place."""
+        if peer not in self._replying:
+            return None
+        region, _, progress = self._replying[peer]
+        return region.half_view(True, progress[1] // 4)
 
     def write_reply(self, peer: bytes, data: Any) -> dict[str, Any] | None:
         """Copy one reply chunk; returns the header to send once the last one is in."""
