@@ -14,7 +14,7 @@ from ember.perfmodel import Calibration, Network, predict
 def calibrate_tasks(
     settings: Any, tasks: dict[str, Any], log: Callable[[str], None]
 ) -> dict[str, Calibration]:
-    """A short calibration run per task that has ember rows, before any row runs."""
+    """A short calibration run per task that has ember rows, before a repetition's rows."""
     calibrations = {}
     for name in settings.tasks:
         task = tasks[name]
@@ -30,13 +30,18 @@ def calibrate_tasks(
     return calibrations
 
 
-def add_predictions(records: list[dict[str, Any]], calibrations: dict[str, Calibration]) -> None:
+def add_predictions(
+    records: list[dict[str, Any]], calibrations: list[dict[str, Calibration]]
+) -> None:
     """Set predicted_samples_per_second and prediction_error on every ember row: all its
-    processes on this host, sharing its cores, as the bench runs them."""
+    processes on this host, sharing its cores, as the bench runs them. Each row is predicted
+    from its own repetition's calibration (`calibrations[repeat]`)."""
     here = Network(bandwidth=None, cores=os.cpu_count() or 1)
     for record in records:
         record["predicted_samples_per_second"] = record["prediction_error"] = None
-        calibration = calibrations.get(record["task"])
+        repeat = record.get("repeat", 0)
+        by_task = calibrations[repeat] if repeat < len(calibrations) else {}
+        calibration = by_task.get(record["task"])
         config = record.get("config") or {}
         if record["system"] != "ember" or calibration is None or not config:
             continue

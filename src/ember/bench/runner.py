@@ -74,10 +74,11 @@ def run_bench(settings: BenchSettings, log: Log = print) -> list[dict[str, Any]]
     results = settings.out / "results.jsonl"
     results.write_text("")
     rows = plan_rows(settings, tasks)
-    calibrations = calibrate_tasks(settings, tasks, log)
+    calibrations = []  # one per repetition: its predictions see the machine its rows saw
     records: list[dict[str, Any]] = []
     with _spark_if_needed(rows, settings.workers) as spark:
         for repeat in range(settings.repeat):
+            calibrations.append(calibrate_tasks(settings, tasks, log))
             for number, row in enumerate(rows, 1):
                 log(
                     f"[{repeat + 1}/{settings.repeat}] {number}/{len(rows)} {row.task.name}: "
@@ -96,7 +97,10 @@ def run_bench(settings: BenchSettings, log: Log = print) -> list[dict[str, Any]]
         {
             **settings.to_dict(),
             "targets": {n: [t.target_metric, t.target_value] for n, t in tasks.items()},
-            "calibration": {n: asdict(c) for n, c in calibrations.items()},
+            "calibration": {
+                name: [asdict(by_task[name]) for by_task in calibrations]
+                for name in (calibrations[0] if calibrations else {})
+            },
             "ember_version": __version__,
             "cpus": os.cpu_count(),
         },
