@@ -26,7 +26,9 @@ from ember.ps import PSClient
 from ember.worker import WorkerSpec, load_data, make_model, run_worker
 
 WARM_STEPS = 50  # minibatches per worker before the loop is measured
-LOOP_STEPS = 200  # minibatches per worker measured, at least
+# Minibatches per worker measured, at least: a second or more of the loop, since a shorter
+# window on a busy two-core host lands 30% either side of the loop's usual speed.
+LOOP_STEPS = 800
 # Rows a worker draws its minibatches from, at least: a full run gathers each minibatch from its
 # whole shard, and a slice small enough to sit in the CPU's caches would time it too kindly.
 WORKING_SET_BYTES = 128 * 2**20
@@ -95,19 +97,21 @@ def _loop_figures(
     config: RunConfig, dataset: Dataset, params: np.ndarray, strategy: str
 ) -> tuple[float, float]:
     """(seconds per minibatch, seconds blocked per exchange) of ember's own worker loop running
-    `strategy` on this host (two workers, and a server if it uses one), over one pass of the
-    calibration rows after WARM_STEPS minibatches each: those include connecting and waiting
-    for the peer."""
+    `strategy` on this host (two workers, and a server if it uses one), over as many passes
+    of the calibration rows as LOOP_STEPS takes, after WARM_STEPS minibatches each: those
+    include connecting and waiting for the peer."""
     workers = 1 if strategy == "single" else 2
     rows = _calibration_rows(dataset, config.batch_size, workers)
-    warm_steps = max(1, min(WARM_STEPS, rows // workers // config.batch_size // 4))
+    per_pass = max(1, rows // workers // config.batch_size)
+    epochs = -(-(WARM_STEPS + LOOP_STEPS) // per_pass)
+    warm_steps = max(1, min(WARM_STEPS, epochs * per_pass // 4))
     probe = RunConfig(
         **{
             **config.to_dict(),
             "strategy": strategy,
             "workers": workers,
             "tau": CALIBRATION_TAU,
-            "epochs": 1,
+            "epochs": epochs,
             "log_every": warm_steps,
             "checkpoint_seconds": 3600.0,
         }
@@ -116,13 +120,16 @@ def _loop_figures(
     with tempfile.TemporaryDirectory(prefix="ember-calibrate-") as tmp:
         group = ServerGroup(probe, params, secret, Path(tmp)) if probe.uses_server else None
         results, processes = SPAWN.Queue(), []
+        # Both workers enter the loop together: one still importing PyTorch while the other
+        # runs would time that one's minibatches on cores it has to itself.
+        together = SPAWN.Barrier(workers)
         try:
             addresses = group.start() if group is not None else []
             for rank in range(workers):
                 spec = WorkerSpec(
                     probe, rank, workers, addresses, secret, rendezvous, tmp, initial=params
                 )
-                args = (spec, rows, warm_steps, results)
+                args = (spec, rows, warm_steps, results, together)
                 processes.append(SPAWN.Process(target=_loop_worker, args=args))
                 processes[-1].start()
             done = [results.get(timeout=CALIBRATION_TIMEOUT) for _ in processes]
@@ -139,7 +146,7 @@ def _loop_figures(
     return sum(d["t_comp"] for d in done) / steps, blocked
 
 
-def _loop_worker(spec: WorkerSpec, rows: int, warm_steps: int, results: Any) -> None:
+def _loop_worker(spec: WorkerSpec, rows: int, warm_steps: int, results: Any, together: Any) -> None:
     """Run the real loop on `rows` rows; report the figures after the warm-up steps."""
     try:
         dataset = load_data(spec.config)
@@ -156,6 +163,7 @@ def _loop_worker(spec: WorkerSpec, rows: int, warm_steps: int, results: Any) -> 
             if record.get("kind") == "worker" and record["step"] == warm_steps:
                 warm.update(record, clock=time.perf_counter())
 
+        together.wait(CALIBRATION_TIMEOUT)
         done = run_worker(spec, keep_warm_up, dataset)
         # A step costs more than its timed compute: batching, bookkeeping, the loop itself.
         # A run's samples/s counts all of it, so the model's compute time does too: the loop's
@@ -171,4 +179,5 @@ def _loop_worker(spec: WorkerSpec, rows: int, warm_steps: int, results: Any) -> 
             }
         )
     except Exception as exc:  # the parent names the failure instead of waiting it out
+        together.abort()  # nor does the peer wait for this worker at the barrier
         results.put(f"worker {spec.rank}: {exc!r}")
