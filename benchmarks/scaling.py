@@ -4,7 +4,9 @@ ceiling: two plain PyTorch processes (training.py) started at once, each trainin
 on one half of the data with batch 64; the ceiling is the sum of their samples/s. Then
 `ember.fit(workers=2, strategy=S, batch_size=64, threads=1, ...)` for every strategy S (easgd
 variants with tau 8), reporting samples/s, the ratio to the ceiling and the test accuracy.
-Each repeat runs all of them back to back, starting from a different one each time.
+Each repeat runs the strategies back to back, starting from a different one each time, with a
+ceiling run before the first and after each: a strategy's ratio is to the mean of the two
+ceilings around it.
 
 Usage: python benchmarks/scaling.py [--epochs E] [--data D] [--repeat R] [--quick] [--out F]
 """
@@ -52,14 +54,27 @@ def measure_ceiling(data: str, epochs: int) -> dict[str, Any]:
 
 
 def one_repeat(index: int, data: str, epochs: int) -> Repeat:
-    order = RUNS[index % len(RUNS) :] + RUNS[: index % len(RUNS)]
-    figures = {}
+    """Every strategy once, each between two ceiling runs: its ratio is to the mean of the
+    ceilings measured just before and just after it, so a drift in the machine's speed during
+    the repeat moves both sides of the ratio alike."""
+    order = STRATEGIES[index % len(STRATEGIES) :] + STRATEGIES[: index % len(STRATEGIES)]
+    figures: Repeat = {}
+    ceilings = [measure_ceiling(data, epochs)]
     for name in order:
-        if name == CEILING:
-            figures[name] = measure_ceiling(data, epochs)
-        else:
-            figures[name] = train_ember(data, epochs, strategy=name, workers=WORKERS)
-        print(f"  {name}: {figures[name]['samples_per_second']:,.0f} samples/s", flush=True)
+        figures[name] = train_ember(data, epochs, strategy=name, workers=WORKERS)
+        ceilings.append(measure_ceiling(data, epochs))
+        around = [c["samples_per_second"] for c in ceilings[-2:]]
+        figures[name]["ceiling_samples_per_second"] = sum(around) / 2
+        print(
+            f"  {name}: {figures[name]['samples_per_second']:,.0f} samples/s,"
+            f" ceiling around it {around[0]:,.0f} / {around[1]:,.0f}",
+            flush=True,
+        )
+    figures[CEILING] = {
+        "samples_per_second": sum(c["samples_per_second"] for c in ceilings) / len(ceilings),
+        "test_accuracy": ceilings[0]["test_accuracy"],
+        "runs": ceilings,
+    }
     return figures
 
 
@@ -70,10 +85,13 @@ def summarize(repeats: list[Repeat]) -> dict[str, Any]:
     def speed(r: Repeat, name: str) -> float:
         return float(r[name]["samples_per_second"])
 
+    def vs_ceiling(r: Repeat, name: str) -> float:
+        return 1.0 if name == CEILING else speed(r, name) / r[name]["ceiling_samples_per_second"]
+
     results: dict[str, Any] = {
         name: {
             "samples_per_second": over_repeats(lambda r, n=name: speed(r, n)),
-            "vs_ceiling": over_repeats(lambda r, n=name: speed(r, n) / speed(r, CEILING)),
+            "vs_ceiling": over_repeats(lambda r, n=name: vs_ceiling(r, n)),
             "test_accuracy": over_repeats(lambda r, n=name: r[n]["test_accuracy"]),
         }
         for name in RUNS
