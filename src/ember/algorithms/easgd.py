@@ -42,12 +42,11 @@ class SyncEASGD(_EASGDBase):
 
     def start(self, flat: FlatModel, optimizer: torch.optim.Optimizer | None) -> int:
         self.flat, self.optimizer = flat, optimizer
-        self.elastic = np.empty(flat.size, dtype=np.float32)
         self.client = self._client()
         resumed = self.client.register()
         buffers = self.client.shared_buffers()
-        if buffers is not None:  # the elastic difference is read where the server wrote it
-            self.elastic = buffers[1]
+        # in shared memory, the elastic difference is read where the server wrote it
+        self.elastic = np.empty(flat.size, np.float32) if buffers is None else buffers[1]
         self.client.pull(flat.params_np)  # x_i starts at the center
         return resumed["step"]
 
@@ -74,8 +73,6 @@ class AsyncEASGD(_EASGDBase):
 
     def start(self, flat: FlatModel, optimizer: torch.optim.Optimizer | None) -> int:
         self.flat, self.optimizer = flat, optimizer
-        self.elastic = np.empty(flat.size, dtype=np.float32)
-        self.snapshot = np.empty(flat.size, dtype=np.float32)  # x_i as sent; the thread owns it
         self._due = threading.Event()  # main -> exchanger: snapshot is ready to send
         self._arrived = threading.Event()  # exchanger -> main: elastic difference is ready
         self._idle = threading.Event()
@@ -102,9 +99,13 @@ class AsyncEASGD(_EASGDBase):
             client = self._client()
             self._resumed = client.register()
             client.pull(self.flat.params_np)
-            buffers = client.shared_buffers()
-            if buffers is not None:  # snapshot and reply live in shared memory: no copies
-                self.snapshot, self.elastic = buffers
+            # x_i as sent, and the elastic difference: in shared memory when there is one,
+            # so neither is copied on its way
+            size = self.flat.size
+            self.snapshot, self.elastic = client.shared_buffers() or (
+                np.empty(size, np.float32),
+                np.empty(size, np.float32),
+            )
         except BaseException as exc:  # re-raised on the main thread
             self._error = exc
             self._arrived.set()
