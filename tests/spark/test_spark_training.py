@@ -155,7 +155,7 @@ def test_a_retried_stage_resumes_from_the_servers_not_the_initial_weights(
 
 def test_data_names_train_on_spark_too(spark, tmp_path) -> None:
     result = ember.spark.fit(
-        data="digits", model="logreg", strategy="async", epochs=1, out=str(tmp_path / "run")
+        data="digits", model="logreg", strategy="async", epochs=3, out=str(tmp_path / "run")
     )
     assert result.summary["engine"] == "spark" and result.summary["test_accuracy"] > 0.8
     partitions = [
