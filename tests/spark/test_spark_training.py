@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import ember.spark
+from ember.data.spark import FrameFacts, frame_from_arrays
 from ember.metrics import read_metrics
 
 pytestmark = pytest.mark.timeout(120)
@@ -166,3 +167,19 @@ def test_data_names_train_on_spark_too(spark, tmp_path) -> None:
     assert partitions == [
         {**partitions[0], "partitions": 2, "repartitioned": False, "unused_rows": 0}
     ]
+
+
+@pytest.mark.parametrize(("rows", "workers"), [(10, 4), (601, 2), (6, 4)])
+def test_local_rows_are_partitioned_as_the_driver_expects(spark, rows, workers) -> None:
+    """The engine skips a Spark job by knowing the partition sizes of the frames it builds."""
+    from pyspark.sql import functions as F
+
+    x = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
+    frame = frame_from_arrays(spark, x, np.arange(rows), workers)
+    counted = frame.groupBy(F.spark_partition_id().alias("p")).count().collect()
+    sizes = {row["p"]: row["count"] for row in counted}
+    expected = FrameFacts.local(rows, workers, 3, rows - 1).partition_rows
+    assert frame.rdd.getNumPartitions() == len(expected)
+    assert tuple(sizes.get(p, 0) for p in range(len(expected))) == expected
+    # and the session's own settings are as they were
+    assert spark.conf.get("spark.sql.execution.arrow.localRelationThreshold") != "0"

@@ -1,4 +1,4 @@
-"""Spark engine helpers that need no JVM: a stopped SparkContext, a frame's partition count."""
+"""Spark engine helpers that need no JVM: a stopped SparkContext, a frame's partitions."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ember.engines.spark import partition_count
+from ember.data.spark import FrameFacts
 from ember.engines.spark_session import stopped
 
 
@@ -26,16 +26,15 @@ def test_a_context_counts_as_stopped_when_its_jvm_says_so_or_no_longer_answers()
 
 
 @pytest.mark.parametrize(
-    ("rows", "workers", "parallelism", "expected"),
+    ("rows", "workers", "sizes"),
     [
-        (60_000, 2, 2, 2),  # two batches, two slots: both rules agree, Spark is not asked
-        (60_000, 2, 4, 7),  # the slots differ from the batches: Spark is asked
-        (6, 4, 4, 7),  # ceil(6 / ceil(6 / 4)) = 3 batches for 4 workers: Spark is asked
+        (60_000, 2, (30_000, 30_000)),
+        (60_001, 2, (30_001, 30_000)),
+        (10, 4, (3, 3, 3, 1)),
+        (6, 4, (2, 2, 2)),  # three batches for four workers
     ],
 )
-def test_the_partition_count_is_asked_of_spark_unless_both_rules_agree(
-    rows: int, workers: int, parallelism: int, expected: int
+def test_a_frame_of_local_rows_has_one_partition_per_arrow_batch(
+    rows: int, workers: int, sizes: tuple[int, ...]
 ) -> None:
-    spark = SimpleNamespace(sparkContext=SimpleNamespace(defaultParallelism=parallelism))
-    frame = SimpleNamespace(rdd=SimpleNamespace(getNumPartitions=lambda: 7))
-    assert partition_count(spark, frame, rows, workers) == expected
+    assert FrameFacts.local(rows, workers, 784, 9).partition_rows == sizes

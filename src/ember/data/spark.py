@@ -5,7 +5,6 @@ Imports pyspark only inside functions, so the task-side half needs nothing but p
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -30,10 +29,11 @@ class FrameFacts:
     max_label: int  # the largest label
 
     @classmethod
-    def even(cls, rows: int, partitions: int, width: int, max_label: int) -> FrameFacts:
-        """The facts of a frame Spark made from checked local rows, which it slices evenly."""
-        bounds = [rows * i // partitions for i in range(partitions + 1)]
-        sizes = tuple(b - a for a, b in itertools.pairwise(bounds))
+    def local(cls, rows: int, partitions: int, width: int, max_label: int) -> FrameFacts:
+        """The facts of a frame frame_from_arrays or frame_from_pixels made of checked local
+        rows: Spark keeps one partition per Arrow batch of ceil(rows / partitions) rows."""
+        batch = -(-rows // partitions)
+        sizes = tuple(min(batch, rows - start) for start in range(0, rows, batch))
         return cls(rows, sizes, width, max_label)
 
     def rows_per_worker(self, workers: int, batch_size: int) -> tuple[int, bool]:
@@ -226,15 +226,23 @@ def _arrow_frame(spark: Any, features: Any, y: np.ndarray, partitions: int) -> A
     import pyarrow as pa
 
     table = pa.table({FEATURES: features, LABEL: pa.array(y)})
-    # Spark keeps a large table as one partition per Arrow batch of at most this many rows (a
-    # small one it slices evenly over the default parallelism): set for this call alone.
-    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
-    saved = spark.conf.get(key)
-    spark.conf.set(key, str(-(-len(y) // partitions)))
+    # Set for this call alone. With no local-relation threshold Spark keeps the Arrow batches
+    # as they are, one partition each, and the tasks read them; below its threshold (48 MB,
+    # which MNIST's images just fit) the driver would convert every row first and the tasks
+    # convert them back, a second or more of one JVM thread.
+    batch_rows = -(-len(y) // partitions)
+    settings = {
+        "spark.sql.execution.arrow.maxRecordsPerBatch": str(batch_rows),
+        "spark.sql.execution.arrow.localRelationThreshold": "0",
+    }
+    saved = {key: spark.conf.get(key) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
     try:
         return spark.createDataFrame(table)
     finally:
-        spark.conf.set(key, saved)
+        for key, value in saved.items():
+            spark.conf.set(key, value)
 
 
 def partition_arrays(

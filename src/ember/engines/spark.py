@@ -69,24 +69,11 @@ def train_spark(config: RunConfig, show_progress: bool = True) -> RunResult:
                 frame = frame_from_arrays(spark, data.x_train, data.y_train, config.workers)
             # load_dataset checked every row already: no Spark job is needed to learn the facts
             rows, width = len(data.x_train), int(np.prod(data.input_shape))
-            parts = partition_count(spark, frame, rows, config.workers)
-            facts = FrameFacts.even(rows, parts, width, data.num_classes - 1)
+            facts = FrameFacts.local(rows, config.workers, width, data.num_classes - 1)
             clock = (session_seconds, began)
             return _train(setup, spark, frame, facts, clock, warm_up, show_progress, servers)
     finally:
         reap(servers.processes)
-
-
-def partition_count(spark: Any, frame: Any, rows: int, partitions: int) -> int:
-    """How many partitions Spark made of a frame that frame_from_arrays or frame_from_pixels
-    built for `partitions`: one per Arrow batch, or for a table Spark keeps on the driver, one
-    slice per default-parallelism slot. When both give `partitions`, no query plan is needed to
-    know it (half a second on a fresh JVM)."""
-    per_batch = -(-rows // partitions)
-    batches = -(-rows // per_batch)
-    if batches == partitions == spark.sparkContext.defaultParallelism:
-        return partitions
-    return int(frame.rdd.getNumPartitions())
 
 
 def train_dataframe(
