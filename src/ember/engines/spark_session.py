@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sys
 import threading
 import time
@@ -13,14 +12,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from ember.config import RunConfig
+from ember.engines.spark_jvm import LOCAL_DRIVER_MEMORY, java_binary, local_driver_options
 from ember.errors import ConfigError, EmberError
 
-# This JVM only hands the data to the tasks, once: the optimizing JIT compiler and the
-# parallel collector would spend more CPU than they save (about a second of a run).
-_SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-# Locally the data passes through this JVM's heap in several copies (Spark's 1g default
-# holds MNIST once, not twice); a ceiling, not a reservation.
-_LOCAL_DRIVER_MEMORY = "4g"
 SESSION_START_TIMEOUT = 300.0  # a JVM that has not started by then is not going to
 _LOCAL = re.compile(
     r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?|local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,.*\]"
@@ -109,8 +103,7 @@ def _check_same_master(config: RunConfig, active: Any) -> None:
 
 def check_java() -> None:
     """A Spark session of ember's own needs a Java runtime: say so before anything starts."""
-    java = os.path.join(os.environ.get("JAVA_HOME", ""), "bin", "java")
-    if not (os.access(java, os.X_OK) or shutil.which("java")):
+    if java_binary() is None:
         raise ConfigError(
             "engine 'spark' needs a Java runtime (17 or 21) and found none on PATH or in"
             " JAVA_HOME: install one (e.g. apt-get install openjdk-17-jre-headless)"
@@ -140,8 +133,8 @@ def session(
     if master.startswith("local"):  # only here do tasks share the driver's machine and Python
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        builder = builder.config("spark.driver.extraJavaOptions", _SHORT_LIVED_JVM)
-        builder = builder.config("spark.driver.memory", _LOCAL_DRIVER_MEMORY)
+        builder = builder.config("spark.driver.extraJavaOptions", local_driver_options())
+        builder = builder.config("spark.driver.memory", LOCAL_DRIVER_MEMORY)
     check_java()
     if show_progress:  # Spark's stage bar would fight with ember's
         builder = builder.config("spark.ui.showConsoleProgress", "false")

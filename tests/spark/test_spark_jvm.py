@@ -1,0 +1,64 @@
+"""The class-data archive of a local session's JVM: written by the first, read by later ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.processes import wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+DYNAMIC_ARCHIVE_MAGIC = 0xF00BABA8  # HotSpot writes it into the header last
+# A child with a session of ember's own, as `ember train --engine spark` starts it: it runs a
+# job and reports its JVM's process id and Java options.
+SESSION_OF_ITS_OWN = """
+import json
+from ember.config import RunConfig
+from ember.engines.spark_session import session
+
+with session(RunConfig(engine="spark", workers=2), show_progress=False) as (spark, _):
+    assert spark.range(100, numPartitions=2).count() == 100
+    runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    options = list(runtime.getInputArguments())
+    pid = spark.sparkContext._gateway.proc.pid
+print(json.dumps({"pid": pid, "options": options}))
+"""
+
+
+def start_a_session(cache: Path) -> dict:
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    env.pop("EMBER_SPARK_CLASS_ARCHIVE", None)
+    done = subprocess.run(
+        [sys.executable, "-c", SESSION_OF_ITS_OWN],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict = json.loads(done.stdout.splitlines()[-1])
+    return report
+
+
+def test_the_first_session_writes_the_archive_and_the_next_starts_from_it(tmp_path) -> None:
+    first = start_a_session(tmp_path)
+    archive_flags = [o for o in first["options"] if "ArchiveClassesAtExit" in o]
+    assert len(archive_flags) == 1
+    archive = Path(archive_flags[0].split("=", 1)[1])
+    assert archive.parent == tmp_path / "ember"
+    # The JVM writes the archive as it exits, after the child that started it has
+    assert wait_for(lambda: not psutil.pid_exists(first["pid"]), 60), "the JVM did not exit"
+    assert archive.stat().st_size > 1_000_000
+    assert int.from_bytes(archive.read_bytes()[:4], "little") == DYNAMIC_ARCHIVE_MAGIC
+
+    second = start_a_session(tmp_path)  # a JVM that failed to map it would not get this far
+    assert f"-XX:SharedArchiveFile={archive}" in second["options"]
+    assert not [o for o in second["options"] if "ArchiveClassesAtExit" in o]
+    assert wait_for(lambda: not psutil.pid_exists(second["pid"]), 60)
