@@ -19,6 +19,7 @@ d * single's samples / throughput, and the speedup that matters is n / d for a l
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -49,19 +50,29 @@ class Calibration:
     # easgd-async (at CALIBRATION_TAU)
     on_host: dict[str, tuple[float, float]] = field(default_factory=dict)
 
-    def sharing(self, strategy: str, workers: int, servers: int) -> tuple[float, float]:
+    def sharing(
+        self, strategy: str, workers: int, servers: int, tau: int = 1
+    ) -> tuple[float, float]:
         """(seconds per minibatch, seconds per exchange) with `workers` workers and `servers`
         servers on this one host: the figures alone for one worker; else the two-worker run
         of the strategy that waits like this one, scaled by how many more processes than that
         run's compete for the cores. easgd-async's exchanger keeps its exchanges off the
-        worker's path, so its compute is the figure alone; the cores bound what it shares."""
+        worker's path, so its compute is the figure alone; the cores bound what it shares.
+
+        A synchronous round waits for the slowest worker. What the calibration (one minibatch
+        per exchange) blocked beyond the exchange itself is the gap between two workers'
+        minibatch times; over tau minibatches of independent jitter that gap is a random
+        walk, which grows as sqrt(tau)."""
         if strategy == "easgd-async":
             return self.t_comp, self.exchange_wall
         measured = self.on_host.get(strategy) or self.on_host.get(_WAITS_LIKE.get(strategy, ""))
         if workers < 2 or measured is None:
             return self.t_comp, self.exchange_wall
+        step, blocked = measured
+        if STRATEGIES[strategy][1] == "bsp" and tau > 1:
+            blocked += max(0.0, blocked - self.exchange_wall) * (math.sqrt(tau) - 1)
         scale = max(1.0, (workers + servers) / (2 + min(servers, 1)))
-        return measured[0] * scale, measured[1] * scale
+        return step * scale, blocked * scale
 
     def exchange_cpu_under_load(self) -> float:
         """CPU seconds one easgd-async exchange costs the host's cores while two workers and a
@@ -124,7 +135,7 @@ def predict(
         tau, servers = 1, 1
     # On one host, processes slow each other down; over a network each has a host to itself.
     if network.bandwidth is None:
-        t_step, t_exchange = c.sharing(strategy, n, servers if algorithm != "allreduce" else 0)
+        t_step, t_exchange = c.sharing(strategy, n, servers if algorithm != "allreduce" else 0, tau)
     else:
         t_step, t_exchange = c.t_comp, c.exchange_wall
     compute = tau * t_step
