@@ -4,6 +4,7 @@ Java options of a local session."""
 from __future__ import annotations
 
 import shlex
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -54,28 +55,18 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "ember"
 
 
-def test_the_first_local_jvm_writes_a_class_archive_and_later_ones_read_it(cache: Path) -> None:
-    stale = cache / "spark-classes-0000000000000000.jsa"
-    cache.mkdir()
-    stale.write_bytes(b"of another Java runtime")
-    first = spark_jvm.local_driver_options().split()
+def test_a_local_jvm_lists_its_classes_until_there_is_an_archive(cache: Path) -> None:
     archive = spark_jvm.class_archive()
-    assert archive is not None and archive.parent == cache
-    assert first == [
-        *spark_jvm.SHORT_LIVED.split(),
-        f"-XX:ArchiveClassesAtExit={archive}",
-        "-Xlog:cds*=off",
-    ]
-    assert not stale.exists()
-    archive.write_bytes(b"as the first JVM left it")
-    later = spark_jvm.local_driver_options().split()
-    assert later[-2:] == [f"-XX:SharedArchiveFile={archive}", "-Xlog:cds*=off"]
-
-
-def test_the_class_archive_can_be_switched_off(cache: Path, monkeypatch) -> None:
-    monkeypatch.setenv(spark_jvm.ARCHIVE_SWITCH, "off")
-    assert spark_jvm.local_driver_options() == spark_jvm.SHORT_LIVED
-    assert not cache.exists()
+    assert archive is not None and archive.path.parent == cache
+    short_lived = spark_jvm.SHORT_LIVED.split()
+    first = spark_jvm.local_driver_options(archive).split()
+    assert first == [*short_lived, f"-XX:DumpLoadedClassList={archive.class_list}"]
+    archive.path.write_bytes(b"as the writer left it")
+    later = spark_jvm.local_driver_options(archive).split()
+    assert later == [*short_lived, f"-XX:SharedArchiveFile={archive.path}", "-Xlog:cds*=off"]
+    archive.path.unlink()
+    archive.failed.write_text("java exited with 1")  # a failed write is not retried
+    assert spark_jvm.local_driver_options(archive) == spark_jvm.SHORT_LIVED
 
 
 def test_an_archive_path_with_spaces_stays_one_java_option(tmp_path, monkeypatch) -> None:
@@ -83,6 +74,52 @@ def test_an_archive_path_with_spaces_stays_one_java_option(tmp_path, monkeypatch
     if spark_jvm.java_binary() is None:
         pytest.skip("no Java runtime here")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "my cache"))
-    options = shlex.split(spark_jvm.local_driver_options())
     archive = spark_jvm.class_archive()
-    assert f"-XX:ArchiveClassesAtExit={archive}" in options
+    assert archive is not None
+    options = shlex.split(spark_jvm.local_driver_options(archive))
+    assert f"-XX:DumpLoadedClassList={archive.class_list}" in options
+    archive.path.write_text("written")
+    options = shlex.split(spark_jvm.local_driver_options(archive))
+    assert f"-XX:SharedArchiveFile={archive.path}" in options
+
+
+def test_the_class_archive_can_be_switched_off(cache: Path, monkeypatch) -> None:
+    monkeypatch.setenv(spark_jvm.ARCHIVE_SWITCH, "off")
+    assert spark_jvm.class_archive() is None
+    assert spark_jvm.local_driver_options(None) == spark_jvm.SHORT_LIVED
+    assert not cache.exists()
+
+
+FAKE_JAVA = """#!/bin/sh
+# writes its -XX:SharedArchiveFile=PATH, or fails when FAIL is set
+[ -n "$FAIL" ] && exit 3
+for arg in "$@"; do
+  case "$arg" in -XX:SharedArchiveFile=*) echo archived > "${arg#*=}";; esac
+done
+"""
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_writer_moves_a_whole_archive_into_place_or_marks_the_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: bool
+) -> None:
+    java = tmp_path / "java"
+    java.write_text(FAKE_JAVA)
+    java.chmod(0o755)
+    if fails:
+        monkeypatch.setenv("FAIL", "1")
+    archive = spark_jvm.ClassArchive(tmp_path / "spark-classes-new.jsa")
+    stale = tmp_path / "spark-classes-old.jsa"
+    stale.write_text("of another runtime")
+    archive.class_list.write_text("java/lang/Object\n")
+    gone = subprocess.Popen(["true"])  # the JVM that listed the classes, exited
+    gone.wait()
+    code = spark_jvm.write_archive(gone.pid, str(java), "a.jar", archive.class_list, archive.path)
+    assert not archive.class_list.exists()
+    assert not list(tmp_path.glob("*.partial"))
+    if fails:
+        assert code == 1 and not archive.path.exists() and archive.failed.exists()
+        assert stale.exists()
+    else:
+        assert code == 0 and archive.path.read_text() == "archived\n"
+        assert not stale.exists() and not archive.failed.exists()

@@ -12,7 +12,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from ember.config import RunConfig
-from ember.engines.spark_jvm import LOCAL_DRIVER_MEMORY, java_binary, local_driver_options
+from ember.engines.spark_jvm import (
+    LOCAL_DRIVER_MEMORY,
+    class_archive,
+    java_binary,
+    local_driver_options,
+)
 from ember.errors import ConfigError, EmberError
 
 SESSION_START_TIMEOUT = 300.0  # a JVM that has not started by then is not going to
@@ -130,10 +135,12 @@ def session(
         return
     master = config.master or f"local[{config.workers}]"
     builder = SparkSession.builder.master(master).appName("ember")
+    archive = None
     if master.startswith("local"):  # only here do tasks share the driver's machine and Python
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        builder = builder.config("spark.driver.extraJavaOptions", local_driver_options())
+        archive = class_archive()
+        builder = builder.config("spark.driver.extraJavaOptions", local_driver_options(archive))
         builder = builder.config("spark.driver.memory", LOCAL_DRIVER_MEMORY)
     check_java()
     if show_progress:  # Spark's stage bar would fight with ember's
@@ -151,7 +158,10 @@ def session(
         check_cluster(config, spark)
         yield spark, seconds
     finally:
+        jvm = getattr(spark.sparkContext._gateway, "proc", None)
         _stop_without_waiting(spark)
+        if archive is not None and jvm is not None:
+            archive.write_after(jvm.pid)
 
 
 class _Starting:
