@@ -13,11 +13,11 @@ import pytest
 
 from tests.processes import wait_for
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = pytest.mark.timeout(600)
 
 STATIC_ARCHIVE_MAGIC = 0xF00BABA2
 # A child with a session of ember's own, as `ember train --engine spark` starts it: it runs a
-# job and reports its JVM's process id and Java options.
+# job and reports its JVM's process id, Java options and whether it shares class data.
 SESSION_OF_ITS_OWN = """
 import json
 from ember.config import RunConfig
@@ -27,8 +27,9 @@ with session(RunConfig(engine="spark", workers=2), show_progress=False) as (spar
     assert spark.range(100, numPartitions=2).count() == 100
     runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
     options = list(runtime.getInputArguments())
+    vm_info = spark.sparkContext._jvm.java.lang.System.getProperty("java.vm.info")
     pid = spark.sparkContext._gateway.proc.pid
-print(json.dumps({"pid": pid, "options": options}))
+print(json.dumps({"pid": pid, "options": options, "vm_info": vm_info}))
 """
 
 
@@ -64,7 +65,9 @@ def test_the_first_session_lists_its_classes_and_the_next_starts_from_their_arch
     assert not class_list.exists()
     assert not psutil.pid_exists(first["pid"])
 
-    second = start_a_session(cache)  # a JVM that failed to map it would not get this far
+    second = start_a_session(cache)
     assert f"-XX:SharedArchiveFile={archive}" in second["options"]
+    # A JVM that rejects the archive it is given runs with no shared class data at all
+    assert "sharing" in second["vm_info"]
     assert not [o for o in second["options"] if o.startswith("-XX:DumpLoadedClassList")]
     assert wait_for(lambda: not psutil.pid_exists(second["pid"]), 60)

@@ -3,8 +3,10 @@ Java options of a local session."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -65,8 +67,27 @@ def test_a_local_jvm_lists_its_classes_until_there_is_an_archive(cache: Path) ->
     later = spark_jvm.local_driver_options(archive).split()
     assert later == [*short_lived, f"-XX:SharedArchiveFile={archive.path}", "-Xlog:cds*=off"]
     archive.path.unlink()
+    archive.discard()
     archive.failed.write_text("java exited with 1")  # a failed write is not retried
     assert spark_jvm.local_driver_options(archive) == spark_jvm.SHORT_LIVED
+
+
+def test_one_process_at_a_time_lists_the_classes(cache: Path) -> None:
+    archive = spark_jvm.class_archive()
+    assert archive is not None
+    other = subprocess.Popen(["sleep", "30"])
+    try:  # a live run holds the claim: this one neither lists nor writes
+        archive.claim.write_text(spark_jvm._identity(other.pid))
+        assert archive.java_options() == ""
+    finally:
+        other.kill()
+        other.wait(10)
+    # its holder is gone: the claim is taken over
+    assert archive.java_options() == f"-XX:DumpLoadedClassList={archive.class_list}"
+    assert archive.claim.read_text() == spark_jvm._identity(os.getpid())
+    archive.class_list.write_text("java/lang/Object\n")
+    archive.discard()  # a session that failed to start gives both up
+    assert not archive.class_list.exists() and not archive.claim.exists()
 
 
 def test_an_archive_path_with_spaces_stays_one_java_option(tmp_path, monkeypatch) -> None:
@@ -91,8 +112,11 @@ def test_the_class_archive_can_be_switched_off(cache: Path, monkeypatch) -> None
 
 
 FAKE_JAVA = """#!/bin/sh
-# writes its -XX:SharedArchiveFile=PATH, or fails when FAIL is set
+# reads its class list and writes its -XX:SharedArchiveFile=PATH, or fails when FAIL is set
 [ -n "$FAIL" ] && exit 3
+for arg in "$@"; do
+  case "$arg" in -XX:SharedClassListFile=*) [ -f "${arg#*=}" ] || exit 4;; esac
+done
 for arg in "$@"; do
   case "$arg" in -XX:SharedArchiveFile=*) echo archived > "${arg#*=}";; esac
 done
@@ -109,17 +133,24 @@ def test_the_writer_moves_a_whole_archive_into_place_or_marks_the_failure(
     if fails:
         monkeypatch.setenv("FAIL", "1")
     archive = spark_jvm.ClassArchive(tmp_path / "spark-classes-new.jsa")
-    stale = tmp_path / "spark-classes-old.jsa"
-    stale.write_text("of another runtime")
-    archive.class_list.write_text("java/lang/Object\n")
     gone = subprocess.Popen(["true"])  # the JVM that listed the classes, exited
-    gone.wait()
-    code = spark_jvm.write_archive(gone.pid, str(java), "a.jar", archive.class_list, archive.path)
-    assert not archive.class_list.exists()
+    gone.wait(10)
+    unused, recent = tmp_path / "spark-classes-old.jsa", tmp_path / "spark-classes-else.jsa"
+    orphan = tmp_path / f"spark-classes-new.{gone.pid}.partial"  # of a writer that died
+    for leftover in (unused, recent, orphan):
+        leftover.write_text("of another runtime, or another writer")
+    a_month_ago = time.time() - 31 * 86400
+    os.utime(unused, (a_month_ago, a_month_ago))
+    # the run's class list is named after its process, gone too by the time the JVM is
+    classes = tmp_path / f"spark-classes-new.{gone.pid}.classlist"
+    classes.write_text("java/lang/Object\n")
+    archive.claim.write_text(spark_jvm._identity(os.getpid()))  # handed to this writer
+    code = spark_jvm.write_archive(gone.pid, str(java), "a.jar", classes, archive.path)
+    assert not classes.exists() and not orphan.exists() and not unused.exists()
+    assert recent.exists() and not archive.claim.exists()
     assert not list(tmp_path.glob("*.partial"))
     if fails:
         assert code == 1 and not archive.path.exists() and archive.failed.exists()
-        assert stale.exists()
     else:
         assert code == 0 and archive.path.read_text() == "archived\n"
-        assert not stale.exists() and not archive.failed.exists()
+        assert not archive.failed.exists()

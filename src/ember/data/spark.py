@@ -32,7 +32,7 @@ class FrameFacts:
     def local(cls, rows: int, partitions: int, width: int, max_label: int) -> FrameFacts:
         """The facts of a frame frame_from_arrays or frame_from_pixels made of checked local
         rows: Spark keeps one partition per Arrow batch of ceil(rows / partitions) rows."""
-        batch = -(-rows // partitions)
+        batch = max(1, -(-rows // partitions))  # no rows: no partitions
         sizes = tuple(min(batch, rows - start) for start in range(0, rows, batch))
         return cls(rows, sizes, width, max_label)
 

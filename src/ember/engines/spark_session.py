@@ -14,6 +14,7 @@ from typing import Any
 from ember.config import RunConfig
 from ember.engines.spark_jvm import (
     LOCAL_DRIVER_MEMORY,
+    ClassArchive,
     class_archive,
     java_binary,
     local_driver_options,
@@ -139,7 +140,7 @@ def session(
     if master.startswith("local"):  # only here do tasks share the driver's machine and Python
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        archive = class_archive()
+        archive = _archive_for_a_new_jvm()
         builder = builder.config("spark.driver.extraJavaOptions", local_driver_options(archive))
         builder = builder.config("spark.driver.memory", LOCAL_DRIVER_MEMORY)
     check_java()
@@ -152,6 +153,8 @@ def session(
         spark, seconds = starting.result(master)
     except BaseException:
         starting.abandon()
+        if archive is not None:
+            archive.discard()
         raise
     try:
         spark.sparkContext.setLogLevel("FATAL")  # a failed job is reported by ember, once
@@ -162,6 +165,14 @@ def session(
         _stop_without_waiting(spark)
         if archive is not None and jvm is not None:
             archive.write_after(jvm.pid)
+
+
+def _archive_for_a_new_jvm() -> ClassArchive | None:
+    """The class-data archive, when this session starts a JVM: pyspark keeps the JVM of an
+    earlier session in this process, and Java options no longer apply to it."""
+    from pyspark import SparkContext
+
+    return class_archive() if SparkContext._gateway is None else None
 
 
 class _Starting:
