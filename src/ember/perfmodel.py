@@ -49,6 +49,7 @@ class Calibration:
     # (and a server) sharing this host, per strategy measured: async, bsp, ssp, allreduce and
     # easgd-async (at CALIBRATION_TAU)
     on_host: dict[str, tuple[float, float]] = field(default_factory=dict)
+    t_eval: float = 0.0  # seconds worker 0 spends on one evaluation of the test set
 
     def sharing(
         self, strategy: str, workers: int, servers: int, tau: int = 1
@@ -172,6 +173,18 @@ def predict(
     period = candidates[bound]
     throughput = n * tau * c.batch_size / period if period > 0 else float("inf")
     return Prediction(strategy, n, servers, tau, throughput, period, t_comm, bound)
+
+
+def evaluation_wait(strategy: str, evaluations: int, calibration: Calibration) -> float:
+    """Seconds the other workers wait while worker 0 evaluates the test set `evaluations`
+    times. A synchronous round (bsp, easgd, all-reduce) cannot close without worker 0, and
+    under ssp the others run only `staleness` minibatches ahead, little beside an evaluation;
+    asynchronous workers go on. The run's samples/s counts the slowest worker's loop, so it
+    pays for these waits; the evaluations themselves are not training and are left out."""
+    algorithm, consistency = STRATEGIES[strategy]
+    if algorithm == "single" or consistency == "async":
+        return 0.0
+    return evaluations * calibration.t_eval
 
 
 def _cores(c: Calibration, network: Network) -> int:

@@ -62,6 +62,13 @@ def make_model(config: RunConfig, dataset: Dataset) -> torch.nn.Module:
     return build_model(config.model, dataset.input_shape, dataset.num_classes, seed=config.seed)
 
 
+def evaluates_after(step: int, steps_per_epoch: int, eval_every: int) -> bool:
+    """Whether worker 0 evaluates after `step` (counted from 0): at each epoch's end, and
+    every `eval_every` steps if set."""
+    periodic = eval_every > 0 and (step + 1) % eval_every == 0
+    return (step + 1) % steps_per_epoch == 0 or periodic
+
+
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module, x: np.ndarray, y: np.ndarray, batch: int = 2000
@@ -166,8 +173,7 @@ def run_worker(
                 )
             )
             last_log, loss_sum, logged_steps = now, torch.zeros(()), 0
-        periodic = config.eval_every and (step + 1) % config.eval_every == 0
-        if spec.rank == 0 and (index + 1 == steps_per_epoch or periodic):
+        if spec.rank == 0 and evaluates_after(step, steps_per_epoch, config.eval_every):
             aside_started = time.perf_counter()
             accuracy, test_loss = evaluate(model, dataset.x_test, dataset.y_test)
             report(

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+from ember.bench.predict import add_predictions
 from ember.perfmodel import (
     Calibration,
     Network,
+    evaluation_wait,
     parse_bandwidth,
     parse_counts,
     parse_latency,
@@ -120,6 +124,35 @@ def test_easgd_async_on_one_host_pays_each_exchange_at_its_cost_under_load() -> 
     # with cores to spare the processes did not compete, and the figures alone apply
     roomy = Calibration(**{**EXCHANGER.__dict__, "cores": 8})
     assert roomy.exchange_cpu_under_load() == pytest.approx(MLP.client_cpu + MLP.server_cpu)
+
+
+def test_synchronous_rows_wait_out_worker_zeros_evaluations() -> None:
+    timed = Calibration(**{**SHARED.__dict__, "t_eval": 0.05})
+    for strategy in ("bsp", "ssp", "easgd", "allreduce"):
+        assert evaluation_wait(strategy, 6, timed) == pytest.approx(0.3)
+    for strategy in ("single", "async", "easgd-async"):
+        assert evaluation_wait(strategy, 6, timed) == 0.0
+    # 2 epochs of 10 minibatches a worker, evaluating every 4: after minibatches 4, 8, 10
+    # (the epoch's end), 12, 16 and 20
+    samples = 2 * 20 * 64
+    config = {"workers": 2, "servers": 1, "batch_size": 64, "epochs": 2, "eval_every": 4}
+    rows = [
+        {
+            "task": "mlp",
+            "system": "ember",
+            "status": "ok",
+            "samples": samples,
+            "samples_per_second": 1000.0,
+            "config": {**config, "strategy": strategy, "tau": 8, "n_push": 1},
+        }
+        for strategy in ("bsp", "async")
+    ]
+    add_predictions(rows, [{"mlp": timed}])
+    here = Network(cores=os.cpu_count())
+    loop = samples / predict("bsp", 2, timed, here).samples_per_second
+    assert rows[0]["predicted_samples_per_second"] == pytest.approx(samples / (loop + 0.3))
+    async_ = predict("async", 2, timed, here).samples_per_second
+    assert rows[1]["predicted_samples_per_second"] == pytest.approx(async_)
 
 
 def test_time_to_target_scales_with_the_divergence_penalty() -> None:

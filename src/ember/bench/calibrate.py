@@ -1,7 +1,7 @@
 """The short local runs `ember plan` and `ember bench` feed the throughput model: the time and
-CPU of one parameter exchange alone, and a few hundred minibatches of ember's own worker loop
-for single, and for async, bsp, ssp, easgd-async and allreduce with two workers sharing this
-host's cores."""
+CPU of one parameter exchange alone, one evaluation of the test set, and a few hundred
+minibatches of ember's own worker loop for single, and for async, bsp, ssp, easgd-async and
+allreduce with two workers sharing this host's cores."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from ember.engines.process import SPAWN, free_port, reap
 from ember.engines.servers import ServerGroup
 from ember.perfmodel import CALIBRATION_TAU, Calibration
 from ember.ps import PSClient
-from ember.worker import WorkerSpec, load_data, make_model, run_worker
+from ember.worker import WorkerSpec, evaluate, load_data, make_model, run_worker
 
 WARM_STEPS = 50  # minibatches per worker before the loop is measured
 # Minibatches per worker measured, at least: a second or more of the loop, since a shorter
@@ -33,13 +33,16 @@ LOOP_STEPS = 800
 # whole shard, and a slice small enough to sit in the CPU's caches would time it too kindly.
 WORKING_SET_BYTES = 128 * 2**20
 EXCHANGES = 100  # timed round trips: CPU times tick in 10 ms steps, so take many
+EVALUATIONS = 3  # timed evaluations of the test set
 CALIBRATION_TIMEOUT = 300.0
 
 
 def calibrate(config: RunConfig, dataset: Dataset) -> Calibration:
     """Measure on this machine, one torch thread, for `config.model` on `config.data`."""
     torch.set_num_threads(1)
-    params = flatten_parameters(make_model(config, dataset))
+    model = make_model(config, dataset)
+    params = flatten_parameters(model)
+    t_eval = _evaluation_seconds(model, dataset)
     wall, client_cpu, server_cpu = _exchange_figures(config, params)
     t_comp, _ = _loop_figures(config, dataset, params, "single")
     strategies = ("async", "bsp", "ssp", "easgd-async", "allreduce")
@@ -53,7 +56,19 @@ def calibrate(config: RunConfig, dataset: Dataset) -> Calibration:
         server_cpu=server_cpu,
         cores=os.cpu_count() or 1,
         on_host=on_host,
+        t_eval=t_eval,
     )
+
+
+def _evaluation_seconds(model: torch.nn.Module, dataset: Dataset) -> float:
+    """Median seconds of one evaluation of the whole test set, as worker 0 runs it."""
+    evaluate(model, dataset.x_test, dataset.y_test)  # warm-up: first-call allocations
+    seconds = []
+    for _ in range(EVALUATIONS):
+        started = time.perf_counter()
+        evaluate(model, dataset.x_test, dataset.y_test)
+        seconds.append(time.perf_counter() - started)
+    return float(np.median(seconds))
 
 
 def _exchange_figures(config: RunConfig, params: np.ndarray) -> tuple[float, float, float]:

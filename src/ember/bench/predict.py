@@ -8,7 +8,8 @@ from typing import Any
 
 from ember.bench.calibrate import calibrate
 from ember.config import RunConfig
-from ember.perfmodel import Calibration, Network, predict
+from ember.perfmodel import Calibration, Network, evaluation_wait, predict
+from ember.worker import evaluates_after
 
 
 def calibrate_tasks(
@@ -34,8 +35,9 @@ def add_predictions(
     records: list[dict[str, Any]], calibrations: list[dict[str, Calibration]]
 ) -> None:
     """Set predicted_samples_per_second and prediction_error on every ember row: all its
-    processes on this host, sharing its cores, as the bench runs them. Each row is predicted
-    from its own repetition's calibration (`calibrations[repeat]`)."""
+    processes on this host, sharing its cores, as the bench runs them, and the other workers
+    waiting out worker 0's evaluations for the curve where the strategy makes them. Each row
+    is predicted from its own repetition's calibration (`calibrations[repeat]`)."""
     here = Network(bandwidth=None, cores=os.cpu_count() or 1)
     for record in records:
         record["predicted_samples_per_second"] = record["prediction_error"] = None
@@ -50,7 +52,18 @@ def add_predictions(
         predicted = predict(
             config["strategy"], config["workers"], calibration, here, period, config["servers"]
         ).samples_per_second
+        samples = record.get("samples") or 0
+        if samples:  # the loop's time at that speed, and the waits for worker 0's evaluations
+            wait = evaluation_wait(config["strategy"], _evaluations(config, samples), calibration)
+            predicted = samples / (samples / predicted + wait)
         record["predicted_samples_per_second"] = predicted
         measured = record.get("samples_per_second")
         if record["status"] == "ok" and measured:
             record["prediction_error"] = (predicted - measured) / measured
+
+
+def _evaluations(config: dict[str, Any], samples: int) -> int:
+    """How many times worker 0 evaluated in a row of `samples` samples in all."""
+    steps = samples // config["workers"] // config["batch_size"]
+    per_epoch = max(1, steps // config["epochs"])
+    return sum(evaluates_after(step, per_epoch, config["eval_every"]) for step in range(steps))

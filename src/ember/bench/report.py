@@ -24,8 +24,10 @@ READING_GUIDE = (
     "percentage of all cores, taken over the row's whole process tree, and peak memory is that "
     "tree's largest summed RSS. Bytes/sample counts bytes pushed and pulled per training sample; "
     "divergence d is the samples a row needed to reach the target over single's in the same "
-    "repetition. Predicted samples/s comes from ember.perfmodel, followed by its error relative "
-    "to the measured median."
+    "repetition. In the synchronous rows (bsp, ssp, easgd, allreduce) the other workers wait "
+    "while worker 0 evaluates for the curve, four times an epoch, and samples/s pays for those "
+    "waits. Predicted samples/s comes from ember.perfmodel, waits included, followed by its "
+    "error relative to the measured median."
 )
 
 
