@@ -213,3 +213,6 @@ def test_plan_report_has_a_line_per_worker_count_and_advice() -> None:
     text = plan_report(MLP, GIGABIT, [1, 2, 4], [1, 8, 32])
     assert "| 4 |" in text and "easgd-async tau=32" in text
     assert text.count("workers: easgd-async, tau=") == 3
+    assert "evaluates the test set" not in text  # not calibrated: nothing to say
+    timed = Calibration(**{**MLP.__dict__, "t_eval": 0.064})
+    assert "evaluates the test set in 64 ms" in plan_report(timed, GIGABIT, [2], [8])
