@@ -47,9 +47,14 @@ def plot_curves(task: str, groups: list[Group], out: Path) -> Path | None:
         ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=label)
     if value is not None:
         ax.axhline(value, color="black", linestyle="--", linewidth=1, label=f"target {value:g}")
+    times = [p[0] for _, points in curves for p in points if p[0] > 0]
+    # MLlib's fits can take a hundred times ember's rows: a log axis keeps the fast rows apart
+    spread = bool(times) and max(times) > 20 * min(times)
+    if spread:
+        ax.set_xscale("log")
     ax.set(
         title=f"{task}: {metric.replace('_', ' ')} during training",
-        xlabel="training time (s)",
+        xlabel="training time (s, log scale)" if spread else "training time (s)",
         ylabel=metric.replace("_", " "),
     )
     ax.grid(alpha=0.3)
