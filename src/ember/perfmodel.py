@@ -312,19 +312,17 @@ def plan_report(
         f" one exchange of {c.exchange_bytes / 1e6:.2f} MB takes {c.exchange_wall * 1e3:.2f} ms"
         f" ({c.server_cpu * 1e3:.2f} ms of server CPU)",
         f"predicted for: {where}",
-        *(
-            [
-                f"worker 0 evaluates the test set in {c.t_eval * 1e3:.0f} ms; in bsp, ssp, easgd"
-                " and allreduce the other workers wait that long at each evaluation (not in the"
-                " table)"
-            ]
-            if c.t_eval > 0
-            else []
-        ),
         f"single: {single:,.0f} samples/s",
         "",
         "predicted samples/s (what bounds it) at 1 server; easgd uses tau=8",
     ]
+    if c.t_eval > 0:
+        waiting = ", ".join(s for s in PLAN_STRATEGIES if evaluation_wait(s, 1, c) > 0)
+        lines.insert(
+            2,
+            f"worker 0 evaluates the test set in {c.t_eval * 1e3:.0f} ms; in {waiting} the other"
+            " workers wait that long at each evaluation (not in the table)",
+        )
     headers = ["workers", *PLAN_STRATEGIES, *(f"easgd-async tau={t}" for t in taus)]
     table = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     advice = []

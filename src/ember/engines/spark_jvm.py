@@ -180,7 +180,6 @@ def write_archive(jvm_pid: int, java: str, classpath: str, classes: Path, archiv
             return 1
         with partial.open("rb") as written:  # on disk before it carries the archive's name
             os.fsync(written.fileno())
-        classes.unlink(missing_ok=True)
         os.replace(partial, archive)
         return 0
     except (OSError, psutil.TimeoutExpired, subprocess.TimeoutExpired):
