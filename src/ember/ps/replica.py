@@ -17,11 +17,17 @@ from typing import Any
 
 import numpy as np
 import torch
-import zmq
 
-from ember.errors import EmberError, ProtocolError
+from ember.errors import ProtocolError
 from ember.ps.clocks import ClockTable
-from ember.wire import ClientConnection, Request, ServerEndpoint, gather, tensors_from_frames
+from ember.wire import (
+    CONNECTION_ERRORS,
+    ClientConnection,
+    Request,
+    ServerEndpoint,
+    gather,
+    tensors_from_frames,
+)
 
 CONNECT_TIMEOUT = 2.0  # a backup that is being restarted is retried at the next copy
 
@@ -60,8 +66,7 @@ class Replicator:
                 self._connection.send(header, arrays)
                 self._connection.recv()
                 self.sent += 1
-            except (EmberError, zmq.ZMQError) as exc:  # the backup is down or restarting:
-                # the next copy retries
+            except CONNECTION_ERRORS as exc:  # the backup is down or restarting: retry next copy
                 self.failures += 1
                 self.last_error = str(exc)
                 self._drop_connection()

@@ -10,13 +10,12 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-import zmq
 
 from ember.errors import ProtocolError
 from ember.ps.clocks import ClockTable, WorkerEntry
 from ember.ps.consistency import Consistency
 from ember.ps.replica import Replicated
-from ember.wire import Chunk, Request, ServerEndpoint
+from ember.wire import Chunk, Request, SendTicket, ServerEndpoint
 
 # Payload views alias zmq's read-only receive buffers; the rules only ever read them.
 warnings.filterwarnings("ignore", message="The given buffer is not writable")
@@ -81,7 +80,7 @@ class _Held:
     offset: int = 0  # keys folded so far while streaming
     reply: torch.Tensor | None = None  # easgd's elastic difference, filled chunk by chunk
     pooled: bool = True  # the reply buffer returns to the pool (not a shared-memory view)
-    trackers: list[zmq.MessageTracker] = field(default_factory=list)
+    trackers: list[SendTicket] = field(default_factory=list)
 
 
 class ParameterServer(Replicated):
@@ -132,8 +131,8 @@ class ParameterServer(Replicated):
         self._held: list[_Held] = []
         self._arriving: dict[bytes, _Held] = {}  # peer -> push whose payload is on the wire
         # Replies in flight that read self.params (and state), with the keys they read.
-        self._trackers: list[tuple[slice, zmq.MessageTracker]] = []
-        self._reply_pool: list[tuple[torch.Tensor, zmq.MessageTracker | None]] = []
+        self._trackers: list[tuple[slice, SendTicket]] = []
+        self._reply_pool: list[tuple[torch.Tensor, SendTicket | None]] = []
         self._running = True
         self._secret, self.role, self.replica_seconds = secret, role, replica_seconds
         self._replicated_at = 0.0
@@ -348,7 +347,7 @@ class ParameterServer(Replicated):
         self.counters["replies"] += 1
         self.counters["streamed"] += 1
         if held.reply is not None and held.pooled:
-            self._reply_pool.append((held.reply, zmq.MessageTracker(*held.trackers)))
+            self._reply_pool.append((held.reply, SendTicket.joined(held.trackers)))
         if ack is not None:
             self.endpoint.reply_header(held.request, ack, None)
         self._drain()  # a worker that was waiting on this one's clock may now go on

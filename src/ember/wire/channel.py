@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from ember.errors import NotPrimary, ProtocolError, ServerGone, ServerUnavailable
+from ember.errors import EmberError, NotPrimary, ProtocolError, ServerGone, ServerUnavailable
 from ember.wire.frames import (
     CHUNK_BYTES,
     MAC_BYTES,
@@ -26,6 +26,7 @@ from ember.wire.frames import (
     unseal,
 )
 from ember.wire.shared import Region, ServerRegions, fits
+from ember.wire.ticket import COPIED, SendTicket
 
 # Handshake messages are a tag followed by 32 bytes (a nonce or a MAC).
 HELLO, CHALLENGE, PROOF = b"EMBER2-HELLO", b"EMBER2-CHALLENGE", b"EMBER2-PROOF"
@@ -38,6 +39,8 @@ MAX_PENDING_HANDSHAKES = 1024
 MAX_FRAME_BYTES = max(CHUNK_BYTES, MAC_BYTES + MAX_HEADER_BYTES) + 1024
 # A watched connection looks for a broken TCP session this often while it waits for a reply.
 WATCH_SLICE = 0.25
+# What a ClientConnection raises when its peer is down, restarting or misbehaving.
+CONNECTION_ERRORS = (EmberError, zmq.ZMQError)
 
 
 def _socket(context: zmq.Context, kind: int) -> zmq.Socket:
@@ -192,13 +195,13 @@ class ServerEndpoint:
         header: dict[str, Any],
         arrays: Sequence[np.ndarray] = (),
         track: bool = False,
-    ) -> zmq.MessageTracker | None:
+    ) -> SendTicket | None:
         """Send a sealed reply and its arrays' chunks. Arrays go zero-copy: with `track`, the
-        returned tracker says when zmq no longer reads them; do not modify them before that."""
+        returned ticket says when zmq no longer reads them; do not modify them before that."""
         if not self.reply_header(request, header, describe(arrays) if arrays else None):
             return None
-        trackers = [self.reply_chunk(request, frame) for frame in chunk_frames(arrays)]
-        return zmq.MessageTracker(*trackers) if track and trackers else None
+        tickets = [self.reply_chunk(request, frame) for frame in chunk_frames(arrays)]
+        return SendTicket.joined(tickets) if track and tickets else None
 
     def reply_header(
         self, request: Request, header: dict[str, Any], table: list[Any] | None
@@ -215,17 +218,17 @@ class ServerEndpoint:
         self._sock.send_multipart([request.peer, seal(key, header)], copy=False)
         return True
 
-    def reply_chunk(self, request: Request, frame: Any) -> zmq.MessageTracker:
-        """Send one payload frame zero-copy; the tracker says when zmq is done reading it.
-        A reply through shared memory is copied at once, so its tracker is already done."""
+    def reply_chunk(self, request: Request, frame: Any) -> SendTicket:
+        """Send one payload frame zero-copy; the ticket says when zmq is done reading it.
+        A reply through shared memory is copied at once, so its ticket is already done."""
         if self._regions.replying(request.peer):
             header = self._regions.write_reply(request.peer, frame)
             if header is not None:
                 sealed = seal(self._sessions[request.peer], header)
                 self._sock.send_multipart([request.peer, sealed])
-            return zmq.MessageTracker()
+            return COPIED
         self._sock.send(request.peer, zmq.SNDMORE)
-        return self._sock.send(frame, 0, copy=False, track=True)
+        return SendTicket(self._sock.send(frame, 0, copy=False, track=True))
 
     def reply_view(self, request: Request) -> np.ndarray | None:
         """After reply_header: where a reply through shared memory lands, as float32, so the
