@@ -1,10 +1,17 @@
 """The parameter server: a store with an injected update rule, and its clients.
 
 Map:
-- ParameterServer, UpdateRule, ShardSpec, shard_ranges -> server.py: one key-range shard
+- ParameterServer, Op -> server.py: one key-range shard: a request loop and a table from
+  operation to handler
+- ShardSpec, ShardState, UpdateRule, shard_ranges -> shard.py: a shard's key range, the rule
+  it is updated by, and the state it holds
+- PushPull -> pushpull.py: pushes and pulls held, streamed chunk by chunk, and answered
+- Fold -> fold.py: contribute-then-commit of a payload's chunks, streamed or whole
+- Replies -> replies.py: reply buffers, and the keys replies in flight still read
 - PSClient, ExchangeResult, fetch_state, control -> client.py: push/pull/exchange across shards,
   failing over to a shard's replica or restart
-- Replicator, Replicated -> replica.py: a primary's copies to its backup, and promotion
+- Replication, Replicator, Role -> replica.py: a primary's copies to its backup, their apply
+  on the backup, and promotion
 - ClockTable -> clocks.py: per-worker clocks, incarnations and liveness of one shard
 - Consistency, BulkSynchronous, StaleSynchronous, Asynchronous, make_consistency -> consistency.py
 """
@@ -17,7 +24,8 @@ from ember.ps.consistency import (
     StaleSynchronous,
     make_consistency,
 )
-from ember.ps.server import ParameterServer, ShardSpec, UpdateRule, shard_ranges
+from ember.ps.server import ParameterServer
+from ember.ps.shard import ShardSpec, UpdateRule, shard_ranges
 
 __all__ = [
     "Asynchronous",

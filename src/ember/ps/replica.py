@@ -13,15 +13,18 @@ import queue
 import threading
 import time
 from collections import Counter
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
-import torch
 
 from ember.errors import ProtocolError
 from ember.ps.clocks import ClockTable
+from ember.ps.replies import Replies
+from ember.ps.shard import ShardSpec, ShardState
 from ember.wire import (
     CONNECTION_ERRORS,
+    Chunk,
     ClientConnection,
     Request,
     ServerEndpoint,
@@ -30,6 +33,12 @@ from ember.wire import (
 )
 
 CONNECT_TIMEOUT = 2.0  # a backup that is being restarted is retried at the next copy
+SEND_TIMEOUT = 30.0  # how long the primary waits for its backup to acknowledge a copy
+
+
+class Role(StrEnum):
+    PRIMARY = "primary"  # serves workers, and ships copies to its backup if it has one
+    BACKUP = "backup"  # takes copies from its primary until it is promoted
 
 
 class Replicator:
@@ -92,113 +101,122 @@ class Replicator:
         }
 
 
-class Replicated:
-    """The replication half of ParameterServer: taking copies as a backup, sending them as a
-    primary, and promotion. It works on the server's own state."""
+class Replication:
+    """A shard's side of replication, working on the ShardState it is handed: as a primary,
+    taking copies and giving them to a Replicator; as a backup, applying the copies its primary
+    sends, whole or not at all, until it is promoted."""
 
-    shard: Any
-    rule: Any
-    params: torch.Tensor
-    state: dict[str, torch.Tensor]
-    round_sum: torch.Tensor | None
-    round_count: int
-    round_clock: int
-    step: int
-    clocks: ClockTable
-    endpoint: ServerEndpoint
-    rejected: Counter[str]
-    counters: Counter[str]
-    role: str
-    replica_seconds: float
-    replicator: Replicator | None
-    _secret: bytes
-    _replicated_at: float
-    _copy_arriving: Request | None
-    _arriving: dict[bytes, Any]
-    _held: list[Any]
-
-    def _release_params_for_writing(self) -> None:
-        raise NotImplementedError  # ParameterServer's: a reply in flight may read the params
+    def __init__(
+        self,
+        spec: ShardSpec,
+        shard: ShardState,
+        clocks: ClockTable,
+        endpoint: ServerEndpoint,
+        replies: Replies,
+        counters: Counter[str],
+        rejected: Counter[str],
+        secret: bytes,
+        *,
+        role: Role,
+        backup: str | None,
+        interval: float,
+    ) -> None:
+        self.spec, self.shard, self.clocks, self.endpoint = spec, shard, clocks, endpoint
+        self.replies, self.counters, self.rejected = replies, counters, rejected
+        self.role, self.interval, self._secret = role, interval, secret
+        self.replicator = self._replicator(backup)
+        self.copy_arriving: Request | None = None  # a copy from the primary, header accepted
+        self._copied_at = 0.0
 
     def _replicator(self, backup: str | None) -> Replicator | None:
-        return None if backup is None else Replicator(backup, self._secret, timeout=30.0)
+        return None if backup is None else Replicator(backup, self._secret, SEND_TIMEOUT)
 
-    def _replica_names(self) -> list[str]:
-        names = ["params", *self.rule.state_names]
-        return names + (["round_sum"] if self.round_sum is not None else [])
-
-    def _replica_tensor(self, name: str) -> torch.Tensor:
-        if name == "params":
-            return self.params
-        if name == "round_sum":
-            assert self.round_sum is not None
-            return self.round_sum
-        return self.state[name]
-
-    def _maybe_replicate(self) -> None:
-        """Copy the state to the backup when due, the previous copy is acknowledged, and no
-        update is half-applied (a push mid-stream, or folded into a round but not answered)."""
+    @property
+    def copy_due(self) -> bool:
+        """A primary with a backup copies its state every `interval`, once the previous copy
+        is acknowledged; the caller also makes sure no update is half-applied."""
         replicator = self.replicator
-        if (
-            replicator is None
-            or not replicator.idle
-            or time.monotonic() - self._replicated_at < self.replica_seconds
-            or any(h.streaming and h.worker.live for h in self._arriving.values())
-            or any(h.folded for h in self._held)
-        ):
-            return
-        names = self._replica_names()
+        return (
+            replicator is not None
+            and replicator.idle
+            and time.monotonic() - self._copied_at >= self.interval
+        )
+
+    def send_copy(self) -> None:
+        assert self.replicator is not None
+        shard = self.shard
+        tensors = shard.copied()
         header = {
             "op": "replicate",
             "seq": 0,
-            "names": names,
-            "step": self.step,
-            "round": [self.round_count, self.round_clock],
+            "names": list(tensors),
+            "step": shard.step,
+            "round": [shard.round_count, shard.round_clock],
             "workers": self.clocks.replica_table(),
         }
-        replicator.offer(header, [self._replica_tensor(n).numpy().copy() for n in names])
-        self._replicated_at = time.monotonic()
+        self.replicator.offer(header, [t.numpy().copy() for t in tensors.values()])
+        self._copied_at = time.monotonic()
 
-    def _check_replica(self, request: Request) -> None:
-        if self.role == "primary":
-            raise ProtocolError(f"shard {self.shard.index} is a primary; it takes no copies")
-        size = self.shard.stop - self.shard.start
-        names = self._replica_names()
+    def accept_copy(self, request: Request) -> None:
+        """A copy's header: its payload is taken only if it fits this shard as it is."""
+        if self.role is Role.PRIMARY:
+            raise ProtocolError(f"shard {self.spec.index} is a primary; it takes no copies")
+        names = list(self.shard.copied())
         if request.header.get("names") != names or request.header.get("tensors") != [
-            ["float32", [size]] for _ in names
+            ["float32", [self.spec.size]] for _ in names
         ]:
             self.rejected["shape"] += 1
-            raise ProtocolError(f"a copy for shard {self.shard.index} must carry {names}")
-        self._copy_arriving = request
+            raise ProtocolError(f"a copy for shard {self.spec.index} must carry {names}")
+        self.copy_arriving = request
 
-    def _apply_replica(self, request: Request) -> None:
-        header, size = request.header, self.shard.stop - self.shard.start
+    def on_chunk(self, chunk: Chunk) -> None:
+        if chunk.request is not self.copy_arriving or self.role is not Role.BACKUP:
+            return  # refused at its header
+        if chunk.error is not None:
+            self.copy_arriving = None
+            raise ProtocolError(chunk.error)
+        if chunk.request.complete:
+            self.copy_arriving = None
+            self._apply(chunk.request)
+
+    def _apply(self, request: Request) -> None:
+        header, spec = request.header, self.spec
         names = header["names"]
-        tensors = tensors_from_frames(header["tensors"], request.frames, 4 * size * len(names))
+        tensors = tensors_from_frames(header["tensors"], request.frames, 4 * spec.size * len(names))
         if not isinstance(header.get("step"), int):
-            raise ProtocolError(f"malformed copy of shard {self.shard.index}: no step")
+            raise ProtocolError(f"malformed copy of shard {spec.index}: no step")
         try:
             round_count, round_clock = (int(v) for v in header["round"])
             self.clocks.restore(header["workers"])
         except (TypeError, ValueError, KeyError) as exc:
-            raise ProtocolError(f"malformed copy of shard {self.shard.index}: {exc}") from None
-        self._release_params_for_writing()
+            raise ProtocolError(f"malformed copy of shard {spec.index}: {exc}") from None
+        self.replies.release_for_writing()  # a snapshot in flight may still read the old state
+        targets = self.shard.copied()
         for name, chunks in zip(names, tensors, strict=True):
-            gather(chunks, self._replica_tensor(name).numpy())
-        self.step = header["step"]
-        self.round_count, self.round_clock = round_count, round_clock
+            gather(chunks, targets[name].numpy())
+        self.shard.step = header["step"]
+        self.shard.round_count, self.shard.round_clock = round_count, round_clock
         self.counters["copies_applied"] += 1
-        self.endpoint.reply(request, {"op": "ok", "step": self.step})
+        self.endpoint.reply(request, {"op": "ok", "step": self.shard.step})
 
-    def _promote(self, request: Request) -> None:
+    def promote(self, request: Request) -> None:
         """The launcher saw this shard's primary die: serve workers from the last copy."""
         backup = request.header.get("backup")
-        self._copy_arriving = None  # a copy still on its way is older than what we now serve
-        if self.role != "primary":
-            self.role = "primary"
+        self.copy_arriving = None  # a copy still on its way is older than what we now serve
+        if self.role is not Role.PRIMARY:
+            self.role = Role.PRIMARY
             self.clocks.touch_all()  # silence while we were a backup is not the workers' fault
-            self.clocks.events.append({"event": "promoted", "step": self.step})
+            self.clocks.events.append({"event": "promoted", "step": self.shard.step})
         if isinstance(backup, str) and self.replicator is None:
             self.replicator = self._replicator(backup)
         copies = self.counters["copies_applied"]  # 0: it serves the checkpoint it started from
-        self.endpoint.reply(request, {"op": "ok", "step": self.step, "copies_applied": copies})
+        self.endpoint.reply(
+            request, {"op": "ok", "step": self.shard.step, "copies_applied": copies}
+        )
+
+    def stats(self) -> dict[str, Any] | None:
+        return None if self.replicator is None else self.replicator.stats()
+
+    def close(self) -> None:
+        if self.replicator is not None:
+            self.replicator.close()

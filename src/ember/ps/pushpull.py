@@ -1,0 +1,284 @@
+"""PushPull: a shard's pushes and pulls, held, folded (whole or streamed) and answered."""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ember.errors import ProtocolError
+from ember.ps.clocks import ClockTable, WorkerEntry
+from ember.ps.consistency import Consistency
+from ember.ps.fold import Fold
+from ember.ps.replies import Replies
+from ember.ps.shard import ALL_KEYS, ShardSpec, ShardState, UpdateRule, header_int
+from ember.wire import Chunk, Request, SendTicket, ServerEndpoint
+
+# Payload views alias zmq's read-only receive buffers; the rules only ever read them.
+warnings.filterwarnings("ignore", message="The given buffer is not writable")
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+@dataclass
+class Held:
+    request: Request
+    worker: WorkerEntry
+    payload: list[torch.Tensor] | None  # chunk views of zmq's receive buffers, as they arrive
+    folded: bool = False
+    streaming: bool = False  # folded chunk by chunk as it arrives, each answered at once
+    offset: int = 0  # keys folded so far while streaming
+    reply: torch.Tensor | None = None  # easgd's elastic difference, filled chunk by chunk
+    pooled: bool = True  # the reply buffer returns to the pool (not a shared-memory view)
+    tickets: list[SendTicket] = field(default_factory=list)
+
+
+class PushPull:
+    """Folds pushes into the shard and answers pushes and pulls when the consistency policy
+    allows; a push that nothing can make wait is folded and answered chunk by chunk while
+    the rest of it is still on the wire."""
+
+    def __init__(
+        self,
+        spec: ShardSpec,
+        shard: ShardState,
+        rule: UpdateRule,
+        consistency: Consistency,
+        clocks: ClockTable,
+        endpoint: ServerEndpoint,
+        replies: Replies,
+        counters: Counter[str],
+        rejected: Counter[str],
+    ) -> None:
+        self.spec, self.shard, self.rule, self.consistency = spec, shard, rule, consistency
+        self.clocks, self.endpoint, self.replies = clocks, endpoint, replies
+        self.counters, self.rejected = counters, rejected
+        self.held: list[Held] = []  # requests the policy does not allow to answer yet
+        self.arriving: dict[bytes, Held] = {}  # peer -> push whose payload is on the wire
+        self.fold = Fold(shard, rule, clocks, replies, counters, rejected)
+
+    @property
+    def mid_update(self) -> bool:
+        """Whether an update is half-applied: a push mid-stream, or folded into a round but
+        not answered."""
+        return any(h.streaming and h.worker.live for h in self.arriving.values()) or any(
+            h.folded for h in self.held
+        )
+
+    def on_request(self, request: Request) -> None:
+        header = request.header
+        worker = self._known_worker(header)
+        seq = header_int(header, "seq")
+        if seq <= worker.last_seq:  # a repeated (worker, incarnation, seq): ack, never re-apply
+            self._answer_duplicate(request, worker, seq)
+            return
+        worker.last_seq = seq
+        header_int(header, "step")
+        if header["op"] == "pull":
+            self.held.append(Held(request, worker, None))
+            self.drain()
+            return
+        self._check_payload(request)
+        held = Held(request, worker, [])
+        self.arriving[request.peer] = held
+        if self._can_stream(held):
+            self._start_stream(held)
+
+    def _answer_duplicate(self, request: Request, worker: WorkerEntry, seq: int) -> None:
+        """A request sent again (its reply was lost with a failed server) is not applied
+        twice, but gets a reply of the shape it expects: a read is safe to repeat, and an
+        elastic difference it never received is answered as zero, a step it does not take."""
+        self.counters["duplicates"] += 1
+        worker.answered_seq = max(worker.answered_seq, seq)
+        header = {"op": "ok", "duplicate": True, "seq": seq}
+        if request.header["op"] == "pull" or request.header.get("pull"):
+            ticket = self.endpoint.reply(request, header, [self.shard.params.numpy()], track=True)
+            if ticket is not None:
+                self.replies.reading(ALL_KEYS, ticket)
+        elif request.header["op"] == "push" and self.rule.replies:
+            zeros = self.replies.buffer().zero_()
+            ticket = self.endpoint.reply(request, header, [zeros.numpy()], track=True)
+            self.replies.recycle(zeros, ticket)
+        else:
+            self.endpoint.reply(request, header)
+
+    def _known_worker(self, header: dict[str, Any]) -> WorkerEntry:
+        try:
+            return self.clocks.known(
+                header_int(header, "worker"), header_int(header, "incarnation")
+            )
+        except ProtocolError:
+            self.rejected["incarnation"] += 1
+            raise
+
+    def _check_payload(self, request: Request) -> None:
+        """Refuse a push whose header does not fit this shard before any of its payload is used."""
+        spec = self.spec
+        if request.header.get("keys") != [spec.start, spec.stop]:
+            self.rejected["keys"] += 1
+            raise ProtocolError(
+                f"push for keys {request.header.get('keys')!r}, this shard holds "
+                f"[{spec.start}, {spec.stop}]"
+            )
+        table = request.header.get("tensors")
+        if table != [["float32", [spec.size]]]:
+            self.rejected["shape"] += 1
+            raise ProtocolError(
+                f"push must carry one float32 tensor of shape [{spec.size}], got {table!r}"
+            )
+
+    # ---- streaming: a push folded chunk by chunk while the rest is still on the wire ----------
+    def _can_stream(self, held: Held) -> bool:
+        """Only when nothing can make this push wait: the policy answers it now (and its pull
+        too), no earlier request of the worker is held, and no synchronous round collects it."""
+        worker, slowest = held.worker, self.clocks.min_clock()
+        pull = bool(held.request.header.get("pull"))
+        return (
+            self.shard.round_sum is None
+            and self.consistency.ready(worker.clock, slowest)
+            and (not pull or self.consistency.ready(worker.clock + 1, slowest))
+            and not any(h.worker is worker for h in self.held)
+        )
+
+    def _start_stream(self, held: Held) -> None:
+        held.streaming = True
+        pull = bool(held.request.header.get("pull"))
+        if not (self.rule.replies or pull):
+            return  # a bare acknowledgement waits until every chunk is applied (_finish_stream)
+        header = self._reply_fields(held, clock=held.worker.clock + 1, step=self.shard.step + 1)
+        self.endpoint.reply_header(held.request, header, [["float32", [self.spec.size]]])
+        if self.rule.replies:
+            # Through shared memory, the reply is computed where the worker will read it.
+            in_place = self.endpoint.reply_view(held.request)
+            held.reply = self.replies.buffer() if in_place is None else torch.from_numpy(in_place)
+            held.pooled = in_place is None
+
+    def on_chunk(self, chunk: Chunk) -> None:
+        held = self.arriving.get(chunk.request.peer)
+        if held is None or held.request is not chunk.request:
+            return  # the push was refused at its header; its chunks are dropped
+        if chunk.error is not None:
+            raise ProtocolError(chunk.error)
+        frame = chunk.request.frames[chunk.index]
+        values = torch.from_numpy(np.frombuffer(frame.buffer, dtype=np.float32))
+        if held.streaming:
+            self._fold_streamed(held, values)
+        else:
+            assert held.payload is not None
+            held.payload.append(values)
+        if chunk.request.complete:
+            del self.arriving[chunk.request.peer]
+            if held.streaming:
+                self._finish_stream(held)
+            else:
+                self.held.append(held)
+                self.drain()
+
+    def _fold_streamed(self, held: Held, values: torch.Tensor) -> None:
+        keys = slice(held.offset, held.offset + values.numel())
+        self.replies.release_for_writing(keys)  # another worker's reply may still read them
+        out = None if held.reply is None else held.reply[keys]
+        params = self.fold.chunk(keys, values, out)
+        held.offset = keys.stop
+        if out is not None:
+            held.tickets.append(self.endpoint.reply_chunk(held.request, out.numpy()))
+        elif held.request.header.get("pull"):
+            ticket = self.endpoint.reply_chunk(held.request, params.numpy())
+            self.replies.reading(keys, ticket)  # it reads the live parameters
+
+    def _finish_stream(self, held: Held) -> None:
+        worker, shard = held.worker, self.shard
+        answered = held.reply is not None or held.request.header.get("pull")
+        ack = None if answered else self._reply_fields(held, worker.clock + 1, shard.step + 1)
+        worker.clock += 1
+        worker.step = held.request.header["step"]
+        worker.pulled_at = shard.step + 1
+        worker.answered_seq = held.request.header["seq"]
+        shard.step += 1
+        self.counters["pushes"] += 1
+        self.counters["replies"] += 1
+        self.counters["streamed"] += 1
+        if held.reply is not None and held.pooled:
+            self.replies.recycle(held.reply, SendTicket.joined(held.tickets))
+        if ack is not None:
+            self.endpoint.reply_header(held.request, ack, None)
+        self.drain()  # a worker that was waiting on this one's clock may now go on
+
+    # ---- holding and answering -----------------------------------------------------------------
+    def drain(self) -> None:
+        """Serve every held request the policy now allows, until nothing changes."""
+        progress = True
+        while progress:
+            progress = False
+            for held in list(self.held):
+                if self._try_serve(held):
+                    self.held.remove(held)
+                    progress = True
+
+    def _try_serve(self, held: Held) -> bool:
+        worker, header, shard = held.worker, held.request.header, self.shard
+        if not worker.live:
+            return True  # dropped while waiting: nobody to answer
+        if held.payload is not None and not held.folded:
+            if not self.consistency.ready(worker.clock, self.clocks.min_clock()):
+                return False
+            reply = self.fold.payload(held.payload, worker.clock)
+            held.folded, worker.clock = True, worker.clock + 1
+            worker.step = header["step"]  # recorded when folded: a checkpoint never skips it
+            self.fold.maybe_commit_round()
+            if reply is not None:  # easgd: the elastic difference answers the push at once
+                self._answer(held, reply_tensor=reply)
+                worker.pulled_at = shard.step
+                return True
+        if header.get("pull", header["op"] == "pull"):
+            if not self.consistency.ready(worker.clock, self.clocks.min_clock()):
+                return False
+            self._answer(held, reply_tensor=shard.params, aliases_params=True)
+            worker.pulled_at = shard.step
+        else:
+            self._answer(held)
+        return True
+
+    def _answer(
+        self, held: Held, reply_tensor: torch.Tensor | None = None, aliases_params: bool = False
+    ) -> None:
+        header = self._reply_fields(held, held.worker.clock, self.shard.step)
+        arrays = [reply_tensor.numpy()] if reply_tensor is not None else []
+        ticket = self.endpoint.reply(held.request, header, arrays, track=bool(arrays))
+        held.worker.answered_seq = max(held.worker.answered_seq, header["seq"])
+        if ticket is not None:
+            if aliases_params:
+                self.replies.reading(ALL_KEYS, ticket)
+            elif reply_tensor is not None:
+                self.replies.recycle(reply_tensor, ticket)
+        self.counters["replies"] += 1
+
+    def _reply_fields(self, held: Held, clock: int, step: int) -> dict[str, Any]:
+        """The reply header; staleness counts the updates others made since this worker's
+        last read, as of the moment after its own push (`step`)."""
+        pushed = held.payload is not None
+        staleness = max(0, step - held.worker.pulled_at - 1) if pushed else 0
+        return {
+            "op": "ok",
+            "seq": held.request.header["seq"],
+            "clock": clock,
+            "step": step,
+            "staleness": staleness,
+        }
+
+    def forget_dead_streams(self) -> None:
+        """A push whose worker died mid-stream (replaced by a new incarnation, or dropped for
+        silence) will never complete: forget it, and the frames the endpoint kept for it."""
+        for peer, held in list(self.arriving.items()):
+            if not held.worker.live:
+                del self.arriving[peer]
+                self.endpoint.forget_stream(peer)
+
+    def drop_silent_workers(self) -> None:
+        if self.clocks.drop_silent({id(h.worker) for h in self.held}):
+            self.forget_dead_streams()
+            self.fold.maybe_commit_round()
+            self.drain()

@@ -1,0 +1,52 @@
+"""Replies: the buffers zero-copy replies are sent from, and the keys replies in flight read."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from ember.ps.shard import ALL_KEYS, ShardState
+from ember.wire import SendTicket
+
+
+class Replies:
+    """Zero-copy replies hand zmq the server's own tensors: this keeps each one untouched
+    until its send ticket is done, by reusing reply buffers only after that and by moving
+    the shard to private copies before an update of keys a reply still reads."""
+
+    def __init__(self, shard: ShardState, counters: Counter[str]) -> None:
+        self._shard, self._counters = shard, counters
+        self._reading: list[tuple[slice, SendTicket]] = []  # replies that read the shard's keys
+        self._pool: list[tuple[torch.Tensor, SendTicket | None]] = []
+
+    def buffer(self) -> torch.Tensor:
+        """A reusable reply buffer zmq has finished sending (fresh pages cost a first touch)."""
+        for i, (buffer, ticket) in enumerate(self._pool):
+            if ticket is None or ticket.done:
+                del self._pool[i]
+                return buffer
+        return torch.empty(self._shard.params.numel())
+
+    def recycle(self, buffer: torch.Tensor, ticket: SendTicket | None) -> None:
+        """`buffer` (from `buffer()`) is sent; it is reused once `ticket` is done."""
+        self._pool.append((buffer, ticket))
+
+    def reading(self, keys: slice, ticket: SendTicket) -> None:
+        """A reply reads the shard's params (and state) at `keys` until `ticket` is done."""
+        self._reading.append((keys, ticket))
+
+    def release_for_writing(self, keys: slice = ALL_KEYS) -> None:
+        """Before an in-place update of `keys`: if zmq still reads them for a reply or snapshot
+        in flight, move on to a private copy and leave the old buffer to zmq, so a slow reader
+        never sees a torn update and never stalls the server."""
+        self._reading = [(read, t) for read, t in self._reading if not t.done]
+        if not any(_overlap(read, keys) for read, _ in self._reading):
+            return
+        self._shard.move_to_private_copies()
+        self._reading.clear()
+        self._counters["copies_for_slow_readers"] += 1
+
+
+def _overlap(a: slice, b: slice) -> bool:
+    return a.start < b.stop and b.start < a.stop

@@ -1,0 +1,128 @@
+"""A shard: its key range, the rule that updates it, and the state it holds (no wire here)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from ember.errors import ProtocolError
+
+ALL_KEYS = slice(0, 1 << 62)  # a reply or snapshot that reads every key of the shard
+
+
+class UpdateRule(Protocol):
+    """How pushes fold into the shard. Algorithms implement it; the server never imports them."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def replies(self) -> bool:
+        """Whether a push is answered with the tensor `contribute` wrote into `out`."""
+        ...
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        """Per-key state the rule keeps beside the parameters (saved in checkpoints)."""
+        ...
+
+    def contribute(
+        self, params: torch.Tensor, payload: torch.Tensor, out: torch.Tensor | None
+    ) -> torch.Tensor:
+        """What this push adds to the round (it may alias `payload` or `out`)."""
+        ...
+
+    def commit(
+        self, params: torch.Tensor, state: dict[str, torch.Tensor], folded: torch.Tensor, count: int
+    ) -> None:
+        """Apply the sum of `count` contributions to the parameters in place."""
+        ...
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    index: int  # which shard of `count`
+    count: int
+    start: int  # first key (element of the flat parameter vector) this shard owns
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+def shard_ranges(total: int, count: int) -> list[tuple[int, int]]:
+    """Split [0, total) into `count` contiguous ranges whose sizes differ by at most one."""
+    bounds = [total * i // count for i in range(count + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+@dataclass
+class ShardState:
+    """What one shard holds: everything a checkpoint or a copy to the backup carries, beside
+    the clock table. `params` and `rule_state` may be replaced by private copies while a reply
+    still reads the old ones, so hold the ShardState, never its tensors."""
+
+    params: torch.Tensor  # this shard's keys of the flat parameter vector
+    rule_state: dict[str, torch.Tensor]  # the rule's per-key state, in state_names order
+    round_sum: torch.Tensor | None  # an open synchronous round's contributions; None if async
+    round_count: int = 0  # contributions round_sum holds
+    round_clock: int = 0  # the clock whose contributions round_sum holds
+    step: int = 0  # commits applied to the parameters
+
+    @classmethod
+    def create(
+        cls,
+        spec: ShardSpec,
+        params: np.ndarray,
+        state_names: Iterable[str],
+        saved: dict[str, np.ndarray] | None,
+        synchronous: bool,
+        step: int,
+    ) -> ShardState:
+        if params.shape != (spec.size,) or params.dtype != np.float32:
+            raise ValueError(
+                f"shard {spec.index} wants float32[{spec.size}], "
+                f"got {params.dtype}{list(params.shape)}"
+            )
+        rule_state = {name: torch.zeros(spec.size) for name in state_names}
+        for name, value in (saved or {}).items():
+            rule_state[name].copy_(torch.from_numpy(np.asarray(value, dtype=np.float32)))
+        return cls(
+            params=torch.from_numpy(np.array(params, dtype=np.float32, copy=True)),
+            rule_state=rule_state,
+            round_sum=torch.zeros(spec.size) if synchronous else None,
+            step=step,
+        )
+
+    def state_at(self, keys: slice) -> dict[str, torch.Tensor]:
+        """The rule's state for `keys`, as views."""
+        return {name: value[keys] for name, value in self.rule_state.items()}
+
+    def saved(self) -> dict[str, torch.Tensor]:
+        """The parameters and the rule's state, as a snapshot names them."""
+        return {"params": self.params, **self.rule_state}
+
+    def copied(self) -> dict[str, torch.Tensor]:
+        """What a copy to the backup carries: the snapshot's tensors and an open round's sum."""
+        tensors = self.saved()
+        if self.round_sum is not None:
+            tensors["round_sum"] = self.round_sum
+        return tensors
+
+    def move_to_private_copies(self) -> None:
+        """Go on with copies of params and rule state, leaving the old tensors to their readers."""
+        self.params = self.params.clone()
+        self.rule_state = {name: value.clone() for name, value in self.rule_state.items()}
+
+
+def header_int(header: dict[str, Any], key: str) -> int:
+    value = header.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ProtocolError(f"header field {key!r} must be an integer, got {value!r}")
+    return value
