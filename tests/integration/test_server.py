@@ -15,11 +15,11 @@ from ember.ps import PSClient, control, fetch_state
 from ember.wire import (
     CHUNK_BYTES,
     ClientConnection,
-    channel,
     gather,
     shared,
     tensors_from_frames,
 )
+from ember.wire import connection as wire_connection
 from ember.wire.frames import seal
 from tests.conftest import SECRET, running_servers
 
@@ -264,7 +264,7 @@ def test_a_reply_still_being_sent_never_sees_a_later_update(monkeypatch) -> None
     params = np.zeros(size, dtype=np.float32)
     monkeypatch.setenv(shared.DISABLE_VARIABLE, "0")  # replies that zmq reads from memory
     with running_servers(params, SGDRule(lr=1.0), "async") as (server,):
-        plain_socket = channel._socket
+        plain_socket = wire_connection.new_socket
 
         def slow_socket(context: zmq.Context, kind: int) -> zmq.Socket:
             sock = plain_socket(context, kind)  # tiny buffers keep zmq inside the replies
@@ -272,9 +272,9 @@ def test_a_reply_still_being_sent_never_sees_a_later_update(monkeypatch) -> None
             sock.setsockopt(zmq.RCVBUF, 4096)
             return sock
 
-        monkeypatch.setattr(channel, "_socket", slow_socket)
+        monkeypatch.setattr(wire_connection, "new_socket", slow_socket)
         reader = PSClient([server.address], SECRET, worker=0, timeout=10)
-        monkeypatch.setattr(channel, "_socket", plain_socket)
+        monkeypatch.setattr(wire_connection, "new_socket", plain_socket)
         reader.register()
         connection = reader.connections[0]
         for seq in (10, 11, 12):

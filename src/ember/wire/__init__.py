@@ -1,24 +1,22 @@
 """The wire: the only ember code that imports zmq.
 
 Map:
-- ServerEndpoint  -> channel.py: authenticated ROUTER socket, HMAC handshake, sealed replies
-- ClientConnection -> channel.py: authenticated DEALER connection with timeouts
-- Request         -> channel.py: an authenticated request (peer, header, payload frames)
-- seal / unseal   -> frames.py: HMAC-SHA256 + msgpack header frames
+- ServerEndpoint    -> endpoint.py: authenticated ROUTER socket, streamed requests, sealed replies
+- Request / Chunk   -> endpoint.py: an authenticated request, and one of its payload frames
+- ClientConnection  -> connection.py: authenticated DEALER connection with timeouts
+- CONNECTION_ERRORS -> connection.py: what a connection raises when its peer is down or misbehaves
+- ServerHandshake / open_session -> handshake.py: HMAC handshake and per-connection session key
+- new_socket        -> sockets.py: socket options and the largest frame a socket accepts
+- seal / unseal     -> frames.py: HMAC-SHA256 + msgpack header frames
 - tensors_from_frames / gather -> frames.py: validated zero-copy tensor chunk views
 - shared            -> shared.py: same-host payloads through a shared-memory region
-- CONNECTION_ERRORS -> channel.py: what a connection raises when its peer is down or misbehaves
 - SendTicket        -> ticket.py: when a zero-copy reply no longer reads its buffers
+- channel.py        -> re-exports the endpoints' names and the handshake tags
 """
 
 from ember.wire import shared
-from ember.wire.channel import (
-    CONNECTION_ERRORS,
-    Chunk,
-    ClientConnection,
-    Request,
-    ServerEndpoint,
-)
+from ember.wire.connection import CONNECTION_ERRORS, ClientConnection
+from ember.wire.endpoint import Chunk, Request, ServerEndpoint
 from ember.wire.frames import CHUNK_BYTES, gather, seal, tensors_from_frames, unseal
 from ember.wire.ticket import SendTicket
 

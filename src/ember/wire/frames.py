@@ -15,6 +15,7 @@ from ember.errors import ProtocolError
 
 MAC_BYTES = 32  # HMAC-SHA256 digest length
 MAX_HEADER_BYTES = 64 * 1024
+MAX_REPLY_BYTES = 1 << 36  # replies come from an authenticated server; this only bounds a bug
 CHUNK_BYTES = 2 << 20  # tensors travel in frames of at most 2 MiB: bounded allocations, pipelining
 DTYPES: dict[str, np.dtype] = {
     "float32": np.dtype(np.float32),

@@ -1,0 +1,177 @@
+"""ClientConnection: one authenticated DEALER connection, its requests, replies and timeouts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import zmq
+
+from ember.errors import EmberError, NotPrimary, ProtocolError, ServerGone, ServerUnavailable
+from ember.wire.frames import MAX_REPLY_BYTES, chunk_frames, describe, frame_sizes, seal, unseal
+from ember.wire.handshake import open_session
+from ember.wire.shared import Region, fits
+from ember.wire.sockets import new_socket
+
+# A watched connection looks for a broken TCP session this often while it waits for a reply.
+WATCH_SLICE = 0.25
+# What a ClientConnection raises when its peer is down, restarting or misbehaving.
+CONNECTION_ERRORS = (EmberError, zmq.ZMQError)
+
+
+class ClientConnection:
+    """One authenticated DEALER connection to a server; not thread-safe (one owner thread)."""
+
+    def __init__(
+        self,
+        address: str,
+        secret: bytes,
+        timeout: float,
+        context: zmq.Context | None = None,
+        watch: bool = False,
+        connect_timeout: float | None = None,
+    ) -> None:
+        """With `watch`, a reply awaited from a server whose process died raises ServerGone
+        within a fraction of a second instead of waiting out the timeout. The handshake waits
+        `connect_timeout` (default `timeout`): a server that is not there never disconnects."""
+        self.address = address
+        self.timeout = timeout
+        self._context = context or zmq.Context.instance()
+        self._sock = new_socket(self._context, zmq.DEALER)
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED) if watch else None
+        self._closed = False
+        self._region: Region | None = None  # shared memory with a server on this host
+        self._in_flight = 0  # requests sent and not yet answered
+        try:
+            self._sock.connect(address)
+            self.timeout = timeout if connect_timeout is None else connect_timeout
+            self._key = open_session(address, secret, self._sock.send, self._handshake_reply)
+            self.timeout = timeout
+        except BaseException:
+            self.close()
+            raise
+
+    def _handshake_reply(self) -> bytes:
+        return self._next_frame(self.timeout, "(wrong secret, or the server is not running)").bytes
+
+    def _next_frame(self, wait: float, hint: str = "") -> Any:
+        deadline = time.monotonic() + wait
+        while True:
+            left = deadline - time.monotonic()
+            step = left if self._monitor is None else min(left, WATCH_SLICE)
+            if self._sock.poll(max(0, int(step * 1000)), zmq.POLLIN):
+                break
+            if self._disconnected():
+                raise ServerGone(f"parameter server at {self.address} closed the connection")
+            if step >= left:
+                message = f"parameter server at {self.address} did not answer within {wait:g}s"
+                raise ServerUnavailable(f"{message} {hint}".rstrip())
+        frames = self._sock.recv_multipart(copy=False)
+        if len(frames) != 1:
+            raise ProtocolError(f"server at {self.address} sent a message of {len(frames)} frames")
+        return frames[0]
+
+    @property
+    def shared(self) -> bool:
+        """Whether payloads may go through a shared-memory region."""
+        return self._region is not None
+
+    def payload_views(self, floats: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """With a region: (request, reply) float32 views of its halves. A payload written into
+        the request view is sent without a copy, and a reply read from the reply view needs
+        none; the reply view holds the last reply until the next request is sent."""
+        if self._region is None or 4 * floats > self._region.half:
+            return None
+        return self._region.half_view(False, floats), self._region.half_view(True, floats)
+
+    def share_memory(self, payload_bytes: int, owner: int | None = None) -> bool:
+        """Offer the server a shared-memory region for payloads of up to `payload_bytes` each
+        way; True if it mapped it (same host). `owner` (a worker id) lets the server release
+        the region of that worker's previous connection."""
+        region = Region.create(payload_bytes)
+        if region is None:
+            return False
+        try:
+            self.send(
+                {
+                    "op": "attach",
+                    "seq": 0,
+                    "region": region.name,
+                    "bytes": region.size,
+                    "owner": owner,
+                }
+            )
+            attached = bool(self.recv()[0].get("attached"))
+        finally:
+            region.unlink()  # mapped on both sides now, or not needed: no file is left behind
+        self._region = region if attached else None
+        return attached
+
+    def send(self, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> None:
+        """Send the header, then each chunk as a message of its own, zero-copy: the arrays must
+        stay alive and unmodified until the reply arrives. With a shared-memory region and no
+        other request in flight, the arrays are copied into the region instead, and the reply
+        may come back through it."""
+        region = self._region if self._in_flight == 0 else None
+        if arrays:
+            header = {**header, "tensors": describe(arrays)}
+        if region is not None:
+            header = {**header, "reply_shm": True}
+            if fits(arrays, region):
+                region.write_all(False, arrays)
+                header["shm"], arrays = True, ()
+        self._sock.send(seal(self._key, header), copy=False)
+        self._in_flight += 1
+        for frame in chunk_frames(arrays):
+            self._sock.send(frame, copy=False)
+
+    def recv(self, timeout: float | None = None) -> tuple[dict[str, Any], list[Any]]:
+        """Next reply as (header, payload frames); payload views alias the frames, or the
+        shared-memory region until the next send. The whole reply must arrive within the
+        timeout."""
+        wait = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + wait
+        header = unseal(self._key, self._next_frame(wait).buffer)
+        self._in_flight = max(0, self._in_flight - 1)
+        if header["op"] == "error":
+            if header.get("not_primary"):
+                raise NotPrimary(f"server at {self.address} is not the primary of its shard")
+            raise ProtocolError(
+                f"server at {self.address} refused the request: "
+                f"{header.get('message', 'no reason given')}"
+            )
+        sizes = frame_sizes(header.get("tensors", []), MAX_REPLY_BYTES)
+        if header.get("shm"):
+            if self._region is None:
+                raise ProtocolError(
+                    f"server at {self.address} answered into shared memory "
+                    "this connection does not have"
+                )
+            return header, list(self._region.frames(True, sizes))
+        frames = []
+        for size in sizes:
+            frame = self._next_frame(deadline - time.monotonic())
+            if len(frame) != size:
+                raise ProtocolError(
+                    f"server at {self.address} sent a {len(frame)}-byte frame, its header "
+                    f"declares {size}"
+                )
+            frames.append(frame)
+        return header, frames
+
+    def _disconnected(self) -> bool:
+        if self._monitor is None:
+            return False
+        return bool(self._monitor.poll(0, zmq.POLLIN))  # the one event it reports: disconnected
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._region = None  # unmapped once no reply view refers to it
+        if self._monitor is not None:
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
+        self._sock.close(linger=0)

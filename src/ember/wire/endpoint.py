@@ -1,0 +1,197 @@
+"""ServerEndpoint: the server's ROUTER socket, its request streams and its replies."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zmq
+
+from ember.errors import ProtocolError
+from ember.wire.frames import MAX_REPLY_BYTES, chunk_frames, describe, frame_sizes, seal, unseal
+from ember.wire.handshake import ServerHandshake
+from ember.wire.shared import ServerRegions
+from ember.wire.sockets import new_socket
+from ember.wire.ticket import COPIED, SendTicket
+
+
+@dataclass
+class Request:
+    """An authenticated request. Its payload streams in after the header, one message per
+    chunk: `frames` fills as they arrive, and `sizes` says what each must hold."""
+
+    peer: bytes
+    header: dict[str, Any]
+    frames: list[Any] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)  # declared byte size of each payload frame
+
+    @property
+    def complete(self) -> bool:
+        return len(self.frames) == len(self.sizes)
+
+
+@dataclass
+class Chunk:
+    """One payload frame of a streaming request has arrived (it is request.frames[index]), or
+    the stream broke (`error` says why; the request gets no more chunks)."""
+
+    request: Request
+    index: int
+    error: str | None = None
+
+
+class ServerEndpoint:
+    """A ROUTER socket that serves only peers that proved they hold the run's secret.
+
+    Every message is a single frame, so a request's payload streams: a sealed header, then one
+    message per tensor chunk, and a server can work on chunk k while k + 1 is on the wire.
+    A peer first completes the handshake of handshake.py; each header afterwards is sealed
+    with that connection's session key.
+    """
+
+    def __init__(
+        self,
+        secret: bytes,
+        bind: str = "tcp://127.0.0.1:0",
+        context: zmq.Context | None = None,
+        max_payload_bytes: int = 1 << 34,
+    ) -> None:
+        self._context = context or zmq.Context.instance()
+        self._sock = new_socket(self._context, zmq.ROUTER)
+        self._sock.bind(bind)
+        self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.max_payload_bytes = max_payload_bytes
+        self._handshake = ServerHandshake(secret, self._sock)
+        self._sessions: dict[bytes, bytes] = {}  # peer -> session key
+        self._streams: dict[bytes, Request] = {}  # peer -> request whose payload is arriving
+        self._regions = ServerRegions(max_payload_bytes)  # same-host peers' shared memory
+        self.rejected: Counter[str] = Counter()
+
+    def poll(self, timeout: float) -> Request | Chunk | None:
+        """Wait up to `timeout` seconds; return the next authenticated request header or
+        payload chunk, if any."""
+        queued = self._regions.next_chunk()
+        if queued is not None:  # a payload in shared memory is handed out as the socket's is
+            request, frame = queued
+            request.frames.append(frame)
+            return Chunk(request, len(request.frames) - 1)
+        if not self._sock.poll(int(timeout * 1000), zmq.POLLIN):
+            return None
+        frames = self._sock.recv_multipart(copy=False)
+        peer = frames[0].bytes
+        try:
+            if len(frames) != 2:
+                raise ProtocolError(f"message of {len(frames) - 1} frames; ember sends one")
+            return self._accept(peer, frames[1])
+        except ProtocolError as exc:
+            self.rejected[_reason(exc)] += 1
+            stream = self._streams.pop(peer, None)
+            return None if stream is None else Chunk(stream, len(stream.frames), str(exc))
+
+    def _accept(self, peer: bytes, frame: Any) -> Request | Chunk | None:
+        key = self._sessions.get(peer)
+        if key is None:
+            key = self._handshake.admit(peer, frame.bytes)
+            if key is not None:
+                self._sessions[peer] = key
+            return None
+        stream = self._streams.get(peer)
+        if stream is not None:
+            index = len(stream.frames)
+            if len(frame) != stream.sizes[index]:
+                raise ProtocolError(
+                    f"payload frame {index} has {len(frame)} bytes, header declares "
+                    f"{stream.sizes[index]}"
+                )
+            stream.frames.append(frame)
+            if stream.complete:
+                del self._streams[peer]
+            return Chunk(stream, index)
+        header = unseal(key, frame.buffer)
+        if header["op"] == "attach":
+            answer = {"op": "ok", "seq": header.get("seq"), **self._regions.attach(peer, header)}
+            self._sock.send_multipart([peer, seal(key, answer)])
+            return None
+        sizes = frame_sizes(header.get("tensors", []), self.max_payload_bytes)
+        request = Request(peer, header, [], sizes)
+        if sizes and header.get("shm"):
+            try:
+                self._regions.queue_payload(request)
+            except ProtocolError as exc:  # e.g. a newer connection of its worker took over
+                message = {"op": "error", "seq": header.get("seq"), "message": str(exc)}
+                self._sock.send_multipart([peer, seal(key, message)])
+                raise
+        elif sizes:
+            self._streams[peer] = request
+        return request
+
+    def forget_stream(self, peer: bytes) -> None:
+        """Drop the frames kept for a request whose payload will never complete."""
+        self._streams.pop(peer, None)
+        self._regions.forget(peer)
+
+    def reply(
+        self,
+        request: Request,
+        header: dict[str, Any],
+        arrays: Sequence[np.ndarray] = (),
+        track: bool = False,
+    ) -> SendTicket | None:
+        """Send a sealed reply and its arrays' chunks. Arrays go zero-copy: with `track`, the
+        returned ticket says when zmq no longer reads them; do not modify them before that."""
+        if not self.reply_header(request, header, describe(arrays) if arrays else None):
+            return None
+        tickets = [self.reply_chunk(request, frame) for frame in chunk_frames(arrays)]
+        return SendTicket.joined(tickets) if track and tickets else None
+
+    def reply_header(
+        self, request: Request, header: dict[str, Any], table: list[Any] | None
+    ) -> bool:
+        """Start a reply whose payload chunks follow through reply_chunk; False if the peer
+        never authenticated."""
+        key = self._sessions.get(request.peer)
+        if key is None:
+            return False
+        if table:
+            header = {**header, "tensors": table}
+            if self._regions.start_reply(request, header, frame_sizes(table, MAX_REPLY_BYTES)):
+                return True  # the header follows the payload's last byte into shared memory
+        self._sock.send_multipart([request.peer, seal(key, header)], copy=False)
+        return True
+
+    def reply_chunk(self, request: Request, frame: Any) -> SendTicket:
+        """Send one payload frame zero-copy; the ticket says when zmq is done reading it.
+        A reply through shared memory is copied at once, so its ticket is already done."""
+        if self._regions.replying(request.peer):
+            header = self._regions.write_reply(request.peer, frame)
+            if header is not None:
+                sealed = seal(self._sessions[request.peer], header)
+                self._sock.send_multipart([request.peer, sealed])
+            return COPIED
+        self._sock.send(request.peer, zmq.SNDMORE)
+        return SendTicket(self._sock.send(frame, 0, copy=False, track=True))
+
+    def reply_view(self, request: Request) -> np.ndarray | None:
+        """After reply_header: where a reply through shared memory lands, as float32, so the
+        caller can compute it there and hand reply_chunk the views; None on the socket."""
+        return self._regions.reply_view(request.peer)
+
+    @property
+    def shared_memory(self) -> dict[str, int]:
+        """Connections with a shared-memory region, and the payloads and replies it carried."""
+        return self._regions.stats()
+
+    def close(self) -> None:
+        self._regions.close()
+        self._sock.close(linger=0)
+
+
+def _reason(exc: ProtocolError) -> str:
+    text = str(exc)
+    for reason in ("unauthenticated", "HMAC", "msgpack", "size", "map"):
+        if reason in text:
+            return reason.lower()
+    return "malformed"

@@ -1,0 +1,21 @@
+"""The zmq socket both ends open: its options and the largest frame it accepts."""
+
+from __future__ import annotations
+
+import zmq
+
+from ember.wire.frames import CHUNK_BYTES, MAC_BYTES, MAX_HEADER_BYTES
+
+# A frame is a header or one tensor chunk; anything larger makes zmq drop the peer before
+# the bytes are buffered, so an oversized length never reaches an allocation of ours.
+MAX_FRAME_BYTES = max(CHUNK_BYTES, MAC_BYTES + MAX_HEADER_BYTES) + 1024
+
+
+def new_socket(context: zmq.Context, kind: int) -> zmq.Socket:
+    """A socket of `kind` (ROUTER or DEALER) that drops unsent messages on close."""
+    sock = context.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+    sock.setsockopt(zmq.SNDBUF, 4 << 20)
+    sock.setsockopt(zmq.RCVBUF, 4 << 20)
+    return sock
