@@ -256,13 +256,8 @@ def _require(module: str, why: str, extra: str) -> None:
 
 def _plan(args: argparse.Namespace) -> int:
     from ember.bench.calibrate import calibrate
-    from ember.perfmodel import (
-        Network,
-        parse_bandwidth,
-        parse_counts,
-        parse_latency,
-        plan_report,
-    )
+    from ember.perfmodel import Network, parse_bandwidth, parse_counts, parse_latency
+    from ember.plan import plan_report
     from ember.worker import load_data
 
     try:

@@ -222,29 +222,6 @@ def time_to_target(prediction: Prediction, single_samples: float, divergence: fl
     return divergence * single_samples / prediction.samples_per_second
 
 
-def recommend(
-    workers: int,
-    calibration: Calibration,
-    network: Network,
-    taus: list[int],
-    max_servers: int | None = None,
-) -> tuple[int, int, Prediction]:
-    """(tau, servers, prediction) for easgd-async: the fewest servers within 5% of the best
-    throughput, then the smallest tau within 10% of the best, since divergence grows with tau."""
-    server_options = [s for s in (1, 2, 4, 8, 16, 32) if s <= (max_servers or workers)] or [1]
-
-    def speed(tau: int, servers: int) -> float:
-        prediction = predict("easgd-async", workers, calibration, network, tau, servers)
-        return prediction.samples_per_second
-
-    best_tau = max(taus)
-    top = max(speed(best_tau, s) for s in server_options)
-    servers = next(s for s in server_options if speed(best_tau, s) >= 0.95 * top)
-    top = max(speed(t, servers) for t in taus)
-    tau = next(t for t in sorted(taus) if speed(t, servers) >= 0.9 * top)
-    return tau, servers, predict("easgd-async", workers, calibration, network, tau, servers)
-
-
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
@@ -290,60 +267,3 @@ def parse_counts(text: str) -> list[int]:
     if not counts or min(counts) < 1 or sorted(counts) != counts:
         raise ValueError(f"{text!r}: give increasing counts >= 1, like 1,2,4,...,64")
     return counts
-
-
-PLAN_STRATEGIES = ("bsp", "ssp", "async", "easgd", "allreduce")
-
-
-def plan_report(
-    calibration: Calibration, network: Network, workers: list[int], taus: list[int]
-) -> str:
-    """The table `ember plan` prints: predicted samples/s per strategy and tau, and advice."""
-    c = calibration
-    single = predict("single", 1, c, network).samples_per_second
-    where = (
-        f"{network.bandwidth * 8 / 1e9:g} Gbit/s links, {network.latency * 1e3:g} ms latency,"
-        " a host per worker and per server"
-        if network.bandwidth is not None
-        else f"all on this host, {network.cores or c.cores} cores"
-    )
-    lines = [
-        f"calibrated here: {c.t_comp * 1e3:.2f} ms per batch of {c.batch_size};"
-        f" one exchange of {c.exchange_bytes / 1e6:.2f} MB takes {c.exchange_wall * 1e3:.2f} ms"
-        f" ({c.server_cpu * 1e3:.2f} ms of server CPU)",
-        f"predicted for: {where}",
-        f"single: {single:,.0f} samples/s",
-        "",
-        "predicted samples/s (what bounds it) at 1 server; easgd uses tau=8",
-    ]
-    if c.t_eval > 0:
-        waiting = ", ".join(s for s in PLAN_STRATEGIES if evaluation_wait(s, 1, c) > 0)
-        lines.insert(
-            2,
-            f"worker 0 evaluates the test set in {c.t_eval * 1e3:.0f} ms; in {waiting} the other"
-            " workers wait that long at each evaluation (not in the table)",
-        )
-    headers = ["workers", *PLAN_STRATEGIES, *(f"easgd-async tau={t}" for t in taus)]
-    table = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    advice = []
-    for n in workers:
-        cells = [str(n)]
-        for strategy in PLAN_STRATEGIES:
-            p = predict(strategy, n, c, network, 8 if strategy == "easgd" else 1)
-            cells.append(f"{p.samples_per_second:,.0f} ({p.bound})")
-        for tau in taus:
-            p = predict("easgd-async", n, c, network, tau)
-            cells.append(f"{p.samples_per_second:,.0f} ({p.bound})")
-        table.append("| " + " | ".join(cells) + " |")
-        tau, servers, best = recommend(n, c, network, taus)
-        advice.append(
-            f"- {n} workers: easgd-async, tau={tau}, {servers} server(s):"
-            f" {best.samples_per_second:,.0f} samples/s, {best.samples_per_second / single:.1f}x"
-            " single's"
-        )
-    note = (
-        "The tau chosen is the smallest within 10% of the best throughput: a larger tau lets"
-        " workers drift apart, so time to target is also divided by d, the extra samples a"
-        " row needs (`ember bench` measures d)."
-    )
-    return "\n".join([*lines, *table, "", "recommended:", *advice, "", note])

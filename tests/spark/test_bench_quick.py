@@ -14,7 +14,8 @@ from ember.config import STRATEGIES
 
 ROW_FIELDS = {
     "kind", "task", "row", "system", "strategy", "engine", "workers", "tau", "sweep", "repeat",
-    "status", "error", "target_metric", "target_value", "time_to_target", "samples_to_target",
+    "status", "error", "target_metric", "target_value", "data", "train_samples", "test_samples",
+    "features", "epochs", "iterations", "time_to_target", "samples_to_target",
     "test_accuracy", "test_loss", "samples", "train_seconds", "wall_seconds",
     "samples_per_second", "seconds_per_epoch", "cpu_mean_percent", "cpu_peak_percent",
     "peak_memory_mb", "bytes_per_sample", "t_comp_seconds", "t_comm_seconds", "curve",

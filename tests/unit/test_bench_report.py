@@ -10,8 +10,13 @@ import pytest
 from ember.bench.report import write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-SETTINGS = {"quick": True, "repeat": 3, "tasks": ["lr", "mlp"], "machine": {"cpus": 2}}
+SETTINGS = {"quick": False, "repeat": 3, "tasks": ["lr", "mlp"], "machine": {"cpus": 2}}
 TARGETS = {"mlp": ("test_accuracy", 0.9), "lr": ("test_loss", 0.4)}
+# (data, training samples, test samples, features, epochs, MLlib iterations) of a full run
+DATA = {
+    "mlp": ("mnist", 60_000, 10_000, 784, 5, 40),
+    "lr": ("synthetic-lr", 10**6, 10**5, 100, 2, 20),
+}
 # fmt: off
 FIGURES = [
     "time_to_target", "samples_to_target", "test_accuracy", "test_loss", "samples",
@@ -25,6 +30,7 @@ FIGURES = [
 def record(task: str, row: str, repeat: int, **fields: Any) -> dict[str, Any]:
     """A successful row with plausible figures; `fields` overrides any of them."""
     metric, target = TARGETS[task]
+    data, train, test, features, epochs, iterations = DATA[task]
     mllib = row == "mllib"
     time_to_target = fields.get("time_to_target", 5.0)
     end = 10.0
@@ -45,6 +51,12 @@ def record(task: str, row: str, repeat: int, **fields: Any) -> dict[str, Any]:
         "error": None,
         "target_metric": metric,
         "target_value": target,
+        "data": data,
+        "train_samples": train,
+        "test_samples": test,
+        "features": features,
+        "epochs": None if mllib else epochs,
+        "iterations": iterations if mllib else None,
         "time_to_target": time_to_target,
         "samples_to_target": 1000,
         "test_accuracy": 0.92,
@@ -188,6 +200,61 @@ def test_headlines_compare_the_fastest_ember_row_with_mllib(
     assert f"{lr}30.0 s of training." in text
 
 
+def test_a_full_report_names_its_data_and_sizes_and_draws_its_headlines(
+    report: tuple[str, list[Path]],
+) -> None:
+    text, _ = report
+    assert (
+        "\n## mlp: multilayer perceptron on mnist, 60,000 training and 10,000 test samples of 784"
+        " features, 5 epochs, MLlib 40 iterations (target test accuracy ≥ 0.9)\n" in text
+    )
+    assert "\n## lr: binary logistic regression on synthetic-lr, 1,000,000 training" in text
+    assert "faster than Spark MLlib" in text
+    assert "smoke run" not in text and "reduced run" not in text
+
+
+def quick_records() -> list[dict[str, Any]]:
+    """One repetition of a quick run: digits and 20,000 lr rows, 1 epoch, 4 MLlib iterations."""
+    sizes = {"mlp": ("digits", 10_000, 2_000, 784), "lr": ("synthetic-lr", 20_000, 1_000, 100)}
+    rows = [
+        record("mlp", "mllib", 0, time_to_target=None, test_accuracy=0.14, iterations=4),
+        record("mlp", "bsp", 0, time_to_target=3.0, epochs=1),
+        record("mlp", "easgd-async", 0, time_to_target=1.0, epochs=1),
+        record("lr", "mllib", 0, time_to_target=4.0, iterations=5),
+        record("lr", "single", 0, time_to_target=None, test_loss=0.52, epochs=1),
+    ]
+    for row in rows:
+        data, train, test, features = sizes[row["task"]]
+        row.update(data=data, train_samples=train, test_samples=test, features=features)
+    return rows
+
+
+def test_a_quick_report_says_it_is_a_smoke_run_of_what_it_ran_and_claims_nothing(
+    tmp_path: Path,
+) -> None:
+    settings = {"quick": True, "repeat": 1, "lr_rows": 20_000, "lr_features": 100}
+    write_report(quick_records(), tmp_path, settings)
+    text = (tmp_path / "report.md").read_text(encoding="utf-8")
+    top = text.split("\n## ", 1)[0]
+    assert "A smoke run" in top and "not comparable to a full run" in top
+    assert (
+        "\n## mlp: multilayer perceptron on digits, 10,000 training and 2,000 test samples of 784"
+        " features, 1 epoch, MLlib 4 iterations (target test accuracy ≥ 0.9)\n" in text
+    )
+    assert (
+        "\n## lr: binary logistic regression on synthetic-lr, 20,000 training and 1,000 test"
+        " samples of 100 features, 1 epoch, MLlib 5 iterations (target test loss ≤ 0.4)\n" in text
+    )
+    assert "mnist" not in text.lower()
+    assert "faster than" not in text and "slower than" not in text
+    assert not [line for line in top.splitlines() if line.startswith("- ")]  # no headlines
+    mlp = text.split("\n## mlp:", 1)[1].split("\n## ", 1)[0]
+    word = "Did not reach test accuracy 0.9 in this reduced run: mllib (0.1400 at the end)."
+    assert word in mlp
+    assert "Did not reach test loss 0.4 in this reduced run: single (0.5200 at the end)." in text
+    assert "| lr_rows | 20000 |" in text
+
+
 def test_headline_says_when_mllib_was_not_run(tmp_path: Path) -> None:
     write_report([record("mlp", "bsp", 0, time_to_target=20.0)], tmp_path, {})
     assert "Spark MLlib was not run" in (tmp_path / "report.md").read_text(encoding="utf-8")
@@ -221,7 +288,6 @@ def test_settings_are_printed(report: tuple[str, list[Path]]) -> None:
     assert "| repeat | 3 |" in text
     assert "| tasks | lr, mlp |" in text
     assert "| machine | cpus=2 |" in text
-    assert "A quick run" in text
 
 
 def test_plots_are_real_pngs_linked_from_the_report(report: tuple[str, list[Path]]) -> None:
@@ -251,5 +317,5 @@ def test_no_records_give_a_report_and_no_plots(tmp_path: Path) -> None:
     assert write_report([], tmp_path / "out", {"quick": False}) == [tmp_path / "out" / "report.md"]
     text = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
     assert "No rows were recorded" in text and "No tau sweep was run" in text
-    assert "A quick run" not in text
+    assert "smoke run" not in text
     assert not list((tmp_path / "out").glob("*.png"))

@@ -63,6 +63,14 @@ def test_an_earlier_benchmark_is_never_overwritten(tmp_path: Path) -> None:
     assert (tmp_path / "results.jsonl").read_text() == '{"kind": "row"}\n'
 
 
+def test_settings_give_the_lr_sizes_the_run_used(tmp_path: Path) -> None:
+    quick = BenchSettings(out=tmp_path, quick=True).to_dict()
+    lr = make_tasks(True, 1_000_000, 100)["lr"]
+    assert (quick["lr_rows"], quick["lr_features"]) == (lr.synthetic_samples, 100) == (20_000, 100)
+    full = BenchSettings(out=tmp_path, lr_rows=5000, lr_features=7).to_dict()
+    assert (full["lr_rows"], full["lr_features"]) == (5000, 7)
+
+
 def _record(task: str, strategy: str | None, repeat: int, samples: float | None) -> dict[str, Any]:
     return {
         "task": task,

@@ -18,6 +18,10 @@ apply or was not measured):
     error           one-line error of a failed row, else None
     target_metric   "test_accuracy" (higher is better) | "test_loss" (lower is better)
     target_value    the value a row must reach
+    data            the dataset's name, e.g. "mnist", "digits", "synthetic-lr"
+    train_samples, test_samples, features   the sizes of the data as loaded for the row
+    epochs          passes over the training data (ember), else None
+    iterations      MLlib's optimizer iterations (mllib), else None
     time_to_target  training seconds until the target was first met, None if never
     samples_to_target  training samples (all workers) until then, None if never
     test_accuracy, test_loss       after training

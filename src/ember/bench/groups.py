@@ -12,8 +12,8 @@ STRATEGY_ORDER = ("single", "bsp", "ssp", "async", "easgd", "easgd-async", "allr
 ENGINE_ORDER = ("mllib", "local", "spark")
 TASK_TITLES = {
     "lr": "binary logistic regression",
-    "mlp": "MNIST, multilayer perceptron",
-    "lenet": "MNIST, LeNet",
+    "mlp": "multilayer perceptron",
+    "lenet": "LeNet",
 }
 
 
@@ -90,3 +90,25 @@ def target_of(groups: list[Group]) -> tuple[str, float | None]:
 def sweep_rows(groups: list[Group]) -> list[Group]:
     sweep = [g for g in groups if g.first("sweep")]
     return sorted(sweep, key=lambda g: (g.first("tau") is None, g.first("tau") or 0, g.engine))
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def task_title(task: str, groups: list[Group]) -> str:
+    """The model, and the data with its sizes as the task's rows loaded it."""
+
+    def first(key: str) -> Any:
+        return next((v for g in groups if (v := g.first(key)) is not None), None)
+
+    title, data, train = TASK_TITLES.get(task, task), first("data"), first("train_samples")
+    parts = [f"{title} on {data}" if data else title]
+    if train is not None:
+        test, features = first("test_samples"), first("features")
+        parts.append(f"{train:,} training and {test:,} test samples of {features:,} features")
+    if (epochs := first("epochs")) is not None:
+        parts.append(_count(epochs, "epoch"))
+    if (iterations := first("iterations")) is not None:
+        parts.append("MLlib " + _count(iterations, "iteration"))
+    return ", ".join(parts)

@@ -8,13 +8,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ember.bench.groups import TASK_TITLES, Group, group_records, sweep_rows, target_of
+from ember.bench.groups import Group, group_records, sweep_rows, target_of, task_title
 from ember.bench.plots import plot_bars, plot_curves, plot_sweep
 
 Format = Callable[[float], str]
 
 MISSING = "—"
 WITHIN = 0.25
+SMOKE_RUN = (
+    "**A smoke run** (`ember bench --quick`): every row ran on reduced data, epochs and MLlib "
+    "iterations, so its figures show that the rows run and are not comparable to a full run's; "
+    "this report draws no headline from them."
+)
 
 READING_GUIDE = (
     "Every figure is the median over the repetitions of a row, with the min–max range in brackets "
@@ -144,6 +149,17 @@ def _target_text(metric: str, value: float | None) -> str:
     return f"{name} {'≥' if metric == 'test_accuracy' else '≤'} {value:g}"
 
 
+def _short_of_target(groups: list[Group]) -> list[str]:
+    """A quick run's word on the rows that never reached the target, with where they ended."""
+    metric, value = target_of(groups)
+    short = [g for g in groups if g.ok and not g.values("time_to_target")]
+    if not short or value is None:
+        return []
+    ended = [f"{g.row} ({_cell(g.values(metric), _fixed(4))} at the end)" for g in short]
+    name = metric.replace("test_", "test ")
+    return [f"Did not reach {name} {value:g} in this reduced run: {', '.join(ended)}.", ""]
+
+
 def _headline(task: str, groups: list[Group]) -> str:
     """The fastest ember row of the task's table against Spark MLlib, by time to target."""
     metric, value = target_of(groups)
@@ -194,8 +210,6 @@ def _settings_section(settings: dict[str, Any]) -> list[str]:
         return value if isinstance(value, str) else json.dumps(value)
 
     lines = ["## Settings", ""]
-    if settings.get("quick"):
-        lines += ["A quick run: small data and few epochs, so the figures are indicative only.", ""]
     return lines + _table(("setting", "value"), [[str(k), show(v)] for k, v in settings.items()])
 
 
@@ -250,17 +264,20 @@ def write_report(records: list[dict[str, Any]], out: Path, settings: dict[str, A
             plots.append(path)
         return path
 
-    lines = ["# ember bench", "", READING_GUIDE, ""]
+    reduced = bool(settings.get("quick"))
+    lines = ["# ember bench", "", *([SMOKE_RUN, ""] if reduced else []), READING_GUIDE, ""]
     if not tasks:
         lines += ["No rows were recorded.", ""]
-    headlines = [_headline(task, groups) for task, groups in tasks.items()]
+    headlines = [] if reduced else [_headline(task, groups) for task, groups in tasks.items()]
     lines += [f"- {h}" for h in headlines] + ([""] if headlines else [])
     for task, groups in tasks.items():
         metric, value = target_of(groups)
-        title = TASK_TITLES.get(task, task)
+        title = task_title(task, groups)
         lines += [f"## {task}: {title} (target {_target_text(metric, value)})", ""]
         main = [[_cells(g).get(h, "") for h in ROW_HEADER] for g in groups if not g.first("sweep")]
         lines += [*(_table(ROW_HEADER, main) if main else ["No rows outside the tau sweep."]), ""]
+        if reduced:
+            lines += _short_of_target([g for g in groups if not g.first("sweep")])
         curve = keep(plot_curves(task, groups, out), f"curve-{task}.png")
         if curve:
             lines += ["Curves: repetition 0 of each row, or its first successful repetition.", ""]
@@ -281,6 +298,7 @@ def write_report(records: list[dict[str, Any]], out: Path, settings: dict[str, A
     swept = {task: sweep for task, groups in tasks.items() if (sweep := sweep_rows(groups))}
     for task, groups in swept.items():
         lines += [f"### {task}", "", *_sweep_table(groups), ""]
+        lines += _short_of_target(groups) if reduced else []
     sweep_plot = keep(plot_sweep(tasks, out), "tau-sweep.png")
     if not swept:
         lines += ["No tau sweep was run, so there is no tau-sweep plot.", ""]

@@ -78,7 +78,10 @@ class BenchSettings:
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "out": str(self.out)}
+        """The settings as used: a quick run's lr task has sizes of its own."""
+        lr = make_tasks(self.quick, self.lr_rows, self.lr_features)["lr"]
+        used = {"lr_rows": lr.synthetic_samples, "lr_features": lr.synthetic_features}
+        return {**asdict(self), "out": str(self.out), **used}
 
     def validate(self, tasks: dict[str, Task]) -> None:
         """Raise ConfigError naming the first unknown name, before any row runs."""

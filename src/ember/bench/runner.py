@@ -7,6 +7,7 @@ tree) and from its own records (training time, samples, the target metric over t
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -28,7 +29,7 @@ Log = Callable[[str], None]
 FIGURES = (
     "test_accuracy", "test_loss", "samples", "train_seconds", "samples_per_second",
     "seconds_per_epoch", "bytes_per_sample", "t_comp_seconds", "t_comm_seconds", "curve",
-    "config",
+    "config", "train_samples", "test_samples", "features",
 )  # fmt: skip
 
 
@@ -124,6 +125,9 @@ def _measure(row: Row, repeat: int, settings: BenchSettings, spark: Any) -> dict
         "error": None,
         "target_metric": row.task.target_metric,
         "target_value": row.task.target_value,
+        "data": row.task.data,
+        "epochs": None if row.system == "mllib" else row.task.epochs,
+        "iterations": row.task.mllib_iterations if row.system == "mllib" else None,
         "ember_version": __version__,
         **dict.fromkeys(FIGURES),  # None until measured; some never are for some rows
     }
@@ -132,6 +136,11 @@ def _measure(row: Row, repeat: int, settings: BenchSettings, spark: Any) -> dict
     with TreeSampler(exclude) as sampler, tempfile.TemporaryDirectory(prefix="ember-bench-") as tmp:
         try:
             dataset = row.task.load(settings.seed)
+            record.update(
+                train_samples=len(dataset.x_train),
+                test_samples=len(dataset.x_test),
+                features=math.prod(dataset.input_shape),
+            )
             if row.system == "mllib":
                 from ember.bench.mllib import run_mllib
 
