@@ -8,6 +8,9 @@ Each repeat runs the strategies back to back, starting from a different one each
 ceiling run before the first and after each: a strategy's ratio is to the mean of the two
 ceilings around it.
 
+--quick runs one repeat of 1 epoch of `digits`, and only easgd-async and allreduce (the two the
+targets compare).
+
 Usage: python benchmarks/scaling.py [--epochs E] [--data D] [--repeat R] [--quick] [--out F]
 """
 
@@ -33,8 +36,8 @@ from training import BATCH, MODEL, TAU, train_ember, train_plain
 EPOCHS = 2
 WORKERS = 2
 STRATEGIES = ("easgd-async", "allreduce", "bsp", "ssp", "async", "easgd")
+QUICK_STRATEGIES = ("easgd-async", "allreduce")  # the two the targets compare
 CEILING = "ceiling"
-RUNS = (CEILING, *STRATEGIES)
 TARGET_VS_CEILING = 0.85  # easgd-async samples/s / ceiling
 TARGET_VS_ALLREDUCE = 1.5  # easgd-async samples/s / allreduce samples/s
 
@@ -53,11 +56,11 @@ def measure_ceiling(data: str, epochs: int) -> dict[str, Any]:
     }
 
 
-def one_repeat(index: int, data: str, epochs: int) -> Repeat:
+def one_repeat(index: int, data: str, epochs: int, strategies: tuple[str, ...]) -> Repeat:
     """Every strategy once, each between two ceiling runs: its ratio is to the mean of the
     ceilings measured just before and just after it, so a drift in the machine's speed during
     the repeat moves both sides of the ratio alike."""
-    order = STRATEGIES[index % len(STRATEGIES) :] + STRATEGIES[: index % len(STRATEGIES)]
+    order = strategies[index % len(strategies) :] + strategies[: index % len(strategies)]
     figures: Repeat = {}
     ceilings = [measure_ceiling(data, epochs)]
     for name in order:
@@ -78,7 +81,7 @@ def one_repeat(index: int, data: str, epochs: int) -> Repeat:
     return figures
 
 
-def summarize(repeats: list[Repeat]) -> dict[str, Any]:
+def summarize(repeats: list[Repeat], strategies: tuple[str, ...]) -> dict[str, Any]:
     def over_repeats(figure: Callable[[Repeat], float]) -> dict[str, Any]:
         return spread([figure(r) for r in repeats])
 
@@ -94,7 +97,7 @@ def summarize(repeats: list[Repeat]) -> dict[str, Any]:
             "vs_ceiling": over_repeats(lambda r, n=name: vs_ceiling(r, n)),
             "test_accuracy": over_repeats(lambda r, n=name: r[n]["test_accuracy"]),
         }
-        for name in RUNS
+        for name in (CEILING, *strategies)
     }
     results["easgd_async_vs_allreduce"] = over_repeats(
         lambda r: speed(r, "easgd-async") / speed(r, "allreduce")
@@ -103,9 +106,9 @@ def summarize(repeats: list[Repeat]) -> dict[str, Any]:
     return results
 
 
-def table(results: dict[str, Any]) -> str:
+def table(results: dict[str, Any], strategies: tuple[str, ...]) -> str:
     rows = []
-    for name in RUNS:
+    for name in (CEILING, *strategies):
         figures = results[name]
         label = "ceiling: 2 x plain PyTorch" if name == CEILING else f"ember {name}"
         accuracy = fmt(figures["test_accuracy"], 4)
@@ -154,10 +157,11 @@ def main() -> None:
     set_threads()
     epochs, repeat = (1, 1) if args.quick else (args.epochs, args.repeat)
     data = args.data or ("digits" if args.quick else "mnist")
+    strategies = QUICK_STRATEGIES if args.quick else STRATEGIES
     repeats = []
     for index in range(repeat):
         print(f"repeat {index + 1}/{repeat}", flush=True)
-        repeats.append(one_repeat(index, data, epochs))
+        repeats.append(one_repeat(index, data, epochs, strategies))
     print()
     settings = {
         "model": MODEL,
@@ -167,7 +171,7 @@ def main() -> None:
         "threads": 1,
         "batch_size": BATCH,
         "tau": TAU,
-        "strategies": list(STRATEGIES),
+        "strategies": list(strategies),
         "repeat": repeat,
         "quick": args.quick,
         "targets": {
@@ -175,8 +179,8 @@ def main() -> None:
             "easgd_async_vs_allreduce": TARGET_VS_ALLREDUCE,
         },
     }
-    results = summarize(repeats)
-    report("scaling", table(results), settings, results, args.out)
+    results = summarize(repeats, strategies)
+    report("scaling", table(results, strategies), settings, results, args.out)
 
 
 if __name__ == "__main__":

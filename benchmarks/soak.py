@@ -7,7 +7,12 @@ At the end it reads the run directory and reports: faults injected, restarts and
 launcher made, worker steps redone (progress lost), the final test accuracy, and whether the run
 ended on its own (no hang) with no process left behind.
 
-    python benchmarks/soak.py [--every 5] [--epochs 20] [--out soak-run] [--seed 0]
+    python benchmarks/soak.py [--every 5] [--epochs 20] [--workers 4] [--servers 2] [--faults N]
+                              [--out soak-run] [--seed 0] [--min-accuracy 0.97] [--report F.json]
+                              [--quick]
+
+--quick is a smoke test: 2 workers on 1 replicated shard for 2 epochs, a fault every 2 seconds and
+at most 3 of them, in a temporary run directory; the run passes at test accuracy 0.9.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,29 +34,71 @@ import psutil
 PRIMARY_SLOTS = ("server-0.log", "server-1.log")  # slot 0 of each shard starts as primary
 
 
+QUICK = {
+    "every": 2.0,
+    "epochs": 2,
+    "faults": 3,
+    "workers": 2,
+    "servers": 1,
+    "timeout": 300.0,
+    "min_accuracy": 0.9,
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--every", type=float, default=5.0, help="seconds between faults")
     parser.add_argument("--epochs", type=int, default=20, help="MNIST epochs to train")
-    parser.add_argument("--out", type=Path, default=Path("soak-run"), help="run directory")
+    parser.add_argument("--workers", type=int, default=4, help="worker processes")
+    parser.add_argument("--servers", type=int, default=2, help="server shards, each with a backup")
+    parser.add_argument("--faults", type=int, default=None, help="stop injecting after this many")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="run directory (default soak-run; a temporary one with --quick)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seeds the choice of victims")
     parser.add_argument("--timeout", type=float, default=1200.0, help="a hang after this fails")
     parser.add_argument("--report", type=Path, default=None, help="also write the report JSON")
+    parser.add_argument(
+        "--min-accuracy", type=float, default=0.97, help="the test accuracy the run must reach"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke test: 2 workers, 1 shard, 2 epochs, a fault every 2 s, at most 3 faults",
+    )
     args = parser.parse_args()
-    shutil.rmtree(args.out, ignore_errors=True)
+    if args.quick:
+        for name, value in QUICK.items():
+            setattr(args, name, value)
+    if args.out is not None:
+        return soak(args, args.out)
+    if not args.quick:
+        return soak(args, Path("soak-run"))
+    with tempfile.TemporaryDirectory(prefix="ember-soak-") as tmp:
+        return soak(args, Path(tmp) / "soak-run")
+
+
+def soak(args: argparse.Namespace, out: Path) -> int:
+    """Train in `out` under faults; print the report; 0 if the run survived them."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable, "-m", "ember", "train",
-        "--strategy", "easgd-async", "--workers", "4", "--servers", "2", "--replicas", "2",
+        "--strategy", "easgd-async", "--replicas", "2",
+        "--workers", str(args.workers), "--servers", str(args.servers),
         "--epochs", str(args.epochs), "--max-restarts", "1000", "--checkpoint-seconds", "5",
         "--log-every", "8",
-        "--out", str(args.out),
+        "--out", str(out),
     ]  # fmt: skip
     started = time.monotonic()
-    console = args.out.with_name(args.out.name + "-console.log")
+    console = out.with_name(out.name + "-console.log")
     with console.open("w") as sink:  # a file, not a pipe: nothing can block the launcher
         launcher = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, text=True)
         faults = inject_faults(
-            launcher, args.out, args.every, random.Random(args.seed), args.timeout
+            launcher, out, args.every, random.Random(args.seed), args.timeout, args.faults
         )
         try:
             launcher.wait(timeout=max(1.0, args.timeout - (time.monotonic() - started)))
@@ -59,25 +107,33 @@ def main() -> int:
             launcher.kill()
             launcher.wait()
             hung = True
-    children_left = [p.pid for p in psutil.process_iter(["cmdline"]) if _belongs(p, args.out)]
-    report = summarize(args.out, faults, launcher.returncode, hung, children_left, started)
+    children_left = [p.pid for p in psutil.process_iter(["cmdline"]) if _belongs(p, out)]
+    report = summarize(out, faults, launcher.returncode, hung, children_left, started)
     report["console_tail"] = console.read_text().strip().splitlines()[-3:]
     print(json.dumps(report, indent=2))
     if args.report is not None:
         args.report.write_text(json.dumps(report, indent=2) + "\n")
     ok = launcher.returncode == 0 and not hung and not children_left
-    return 0 if ok and report["test_accuracy"] >= 0.97 else 1
+    return 0 if ok and report["test_accuracy"] >= args.min_accuracy else 1
 
 
 def inject_faults(
-    launcher: subprocess.Popen[str], run: Path, every: float, rng: random.Random, timeout: float
+    launcher: subprocess.Popen[str],
+    run: Path,
+    every: float,
+    rng: random.Random,
+    timeout: float,
+    limit: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Kill a random worker or primary every `every` seconds until the launcher exits."""
+    """Kill a random worker or primary every `every` seconds until the launcher exits, or
+    until `limit` faults (when given) have been injected."""
     faults: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     next_fault = time.monotonic() + every
     while launcher.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
+        if limit is not None and len(faults) >= limit:
+            break
         if time.monotonic() < next_fault or not _training(run):
             continue
         targets = victims(launcher.pid, run)

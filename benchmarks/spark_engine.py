@@ -16,6 +16,9 @@ The Spark command starts its JVM from ember's class-data archive, as every run a
 machine's first does. When there is none yet, one Spark run before the repeats leaves it to be
 written; its time, and when the archive was in place, are reported and not in the ratios.
 
+--quick runs one repeat of 1 epoch with the archive switched off (unless EMBER_SPARK_CLASS_ARCHIVE
+is set), so it neither waits for an archive to be written nor leaves a writer running.
+
 Usage: python benchmarks/spark_engine.py [--epochs E] [--repeat R] [--quick] [--out F]
 """
 
@@ -41,6 +44,7 @@ from common import (
 )
 
 EPOCHS = 3
+ARCHIVE_SWITCH = "EMBER_SPARK_CLASS_ARCHIVE"  # "off": the JVMs start without the archive
 MASTER = "local[2]"
 TARGET = 1.3  # spark / local wall time, SparkSession start excluded: at most this
 COMMAND_TIMEOUT = 600.0
@@ -207,6 +211,8 @@ def main() -> None:
         _fit_twice(args.epochs, args.fit_twice)
         return
     epochs, repeat = (1, 1) if args.quick else (args.epochs, args.repeat)
+    if args.quick:  # no first run to write the archive, and no writer left running after
+        os.environ.setdefault(ARCHIVE_SWITCH, "off")
     with tempfile.TemporaryDirectory(prefix="ember-bench-spark-") as tmp:
         first = write_class_archive(epochs, Path(tmp))
     if first is not None:
