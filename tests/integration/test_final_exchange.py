@@ -12,15 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ember.algorithms import (
-    AsyncEASGD,
-    EASGDRule,
-    FlatModel,
-    ServerSGD,
-    SyncEASGD,
-    WorkerContext,
-    make_update_rule,
-)
+from ember.algorithms import EASGDRule, FlatModel, WorkerContext, make_algorithm, make_update_rule
 from ember.config import RunConfig
 from ember.metrics import read_metrics
 from ember.ps import fetch_state
@@ -56,10 +48,10 @@ def _gradient(params: np.ndarray, rank: int, step: int) -> np.ndarray:
     return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).numpy()
 
 
-def _train(algorithm_class, config: RunConfig, addresses: list[str], steps: list[int]) -> list:
+def _train(config: RunConfig, addresses: list[str], steps: list[int]) -> list:
     """Run one worker per entry of `steps` (its step count) on threads; return the algorithms."""
     algorithms = [
-        algorithm_class(WorkerContext(config, rank, len(steps), addresses, SECRET))
+        make_algorithm(WorkerContext(config, rank, len(steps), addresses, SECRET))
         for rank in range(len(steps))
     ]
     errors: list[BaseException] = []
@@ -116,18 +108,15 @@ def test_synchronous_easgd_workers_with_unequal_step_counts_each_make_a_final_ex
     config = RunConfig(strategy="easgd", workers=2, lr=LR, momentum=0.0, tau=tau, alpha=alpha)
     with running_servers(_flat(_model()), EASGDRule(alpha), "bsp", expected_workers=2) as servers:
         addresses = [s.address for s in servers]
-        algorithms = _train(SyncEASGD, config, addresses, steps)
+        algorithms = _train(config, addresses, steps)
         served = fetch_state(addresses, SECRET)[0]["params"]
     assert [a.stats.exchanges for a in algorithms] == [2, 3]
     np.testing.assert_allclose(served, center, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    ("strategy", "consistency", "algorithm"),
-    [("easgd", "bsp", SyncEASGD), ("easgd-async", "async", AsyncEASGD)],
-)
+@pytest.mark.parametrize("strategy", ["easgd", "easgd-async"])
 def test_easgd_with_fewer_steps_than_tau_moves_the_center_to_the_final_parameters(
-    strategy, consistency, algorithm
+    strategy,
 ) -> None:
     steps, tau, alpha = 3, 8, 0.5
     local = _flat(_model())
@@ -135,35 +124,28 @@ def test_easgd_with_fewer_steps_than_tau_moves_the_center_to_the_final_parameter
         local = local - LR * _gradient(local, 0, step)
     initial = _flat(_model())
     config = RunConfig(strategy=strategy, workers=1, lr=LR, momentum=0.0, tau=tau, alpha=alpha)
-    with running_servers(initial, EASGDRule(alpha), consistency, expected_workers=1) as servers:
+    rule = EASGDRule(alpha)
+    with running_servers(initial, rule, config.consistency, expected_workers=1) as servers:
         addresses = [s.address for s in servers]
-        (worker,) = _train(algorithm, config, addresses, [steps])
+        (worker,) = _train(config, addresses, [steps])
         served = fetch_state(addresses, SECRET)[0]["params"]
     assert worker.stats.exchanges == 1
     np.testing.assert_allclose(served, initial + alpha * (local - initial), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    ("strategy", "consistency", "algorithm"),
-    [("easgd", "bsp", SyncEASGD), ("easgd-async", "async", AsyncEASGD)],
-)
-def test_easgd_whose_last_step_was_an_exchange_does_not_exchange_again(
-    strategy, consistency, algorithm
-) -> None:
+@pytest.mark.parametrize("strategy", ["easgd", "easgd-async"])
+def test_easgd_whose_last_step_was_an_exchange_does_not_exchange_again(strategy) -> None:
     config = RunConfig(strategy=strategy, workers=2, lr=LR, momentum=0.0, tau=3, alpha=0.4)
-    with running_servers(_flat(_model()), EASGDRule(0.4), consistency, expected_workers=2) as (
+    rule = EASGDRule(0.4)
+    with running_servers(_flat(_model()), rule, config.consistency, expected_workers=2) as (
         server,
     ):
-        algorithms = _train(algorithm, config, [server.address], [6, 6])
+        algorithms = _train(config, [server.address], [6, 6])
     assert [a.stats.exchanges for a in algorithms] == [2, 2]
 
 
-@pytest.mark.parametrize(
-    ("strategy", "consistency"), [("bsp", "bsp"), ("ssp", "ssp"), ("async", "async")]
-)
-def test_sgd_with_n_push_pushes_the_remaining_gradients_when_it_finishes(
-    strategy, consistency
-) -> None:
+@pytest.mark.parametrize("strategy", ["bsp", "ssp", "async"])
+def test_sgd_with_n_push_pushes_the_remaining_gradients_when_it_finishes(strategy) -> None:
     # n_push 2 over 5 steps: pushes after steps 2, 4 and, at finish, the mean of step 5's
     # remainder; the server's SGD applies each, and the worker pulls after every step.
     steps, n_push = 5, 2
@@ -177,9 +159,9 @@ def test_sgd_with_n_push_pushes_the_remaining_gradients_when_it_finishes(
 
     config = RunConfig(strategy=strategy, workers=1, lr=LR, momentum=0.0, n_push=n_push)
     rule = make_update_rule(config)
-    with running_servers(_flat(_model()), rule, consistency, expected_workers=1) as servers:
+    with running_servers(_flat(_model()), rule, config.consistency, expected_workers=1) as servers:
         addresses = [s.address for s in servers]
-        (worker,) = _train(ServerSGD, config, addresses, [steps])
+        (worker,) = _train(config, addresses, [steps])
         served = fetch_state(addresses, SECRET)[0]["params"]
     assert worker.stats.exchanges == 6  # 3 pushes (2 with a pull) and 3 bare pulls
     np.testing.assert_allclose(served, server, rtol=1e-5, atol=1e-6)
