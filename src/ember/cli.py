@@ -63,7 +63,7 @@ HELP = {
     "log_every": "steps between a worker's records (loss, samples/s, T_comp, T_comm) in"
     " metrics.jsonl",
     "eval_every": "steps between worker 0's test-set evaluations; 0: only at each epoch's end",
-    "tensorboard": "also write the metrics as TensorBoard event files in --out",
+    "tensorboard": "also write the metrics as TensorBoard event files, in OUT/tensorboard",
 }
 
 
