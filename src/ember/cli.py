@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import signal
 import sys
@@ -13,12 +14,85 @@ from ember.config import FIELD_NAMES, STRATEGIES, RunConfig, make_config
 from ember.errors import CheckpointError, ConfigError, EmberError, Interrupted, WorkerFailed
 
 HELP = {
-    "data": "mnist | digits | synthetic-lr | path to .npz, .parquet or an MNIST IDX folder",
-    "model": "mlp | logreg | lenet | package.module:factory",
+    # One line per RunConfig field: what it sets, its unit, and what leaving it unset means.
+    "data": "mnist | digits | synthetic-lr | path to a .npz file, a .parquet file or folder, or an"
+    " MNIST IDX folder (their layouts: docs/data.md)",
+    "model": "mlp | logreg | lenet | package.module:factory, a function returning a"
+    " torch.nn.Module, imported from the working directory, then PYTHONPATH and site-packages",
     "strategy": "single | bsp | ssp | async | easgd | easgd-async | allreduce",
-    "engine": "local | spark",
-    "resume": "auto (newest valid checkpoint in --out) or a checkpoint path",
+    "workers": "data-parallel worker processes (Spark: barrier tasks), each on its own shard",
+    "servers": "parameter-server processes; the flat parameter vector is split into this many"
+    " key ranges",
+    "epochs": "passes over the training set; each worker passes over its 1/workers shard",
+    "batch_size": "examples per minibatch, per worker (one step trains workers x this)",
+    "lr": "learning rate of the servers' optimizer (bsp, ssp, async) or of each worker's local"
+    " optimizer (easgd, easgd-async, single, allreduce)",
+    "momentum": "SGD momentum in [0, 1), on the servers (bsp, ssp, async) or local (the others)",
+    "nesterov": "Nesterov momentum in the local optimizer (EAMSGD with easgd); needs"
+    " --momentum > 0",
+    "tau": "easgd, easgd-async: local steps (minibatches) between a worker's exchanges with the"
+    " center; each worker also exchanges once when it finishes",
+    "alpha": "easgd, easgd-async: moving rate in (0, 1] of an exchange, e = alpha * (x_i -"
+    " center); unset: 0.9 / workers (the paper's beta / p)",
+    "staleness": "ssp: clocks (pushes) a worker may run ahead of the slowest before it waits",
+    "n_push": "bsp, ssp, async: steps whose gradients a worker averages into one push; the"
+    " remaining ones are pushed when it finishes",
+    "n_fetch": "bsp, ssp, async: steps between a worker's pulls of the current parameters",
+    "engine": "local (processes on this machine) | spark (barrier tasks on --master)",
+    "master": "--engine spark: Spark master URL, e.g. local[4], spark://host:7077, yarn or"
+    " k8s://https://host:443; unset: local[WORKERS]",
+    "out": "run directory for summary.json, metrics.jsonl and checkpoints/; unset:"
+    " runs/<timestamp>-<strategy>-<pid>",
+    "resume": "auto (the newest valid checkpoint in --out) or a checkpoint path; unset: start"
+    " from the initial model",
+    "seed": "seeds model initialization, data shuffling and synthetic data",
+    "threads": "PyTorch threads per worker process",
+    "synthetic_samples": "--data synthetic-lr: training rows (plus max(1000, rows / 10) test rows)",
+    "synthetic_features": "--data synthetic-lr: feature columns",
+    "checkpoint_seconds": "seconds between checkpoints, at most",
+    "checkpoint_steps": "also checkpoint every this many server steps; 0: by time only",
+    "keep_checkpoints": "checkpoints kept besides `last`; older ones are deleted",
+    "replicas": "server processes per shard: 1, or 2 for a backup that takes over when its"
+    " primary dies",
+    "replica_seconds": "seconds a backup lags its primary at most (how often it gets a copy)",
+    "max_restarts": "times each dead worker or server process is restarted before the run fails",
+    "worker_timeout": "seconds of silence after which a worker is dropped, so synchronous peers"
+    " stop waiting for it",
+    "request_timeout": "seconds to wait for a server's answer before failing; must exceed"
+    " --worker-timeout",
+    "log_every": "steps between a worker's records (loss, samples/s, T_comp, T_comm) in"
+    " metrics.jsonl",
+    "eval_every": "steps between worker 0's test-set evaluations; 0: only at each epoch's end",
+    "tensorboard": "also write the metrics as TensorBoard event files, in OUT/tensorboard",
 }
+
+
+class _Parser(argparse.ArgumentParser):
+    """Flags are never abbreviated (--epoch is not --epochs), and an unknown one is an error
+    that names the nearest real flag."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Any = None, namespace: Any = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(self._unrecognized(extras))
+        return parsed, extras
+
+    def _unrecognized(self, extras: list[str]) -> str:
+        message = f"unrecognized arguments: {' '.join(extras)}"
+        known = [flag for flag in self._option_string_actions if flag.startswith("--")]
+        flags = [arg.split("=", 1)[0] for arg in extras if arg.startswith("-")]
+        near = {flag: difflib.get_close_matches(flag, known, n=1) for flag in flags}
+        offers = [(flag, match[0]) for flag, match in near.items() if match]
+        if len(offers) == 1 and len(flags) == 1:
+            return f"{message}; did you mean {offers[0][1]}?"
+        if offers:
+            return f"{message}; did you mean {', '.join(f'{m} for {f}' for f, m in offers)}?"
+        return f"{message}; '{self.prog} --help' lists every flag"
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +101,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     for name in FIELD_NAMES:
         flag = "--" + name.replace("_", "-")
         default = getattr(defaults, name)
-        text = HELP.get(name, "")
+        text = HELP.get(name, "")  # a field without a line here fails a test, not the CLI
         if "bool" in str(types[name]):
             parser.add_argument(flag, action="store_true", default=None, help=text)
             continue
@@ -37,7 +111,8 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
             type=kind,
             default=None,
             metavar=name.upper(),
-            help=f"{text} (default: {default})".strip(),
+            # an unset default is explained in the text itself
+            help=text if default is None else f"{text} (default: {default})".strip(),
         )
 
 
@@ -50,7 +125,7 @@ def _parse_type(annotation: str) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ember",
         description="Data-parallel PyTorch training over a sharded parameter "
         "server (BSP, SSP, async, EASGD, all-reduce), locally or on Apache Spark.",

@@ -273,12 +273,29 @@ def test_npz_with_x_and_y_holds_out_the_last_tenth_as_test(tmp_path: Path) -> No
 
 
 GOOD_X, GOOD_Y = np.ones((10, 3)), np.arange(10) % 2
+NPZ_FORMS = (
+    "an .npz holds arrays x_train, y_train, x_test, y_test, or x and y (the last tenth becomes"
+    " the test set)"
+)
 NPZ_ERRORS = {
     "missing array": (
         {"x_train": GOOD_X, "x_test": GOOD_X, "y_test": GOOD_Y, "a": GOOD_Y},
-        "missing array 'y_train' (found: a, x_test, x_train, y_test)",
+        f"missing array 'y_train' (found: a, x_test, x_train, y_test); {NPZ_FORMS}",
     ),
-    "no known arrays": ({"a": GOOD_X, "b": GOOD_Y}, "missing array 'x' (found: a, b)"),
+    "no known arrays": (
+        {"a": GOOD_X, "b": GOOD_Y},
+        f"missing array 'x' (found: a, b); {NPZ_FORMS}",
+    ),
+    "capitalized names": (
+        {"X_train": GOOD_X, "y_train": GOOD_Y, "X_test": GOOD_X, "y_test": GOOD_Y},
+        "missing array 'x_train' (found: X_test, X_train, y_test, y_train);"
+        f" {NPZ_FORMS}; array names are case-sensitive",
+    ),
+    "capitalized x": (
+        {"X": GOOD_X, "Y": GOOD_Y},
+        f"missing array 'x' (found: X, Y); {NPZ_FORMS}; array names are case-sensitive",
+    ),
+    "no arrays": ({}, f"missing array 'x' (found: no arrays); {NPZ_FORMS}"),
     "negative label": (
         {"x": GOOD_X, "y": np.array([0, 1, 0, -1, 0, 1, 0, 1, 0, 1])},
         "array 'y' has label -1 in row 3; labels must be integers >= 0",

@@ -242,12 +242,44 @@ def test_factory_probe_leaves_batchnorm_statistics_and_training_mode_alone(user_
     assert torch.equal(norm.running_mean, torch.zeros(784))
 
 
-def test_factory_that_cannot_be_imported_is_named_with_the_reason() -> None:
+def test_factory_that_cannot_be_imported_is_named_with_where_it_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", "/opt/a:/opt/b")
     spec = "no_such_pkg_ember_test.mod:fn"
     with raises(
-        f"model factory {spec!r} cannot be imported: No module named 'no_such_pkg_ember_test'"
+        f"model factory {spec!r} cannot be imported: No module named 'no_such_pkg_ember_test';"
+        f" looked in the working directory {tmp_path}, then PYTHONPATH (/opt/a, /opt/b) and the"
+        " installed packages; check that no_such_pkg_ember_test/ or no_such_pkg_ember_test.py"
+        " is in one of them, on every worker's machine"
     ):
         build_model(spec, MNIST, 10)
+
+
+def test_factory_in_the_working_directory_is_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = f"ember_cwd_{uuid.uuid4().hex}"
+    (tmp_path / f"{name}.py").write_text(
+        "from torch import nn\n\ndef make(num_classes):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(784, num_classes))\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    try:
+        assert isinstance(build_model(f"{name}:make", MNIST, 10), nn.Module)
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_factory_whose_own_import_is_missing_names_that_module(user_module) -> None:
+    name = user_module("import no_such_dependency_ember_test\n")
+    with raises(
+        f"model factory '{name}:f' cannot be imported: No module named"
+        " 'no_such_dependency_ember_test'"
+    ):
+        build_model(f"{name}:f", MNIST, 10)
 
 
 def test_factory_module_that_raises_on_import_is_reported(user_module) -> None:

@@ -22,6 +22,13 @@ class _EASGDBase:
         self.flat: FlatModel | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.elastic = np.empty(0, dtype=np.float32)  # e = alpha * (x_i - center), from the server
+        self.steps_done: int | None = None  # local steps taken so far; None before the first
+        self.exchanged_at: int | None = None  # local step of the latest exchange
+
+    def owes_final_exchange(self) -> bool:
+        """Whether the center has yet to see this worker's final parameters: it has, unless
+        steps were taken since the last exchange (with fewer steps than tau, there was none)."""
+        return self.steps_done is not None and self.steps_done != self.exchanged_at
 
     def _client(self) -> PSClient:
         ctx = self.context
@@ -51,16 +58,28 @@ class SyncEASGD(_EASGDBase):
         return resumed["step"]
 
     def after_backward(self, step: int) -> None:
-        assert self.optimizer is not None and self.flat is not None
+        assert self.optimizer is not None
         self.optimizer.step()
+        self.steps_done = step + 1
         if (step + 1) % self.context.config.tau == 0:
-            self.client.step = step + 1
-            started = time.perf_counter()
-            result = self.client.push(self.flat.params_np, reply_into=self.elastic)
-            self.flat.params_np -= self.elastic  # x_i -= alpha * (x_i - center)
-            self.stats.record(result, time.perf_counter() - started)
+            self._exchange(step + 1)
+
+    def _exchange(self, step: int) -> None:
+        assert self.flat is not None
+        self.client.step = step
+        started = time.perf_counter()
+        result = self.client.push(self.flat.params_np, reply_into=self.elastic)
+        self.flat.params_np -= self.elastic  # x_i -= alpha * (x_i - center)
+        self.stats.record(result, time.perf_counter() - started)
+        self.exchanged_at = step
 
     def finish(self) -> None:
+        # A last exchange, so the center holds what this worker learned since its last one.
+        # It cannot deadlock a round: the server folds a push once every live worker has
+        # reached its clock, and a worker that has left (done) no longer counts.
+        if self.owes_final_exchange():
+            assert self.steps_done is not None
+            self._exchange(self.steps_done)
         self.client.done()
         self.client.close()
 
@@ -140,8 +159,9 @@ class AsyncEASGD(_EASGDBase):
             self._idle.set()
 
     def after_backward(self, step: int) -> None:
-        assert self.optimizer is not None and self.flat is not None
+        assert self.optimizer is not None
         self.optimizer.step()
+        self.steps_done = step + 1
         self._apply_arrived()
         if (step + 1) % self.context.config.tau == 0:
             if not self._idle.is_set():  # previous exchange still in flight: compute waits
@@ -151,20 +171,23 @@ class AsyncEASGD(_EASGDBase):
                 self._blocked = time.perf_counter() - started
                 self._apply_arrived()
             self._blocked = 0.0
-            self._idle.clear()
-            np.copyto(self.snapshot, self.flat.params_np)
-            self._snapshot_step = step + 1
-            self._due.set()
+            self._send(step + 1)
+
+    def _send(self, step: int) -> None:
+        """Hand the exchanger a snapshot of x_i taken after local step `step`."""
+        assert self.flat is not None
+        self._idle.clear()
+        np.copyto(self.snapshot, self.flat.params_np)
+        self._snapshot_step = self.exchanged_at = step
+        self._due.set()
 
     def finish(self) -> None:
+        self._wait_for_exchange("the last exchange")
+        if self.owes_final_exchange():  # the center sees this worker's final parameters
+            assert self.steps_done is not None
+            self._send(self.steps_done)
+            self._wait_for_exchange("the final exchange")
         limit = self.context.config.request_timeout + 5
-        if not self._idle.is_set():
-            if not self._arrived.wait(limit):
-                raise EmberError(
-                    f"worker {self.context.rank}: the last exchange did not finish "
-                    f"within {limit:g}s"
-                )
-            self._apply_arrived()
         self._stop = True
         self._due.set()
         self._thread.join(limit)
@@ -173,6 +196,16 @@ class AsyncEASGD(_EASGDBase):
             raise EmberError(
                 f"worker {self.context.rank}: the exchanger did not stop within {limit:g}s"
             )
+
+    def _wait_for_exchange(self, what: str) -> None:
+        """Wait for the exchange in flight, if any, and apply its elastic difference."""
+        limit = self.context.config.request_timeout + 5
+        if not self._idle.is_set():
+            if not self._arrived.wait(limit):
+                raise EmberError(
+                    f"worker {self.context.rank}: {what} did not finish within {limit:g}s"
+                )
+            self._apply_arrived()
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:

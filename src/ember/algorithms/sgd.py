@@ -18,7 +18,8 @@ class ServerSGD:
         self.stats = CommStats()
         self.client: PSClient | None = None
         self.flat: FlatModel | None = None
-        self.accumulated: torch.Tensor | None = None
+        self.accumulated: torch.Tensor | None = None  # gradients summed since the last push
+        self.pending = 0  # steps whose gradients `accumulated` holds
 
     def start(self, flat: FlatModel, optimizer: torch.optim.Optimizer | None) -> int:
         ctx = self.context
@@ -42,25 +43,32 @@ class ServerSGD:
         self.client.step = step + 1
         push_now = (step + 1) % config.n_push == 0
         pull_now = (step + 1) % config.n_fetch == 0
-        payload = flat.grads
         if self.accumulated is not None:
             self.accumulated.add_(flat.grads)
-            payload = self.accumulated
+            self.pending += 1
         if push_now:
-            if self.accumulated is not None:
-                payload.div_(config.n_push)
-            started = time.perf_counter()
-            result = self.client.push(
-                payload.numpy(), flat.params_np if pull_now else None, pull=pull_now
-            )
-            self.stats.record(result, time.perf_counter() - started)
-            if self.accumulated is not None:
-                self.accumulated.zero_()
+            self._push(pull_now)
         elif pull_now:
             started = time.perf_counter()
             self.stats.record(self.client.pull(flat.params_np), time.perf_counter() - started)
 
+    def _push(self, pull: bool) -> None:
+        """Push this step's gradient, or the mean of the accumulated ones; pull if asked."""
+        assert self.client is not None and self.flat is not None
+        payload = self.flat.grads
+        if self.accumulated is not None:
+            payload = self.accumulated.div_(self.pending)
+        started = time.perf_counter()
+        result = self.client.push(payload.numpy(), self.flat.params_np if pull else None, pull=pull)
+        self.stats.record(result, time.perf_counter() - started)
+        if self.accumulated is not None:
+            self.accumulated.zero_()
+            self.pending = 0
+
     def finish(self) -> None:
         if self.client is not None:
+            # gradients of the last steps, fewer than n_push, still reach the parameters
+            if self.pending:
+                self._push(pull=False)
             self.client.done()
             self.client.close()

@@ -15,6 +15,7 @@ from ember.errors import ConfigError
 _DIGITS_ROWS = (10_000, 2_000)  # digits: the first train and test MNIST images
 _SIGNAL = 4.0  # synthetic-lr: std of the true logit; Bayes accuracy is then about 0.87
 _FILE_KINDS = ".npz, .parquet file or an MNIST IDX folder"
+_NPZ_SPLIT = ("x_train", "y_train", "x_test", "y_test")  # an .npz with its own test split
 
 
 @dataclass(frozen=True, eq=False)
@@ -212,11 +213,10 @@ def _load_npz(path: Path) -> Dataset:
         raise ConfigError(f"{where}: cannot read ({exc})") from exc
     with archive:
         found = sorted(archive.files)
-        split = ("x_train", "y_train", "x_test", "y_test")
-        wanted = split if any(k in found for k in split) else ("x", "y")
+        wanted = _NPZ_SPLIT if any(k in found for k in _NPZ_SPLIT) else ("x", "y")
         for key in wanted:
             if key not in found:
-                raise ConfigError(f"{where}: missing array {key!r} (found: {', '.join(found)})")
+                raise ConfigError(_missing_array(where, key, found))
         arrays = {}
         for key in wanted:
             try:
@@ -227,9 +227,20 @@ def _load_npz(path: Path) -> Dataset:
     def pair(x: str, y: str) -> tuple[np.ndarray, np.ndarray]:
         return _validated(where, arrays[x], arrays[y], f"array {x!r}", f"array {y!r}")
 
-    if wanted == split:
+    if wanted == _NPZ_SPLIT:
         return _make(str(path), where, *pair("x_train", "y_train"), *pair("x_test", "y_test"))
     return _make(str(path), where, *_hold_out(where, *pair("x", "y")))
+
+
+def _missing_array(where: str, key: str, found: list[str]) -> str:
+    accepted = f"{', '.join(_NPZ_SPLIT)}, or x and y (the last tenth becomes the test set)"
+    # X_train is not x_train: say so, since that is the usual slip
+    miscased = any(n != n.lower() and n.lower() in (*_NPZ_SPLIT, "x", "y") for n in found)
+    hint = "; array names are case-sensitive" if miscased else ""
+    return (
+        f"{where}: missing array {key!r} (found: {', '.join(found) or 'no arrays'});"
+        f" an .npz holds arrays {accepted}{hint}"
+    )
 
 
 def _load_parquet(path: Path) -> Dataset:

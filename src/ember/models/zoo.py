@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import os
+import sys
 from collections.abc import Callable
 
 import torch
@@ -103,8 +105,17 @@ def _from_factory(spec: str, input_shape: Shape, num_classes: int) -> nn.Module:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ConfigError(f"model factory {spec!r} must look like package.module:function")
+    where = _import_from_working_directory()
     try:
         target: object = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not _is_prefix(exc.name, module_name):
+            raise ConfigError(f"model factory {spec!r} cannot be imported: {exc}") from exc
+        path = exc.name.replace(".", "/")
+        raise ConfigError(
+            f"model factory {spec!r} cannot be imported: {exc}; looked in {where}; check that"
+            f" {path}/ or {path}.py is in one of them, on every worker's machine"
+        ) from exc
     except ImportError as exc:
         raise ConfigError(f"model factory {spec!r} cannot be imported: {exc}") from exc
     except Exception as exc:  # the user's module raised while running its top level
@@ -131,6 +142,23 @@ def _from_factory(spec: str, input_shape: Shape, num_classes: int) -> nn.Module:
         )
     _check_logits(spec, model, input_shape, num_classes)
     return model
+
+
+def _import_from_working_directory() -> str:
+    """Put the working directory first on the import path, as `python -m` does (a console
+    script gets its bin folder instead, and spawned workers inherit the working directory);
+    return where imports look, for an error message."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    pythonpath = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    folders = f"PYTHONPATH ({', '.join(pythonpath)})" if pythonpath else "PYTHONPATH (unset)"
+    return f"the working directory {cwd}, then {folders} and the installed packages"
+
+
+def _is_prefix(name: str, module_name: str) -> bool:
+    """Whether `name` is `module_name` or a package it is in (not a module it imports)."""
+    return (module_name + ".").startswith(name + ".")
 
 
 def _accepted_kwargs(
