@@ -3,7 +3,8 @@
 Map (class or function -> file -> what it does):
 - fit, evaluate_checkpoint -> api.py: train with the CLI's fields; score a checkpoint
 - spark.fit -> spark.py: the same on a Spark DataFrame (engines/spark.py runs it)
-- RunConfig, STRATEGIES -> config.py: the validated run configuration
+- RunConfig, Strategy, STRATEGIES -> config.py: the validated run configuration; the strategies
+  and what each implies
 - RunResult -> engines/run.py: summary dict + trained torch.nn.Module + run directory
 - EmberError, ConfigError, ProtocolError, ServerUnavailable, WorkerFailed, CheckpointError
   -> errors.py
@@ -16,7 +17,7 @@ __version__ = "0.1.0"
 
 from ember import spark  # ember.spark.fit; pyspark itself is imported only when used
 from ember.api import evaluate_checkpoint, fit
-from ember.config import STRATEGIES, RunConfig
+from ember.config import STRATEGIES, RunConfig, Strategy
 from ember.engines.run import RunResult
 from ember.errors import (
     CheckpointError,
@@ -36,6 +37,7 @@ __all__ = [
     "RunConfig",
     "RunResult",
     "ServerUnavailable",
+    "Strategy",
     "WorkerFailed",
     "__version__",
     "evaluate_checkpoint",

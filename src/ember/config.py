@@ -1,8 +1,10 @@
-"""Validated run configuration: the one place for defaults and error messages (leaf module)."""
+"""Validated run configuration and the strategies it names: the one place for defaults, error
+messages and what a strategy implies (leaf module: imports only ember.errors)."""
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import os
 import time
@@ -14,18 +16,95 @@ import yaml
 
 from ember.errors import ConfigError
 
-STRATEGIES: dict[str, tuple[str, str]] = {
-    # strategy -> (algorithm, consistency)
-    "single": ("single", "none"),
-    "bsp": ("sgd", "bsp"),
-    "ssp": ("sgd", "ssp"),
-    "async": ("sgd", "async"),
-    "easgd": ("easgd", "bsp"),
-    "easgd-async": ("easgd", "async"),
-    "allreduce": ("allreduce", "none"),
+
+class _Name(str, enum.Enum):
+    """A name that is also its str: equal to, hashed like and formatted as its value, so JSON,
+    YAML and the CLI see the plain name."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class AlgorithmKind(_Name):
+    """What a worker sends and how the server folds it in."""
+
+    SINGLE = "single"
+    SGD = "sgd"
+    EASGD = "easgd"
+    ALLREDUCE = "allreduce"
+
+
+class ConsistencyKind(_Name):
+    """When the server may answer a worker; NONE where no server answers."""
+
+    BSP = "bsp"
+    SSP = "ssp"
+    ASYNC = "async"
+    NONE = "none"
+
+
+class Strategy(_Name):
+    """A named strategy: a point on the two axes, and everything that point implies."""
+
+    SINGLE = "single"
+    BSP = "bsp"
+    SSP = "ssp"
+    ASYNC = "async"
+    EASGD = "easgd"
+    EASGD_ASYNC = "easgd-async"
+    ALLREDUCE = "allreduce"
+
+    @property
+    def algorithm(self) -> AlgorithmKind:
+        return _AXES[self][0]
+
+    @property
+    def consistency(self) -> ConsistencyKind:
+        return _AXES[self][1]
+
+    @property
+    def uses_server(self) -> bool:
+        return self.algorithm in (AlgorithmKind.SGD, AlgorithmKind.EASGD)
+
+    @property
+    def synchronous(self) -> bool:
+        """Every round waits for all workers: BSP's clocks, or all-reduce's collective."""
+        return self.consistency is ConsistencyKind.BSP or self.algorithm is AlgorithmKind.ALLREDUCE
+
+    @property
+    def joinable(self) -> bool:
+        """`ember join` can add a worker: a server to join, and no round that would wait for a
+        newcomer or a leaver."""
+        return self.uses_server and not self.synchronous
+
+    @property
+    def overlaps_exchange(self) -> bool:
+        """An exchanger thread keeps the exchange off the worker's compute path (DeepSpark)."""
+        return self is Strategy.EASGD_ASYNC
+
+    @property
+    def ships_gradients(self) -> bool:
+        """The exchange moves gradients (not parameters)."""
+        return self.algorithm in (AlgorithmKind.SGD, AlgorithmKind.ALLREDUCE)
+
+    @property
+    def local_optimizer(self) -> bool:
+        """Workers step an optimizer of their own; under sgd the server's optimizer steps."""
+        return self.algorithm is not AlgorithmKind.SGD
+
+
+_AXES: dict[Strategy, tuple[AlgorithmKind, ConsistencyKind]] = {
+    Strategy.SINGLE: (AlgorithmKind.SINGLE, ConsistencyKind.NONE),
+    Strategy.BSP: (AlgorithmKind.SGD, ConsistencyKind.BSP),
+    Strategy.SSP: (AlgorithmKind.SGD, ConsistencyKind.SSP),
+    Strategy.ASYNC: (AlgorithmKind.SGD, ConsistencyKind.ASYNC),
+    Strategy.EASGD: (AlgorithmKind.EASGD, ConsistencyKind.BSP),
+    Strategy.EASGD_ASYNC: (AlgorithmKind.EASGD, ConsistencyKind.ASYNC),
+    Strategy.ALLREDUCE: (AlgorithmKind.ALLREDUCE, ConsistencyKind.NONE),
 }
+STRATEGIES = tuple(s.value for s in Strategy)
 ENGINES = ("local", "spark")
-SERVER_STRATEGIES = tuple(s for s, (algo, _) in STRATEGIES.items() if algo in ("sgd", "easgd"))
+SERVER_STRATEGIES = tuple(s.value for s in Strategy if s.uses_server)
 
 
 @dataclass
@@ -34,7 +113,7 @@ class RunConfig:
 
     data: str = "mnist"  # mnist | digits | synthetic-lr | path to .npz, .parquet or an IDX folder
     model: str = "mlp"  # mlp | logreg | lenet | package.module:factory
-    strategy: str = "easgd-async"  # a key of STRATEGIES
+    strategy: str = "easgd-async"  # one of STRATEGIES (a Strategy member is taken as its name)
     workers: int = 2  # data-parallel worker processes
     servers: int = 1  # parameter-server processes (key-range shards)
     epochs: int = 5  # passes over the training set (each worker over its shard)
@@ -69,16 +148,21 @@ class RunConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # reserved for engine-specific settings
 
     @property
-    def algorithm(self) -> str:
-        return STRATEGIES[self.strategy][0]
+    def mode(self) -> Strategy:
+        """The strategy as a Strategy, which answers what its name implies."""
+        return Strategy(self.strategy)
 
     @property
-    def consistency(self) -> str:
-        return STRATEGIES[self.strategy][1]
+    def algorithm(self) -> AlgorithmKind:
+        return self.mode.algorithm
+
+    @property
+    def consistency(self) -> ConsistencyKind:
+        return self.mode.consistency
 
     @property
     def uses_server(self) -> bool:
-        return self.algorithm in ("sgd", "easgd")
+        return self.mode.uses_server
 
     @property
     def effective_alpha(self) -> float:
@@ -87,7 +171,8 @@ class RunConfig:
     def validate(self) -> RunConfig:
         """Raise ConfigError naming the first invalid field; return self when all are valid."""
         self._check_types()
-        _one_of("strategy", self.strategy, tuple(STRATEGIES))
+        _one_of("strategy", self.strategy, STRATEGIES)
+        self.strategy = self.mode.value  # the plain name, which YAML can write and repr quotes
         _one_of("engine", self.engine, ENGINES)
         for name in (
             "workers",
@@ -134,7 +219,7 @@ class RunConfig:
                 f"replicas must be 1 for strategy {self.strategy!r}, which uses no parameter"
                 f" server; got {self.replicas}"
             )
-        if self.strategy == "single" and self.workers != 1:
+        if self.mode is Strategy.SINGLE and self.workers != 1:
             raise ConfigError(f"workers must be 1 for strategy 'single', got {self.workers}")
         return self
 

@@ -23,12 +23,12 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from ember.config import STRATEGIES
+from ember.config import STRATEGIES, AlgorithmKind, ConsistencyKind, Strategy
 
 FLOAT_BYTES = 4
 # Strategies without a two-worker calibration run of their own wait like one that has it:
 # SSP with a small bound waits for the slowest about as often as BSP's rounds do.
-_WAITS_LIKE = {"ssp": "bsp", "easgd": "bsp"}
+_WAITS_LIKE = {Strategy.SSP: Strategy.BSP, Strategy.EASGD: Strategy.BSP}
 # The tau of easgd-async's two-worker calibration run: an exchange every minibatch, so the
 # exchange's cost under load is most of the period and is measured precisely.
 CALIBRATION_TAU = 1
@@ -64,13 +64,14 @@ class Calibration:
         per exchange) blocked beyond the exchange itself is the gap between two workers'
         minibatch times; over tau minibatches of independent jitter that gap is a random
         walk, which grows as sqrt(tau)."""
-        if strategy == "easgd-async":
+        mode = Strategy(strategy)
+        if mode.overlaps_exchange:
             return self.t_comp, self.exchange_wall
-        measured = self.on_host.get(strategy) or self.on_host.get(_WAITS_LIKE.get(strategy, ""))
+        measured = self.on_host.get(mode) or self.on_host.get(_WAITS_LIKE.get(mode, ""))
         if workers < 2 or measured is None:
             return self.t_comp, self.exchange_wall
         step, blocked = measured
-        if STRATEGIES[strategy][1] == "bsp" and tau > 1:
+        if mode.consistency is ConsistencyKind.BSP and tau > 1:
             blocked += max(0.0, blocked - self.exchange_wall) * (math.sqrt(tau) - 1)
         scale = max(1.0, (workers + servers) / (2 + min(servers, 1)))
         return step * scale, blocked * scale
@@ -82,7 +83,7 @@ class Calibration:
         calibration kept every core busy, its period at CALIBRATION_TAU is that many
         minibatches plus this cost, spread over the cores."""
         alone = self.client_cpu + self.server_cpu
-        measured = self.on_host.get("easgd-async")
+        measured = self.on_host.get(Strategy.EASGD_ASYNC)
         if measured is None or self.cores > 2:  # cores to spare: the processes did not compete
             return alone
         period = CALIBRATION_TAU * measured[0] + measured[1]  # compute, then the wait for it
@@ -128,23 +129,24 @@ def predict(
     period and sgd's n_push (both: minibatches between exchanges)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
-    algorithm, consistency = STRATEGIES[strategy]
+    mode = Strategy(strategy)
+    algorithm, consistency = mode.algorithm, mode.consistency
     c, n = calibration, workers
-    if algorithm == "single":
+    if algorithm is AlgorithmKind.SINGLE:
         n, tau, servers = 1, 1, 1
-    if algorithm == "allreduce":
+    if algorithm is AlgorithmKind.ALLREDUCE:
         tau, servers = 1, 1
     # On one host, processes slow each other down; over a network each has a host to itself.
     if network.bandwidth is None:
-        t_step, t_exchange = c.sharing(strategy, n, servers if algorithm != "allreduce" else 0, tau)
+        t_step, t_exchange = c.sharing(strategy, n, servers if mode.uses_server else 0, tau)
     else:
         t_step, t_exchange = c.t_comp, c.exchange_wall
     compute = tau * t_step
     candidates: dict[str, float] = {}
-    if algorithm == "single":
+    if algorithm is AlgorithmKind.SINGLE:
         t_comm = 0.0
         candidates["worker"] = tau * c.t_comp
-    elif algorithm == "allreduce":
+    elif algorithm is AlgorithmKind.ALLREDUCE:
         t_comm = _allreduce_seconds(c, network, n, t_exchange)
         candidates["worker"] = compute + t_comm
         if network.bandwidth is None:
@@ -152,18 +154,18 @@ def predict(
     else:
         server_share = c.server_cpu / servers  # each shard handles 1/S of every exchange
         t_comm = _exchange_seconds(c, network, servers, t_exchange)
-        if strategy == "easgd-async":  # the exchanger thread's CPU comes out of compute's
+        if mode.overlaps_exchange:  # the exchanger thread's CPU comes out of compute's
             candidates["worker"] = max(compute + c.client_cpu, t_comm)
         else:
             candidates["worker"] = compute + t_comm
         # A shard answers requests one after another: n of them per period keep it busy.
         candidates["server"] = n * server_share
-        if consistency == "bsp" and "bsp" not in c.on_host:
+        if consistency is ConsistencyKind.BSP and Strategy.BSP not in c.on_host:
             # a round closes after the server took every worker's push
             candidates["worker"] += (n - 1) * server_share
         if network.bandwidth is None:
             exchange_cpu = c.client_cpu + c.server_cpu
-            if strategy == "easgd-async":  # its compute overlaps the exchange: only CPU bounds
+            if mode.overlaps_exchange:  # its compute overlaps the exchange: only CPU bounds
                 exchange_cpu = c.exchange_cpu_under_load()
             per_worker = tau * c.t_comp + exchange_cpu
             candidates["cpu"] = n * per_worker / _cores(c, network)
@@ -181,8 +183,8 @@ def evaluation_wait(strategy: str, evaluations: int, calibration: Calibration) -
     under ssp the others run only `staleness` minibatches ahead, little beside an evaluation;
     asynchronous workers go on. The run's samples/s counts the slowest worker's loop, so it
     pays for these waits; the evaluations themselves are not training and are left out."""
-    algorithm, consistency = STRATEGIES[strategy]
-    if algorithm == "single" or consistency == "async":
+    mode = Strategy(strategy)
+    if mode is Strategy.SINGLE or mode.consistency is ConsistencyKind.ASYNC:
         return 0.0
     return evaluations * calibration.t_eval
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ember.config import AlgorithmKind, Strategy
 from ember.perfmodel import Calibration, Network, Prediction, evaluation_wait, predict
 
-PLAN_STRATEGIES = ("single", "bsp", "ssp", "async", "easgd", "allreduce")
-SERVERLESS = ("single", "allreduce")  # their cells are the same at any server count
+PLAN_STRATEGIES: tuple[Strategy, ...] = tuple(s for s in Strategy if s is not Strategy.EASGD_ASYNC)  # tau columns follow
 EASGD_TAU = 8  # the synchronous easgd column's communication period
 SERVER_COUNTS = (1, 2, 4, 8, 16, 32)
 MISSING = "—"
@@ -22,14 +22,15 @@ class Option:
 
     def __str__(self) -> str:
         p = self.prediction
-        text = p.strategy + (f" at tau {p.tau}" if p.strategy.startswith("easgd") else "")
-        if p.strategy in SERVERLESS:
+        mode = Strategy(p.strategy)
+        text = p.strategy + (f" at tau {p.tau}" if mode.algorithm is AlgorithmKind.EASGD else "")
+        if not mode.uses_server:  # the same at any server count
             return text
         return f"{text} with {p.servers} server{'s' if p.servers != 1 else ''}"
 
 
 def columns(taus: list[int]) -> list[str]:
-    easgd = [f"easgd tau={EASGD_TAU}" if s == "easgd" else s for s in PLAN_STRATEGIES]
+    easgd = [f"easgd tau={EASGD_TAU}" if s is Strategy.EASGD else str(s) for s in PLAN_STRATEGIES]
     return [*easgd, *(f"easgd-async tau={t}" for t in taus)]
 
 
@@ -40,11 +41,13 @@ def row_options(
     worker, `allreduce` on one (a ring of one is `single`), and the strategies without servers
     in a row of more than one server."""
     cells: list[Option | None] = []
-    runs = [(s, EASGD_TAU if s == "easgd" else 1) for s in PLAN_STRATEGIES]
-    runs += [("easgd-async", t) for t in taus]
+    runs: list[tuple[Strategy, int]] = [
+        (s, EASGD_TAU if s is Strategy.EASGD else 1) for s in PLAN_STRATEGIES
+    ]
+    runs += [(Strategy.EASGD_ASYNC, t) for t in taus]
     for column, (strategy, tau) in zip(columns(taus), runs, strict=True):
-        alone = {"single": workers > 1, "allreduce": workers == 1}.get(strategy, False)
-        if alone or (strategy in SERVERLESS and servers > 1):
+        alone = {Strategy.SINGLE: workers > 1, Strategy.ALLREDUCE: workers == 1}.get(strategy)
+        if alone or (not strategy.uses_server and servers > 1):
             cells.append(None)
             continue
         cells.append(Option(column, predict(strategy, workers, c, network, tau, servers)))
@@ -75,7 +78,7 @@ def advice(workers: int, options: list[Option], single: float) -> str:
     ranked = sorted(options, key=lambda o: -o.prediction.samples_per_second)
     best, speed = ranked[0], ranked[0].prediction.samples_per_second
     why = [_samples(speed)]
-    if best.prediction.strategy != "single":
+    if best.prediction.strategy != Strategy.SINGLE:
         why[0] += f", {speed / single:.1f}x single's"
     if len(ranked) > 1:
         runner_up = ranked[1]
@@ -87,7 +90,7 @@ def advice(workers: int, options: list[Option], single: float) -> str:
     smaller = [
         o
         for o in options
-        if o.prediction.strategy == best.prediction.strategy == "easgd-async"
+        if o.prediction.strategy == best.prediction.strategy == Strategy.EASGD_ASYNC
         and o.prediction.servers == best.prediction.servers
         and o.prediction.tau < best.prediction.tau
         and o.prediction.samples_per_second >= 0.9 * speed
@@ -107,7 +110,7 @@ def plan_report(
     """The table `ember plan` prints: predicted samples/s per strategy, tau and server count,
     and for each worker count the fastest of its rows, with the figures that make it so."""
     c = calibration
-    single = predict("single", 1, c, network).samples_per_second
+    single = predict(Strategy.SINGLE, 1, c, network).samples_per_second
     where = (
         f"{network.bandwidth * 8 / 1e9:g} Gbit/s links, {network.latency * 1e3:g} ms latency,"
         " a host per worker and per server"

@@ -22,25 +22,25 @@ from ember.algorithms.flat import FlatModel, flatten_parameters, load_flat_param
 from ember.algorithms.local import LocalSGD
 from ember.algorithms.rules import EASGDRule, SGDRule
 from ember.algorithms.sgd import ServerSGD
-from ember.config import RunConfig
+from ember.config import AlgorithmKind, ConsistencyKind, RunConfig, Strategy
 from ember.errors import ConfigError
 from ember.ps import UpdateRule
 
-ALGORITHMS: dict[str, Callable[[WorkerContext], Algorithm]] = {
-    "single": LocalSGD,
-    "bsp": ServerSGD,
-    "ssp": ServerSGD,
-    "async": ServerSGD,
-    "easgd": SyncEASGD,
-    "easgd-async": AsyncEASGD,
-    "allreduce": AllReduceSGD,
+ALGORITHMS: dict[Strategy, Callable[[WorkerContext], Algorithm]] = {
+    Strategy.SINGLE: LocalSGD,
+    Strategy.BSP: ServerSGD,
+    Strategy.SSP: ServerSGD,
+    Strategy.ASYNC: ServerSGD,
+    Strategy.EASGD: SyncEASGD,
+    Strategy.EASGD_ASYNC: AsyncEASGD,
+    Strategy.ALLREDUCE: AllReduceSGD,
 }
 
 
 def make_algorithm(context: WorkerContext) -> Algorithm:
     try:
-        factory = ALGORITHMS[context.config.strategy]
-    except KeyError:
+        factory = ALGORITHMS[Strategy(context.config.strategy)]
+    except ValueError:
         raise ConfigError(
             f"strategy must be one of {', '.join(ALGORITHMS)}; got {context.config.strategy!r}"
         ) from None
@@ -49,21 +49,21 @@ def make_algorithm(context: WorkerContext) -> Algorithm:
 
 def make_update_rule(config: RunConfig) -> UpdateRule:
     """The server's half of a strategy; only server strategies have one."""
-    if config.algorithm == "sgd":
-        rescale = 1.0 if config.consistency == "bsp" else 1.0 / config.workers
+    if config.algorithm is AlgorithmKind.SGD:
+        rescale = 1.0 if config.consistency is ConsistencyKind.BSP else 1.0 / config.workers
         return SGDRule(lr=config.lr, momentum=config.momentum, rescale=rescale)
-    if config.algorithm == "easgd":
+    if config.algorithm is AlgorithmKind.EASGD:
         return EASGDRule(alpha=config.effective_alpha)
     raise ConfigError(f"strategy {config.strategy!r} uses no parameter server")
 
 
 def uses_local_optimizer(config: RunConfig) -> bool:
-    return config.algorithm != "sgd"
+    return config.mode.local_optimizer
 
 
 def ships_gradients(config: RunConfig) -> bool:
     """Strategies whose exchange moves gradients need them in FlatModel's flat buffer."""
-    return config.algorithm in ("sgd", "allreduce")
+    return config.mode.ships_gradients
 
 
 __all__ = [

@@ -17,7 +17,7 @@ import psutil
 import torch
 
 from ember.algorithms import flatten_parameters
-from ember.config import RunConfig
+from ember.config import RunConfig, Strategy
 from ember.data import Dataset
 from ember.engines.process import SPAWN, free_port, reap
 from ember.engines.servers import ServerGroup
@@ -44,9 +44,15 @@ def calibrate(config: RunConfig, dataset: Dataset) -> Calibration:
     params = flatten_parameters(model)
     t_eval = _evaluation_seconds(model, dataset)
     wall, client_cpu, server_cpu = _exchange_figures(config, params)
-    t_comp, _ = _loop_figures(config, dataset, params, "single")
-    strategies = ("async", "bsp", "ssp", "easgd-async", "allreduce")
-    on_host = {s: _loop_figures(config, dataset, params, s) for s in strategies}
+    t_comp, _ = _loop_figures(config, dataset, params, Strategy.SINGLE)
+    strategies = (
+        Strategy.ASYNC,
+        Strategy.BSP,
+        Strategy.SSP,
+        Strategy.EASGD_ASYNC,
+        Strategy.ALLREDUCE,
+    )
+    on_host = {s.value: _loop_figures(config, dataset, params, s) for s in strategies}
     return Calibration(
         batch_size=config.batch_size,
         t_comp=t_comp,
@@ -109,13 +115,13 @@ def _calibration_rows(dataset: Dataset, batch_size: int, workers: int) -> int:
 
 
 def _loop_figures(
-    config: RunConfig, dataset: Dataset, params: np.ndarray, strategy: str
+    config: RunConfig, dataset: Dataset, params: np.ndarray, strategy: Strategy
 ) -> tuple[float, float]:
     """(seconds per minibatch, seconds blocked per exchange) of ember's own worker loop running
     `strategy` on this host (two workers, and a server if it uses one), over as many passes
     of the calibration rows as LOOP_STEPS takes, after WARM_STEPS minibatches each: those
     include connecting and waiting for the peer."""
-    workers = 1 if strategy == "single" else 2
+    workers = 1 if strategy is Strategy.SINGLE else 2
     rows = _calibration_rows(dataset, config.batch_size, workers)
     per_pass = max(1, rows // workers // config.batch_size)
     epochs = -(-(WARM_STEPS + LOOP_STEPS) // per_pass)
@@ -123,7 +129,7 @@ def _loop_figures(
     probe = RunConfig(
         **{
             **config.to_dict(),
-            "strategy": strategy,
+            "strategy": strategy.value,
             "workers": workers,
             "tau": CALIBRATION_TAU,
             "epochs": epochs,

@@ -6,9 +6,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from ember.config import STRATEGIES
+
 Record = dict[str, Any]
 
-STRATEGY_ORDER = ("single", "bsp", "ssp", "async", "easgd", "easgd-async", "allreduce")
 ENGINE_ORDER = ("mllib", "local", "spark")
 TASK_TITLES = {
     "lr": "binary logistic regression",
@@ -49,14 +50,14 @@ class Group:
         return statistics.median(values) if values else None
 
     def order(self) -> tuple[int, float, str, int]:
-        """mllib, then the known strategies in STRATEGY_ORDER, then the rest by label."""
+        """mllib, then the known strategies in STRATEGIES' order, then the rest by label."""
         strategy = self.first("strategy")
         if self.is_mllib:
             rank = 0
-        elif strategy in STRATEGY_ORDER:
-            rank = 1 + STRATEGY_ORDER.index(strategy)
+        elif strategy in STRATEGIES:
+            rank = 1 + STRATEGIES.index(strategy)
         else:
-            rank = 1 + len(STRATEGY_ORDER)
+            rank = 1 + len(STRATEGIES)
         engine = (
             ENGINE_ORDER.index(self.engine) if self.engine in ENGINE_ORDER else len(ENGINE_ORDER)
         )

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ember.bench.calibrate import calibrate
-from ember.config import RunConfig
+from ember.config import AlgorithmKind, RunConfig, Strategy
 from ember.perfmodel import Calibration, Network, evaluation_wait, predict
 from ember.worker import evaluates_after
 
@@ -47,8 +47,8 @@ def add_predictions(
         config = record.get("config") or {}
         if record["system"] != "ember" or calibration is None or not config:
             continue
-        algorithm = "easgd" if config["strategy"].startswith("easgd") else "sgd"
-        period = config["tau"] if algorithm == "easgd" else config["n_push"]
+        easgd = Strategy(config["strategy"]).algorithm is AlgorithmKind.EASGD
+        period = config["tau"] if easgd else config["n_push"]
         predicted = predict(
             config["strategy"], config["workers"], calibration, here, period, config["servers"]
         ).samples_per_second

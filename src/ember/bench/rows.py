@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ember.config import ENGINES, STRATEGIES, RunConfig
+from ember.config import ENGINES, STRATEGIES, RunConfig, Strategy
 from ember.data import Dataset, load_dataset
 from ember.errors import ConfigError
 
@@ -125,13 +125,13 @@ def plan_rows(settings: BenchSettings, tasks: dict[str, Task]) -> list[Row]:
                 rows.append(Row(task, label, "ember", engine, config))
         if name in settings.sweep_tasks:
             for tau in settings.taus:
-                config = replace(_config(settings, task, "easgd-async", "local"), tau=tau)
+                config = replace(_config(settings, task, Strategy.EASGD_ASYNC, "local"), tau=tau)
                 rows.append(Row(task, f"easgd-async tau={tau}", "ember", "local", config, True))
     return rows
 
 
 def _config(settings: BenchSettings, task: Task, strategy: str, engine: str) -> RunConfig:
-    workers = 1 if strategy == "single" else settings.workers
+    workers = 1 if strategy == Strategy.SINGLE else settings.workers
     return RunConfig(
         data=task.data,
         model=task.model,

@@ -22,6 +22,7 @@ from typing import Any
 from ember import __version__
 from ember.bench.measure import TreeSampler
 from ember.bench.rows import BenchSettings, Row, make_tasks, plan_rows
+from ember.config import AlgorithmKind, Strategy
 from ember.data import Dataset
 from ember.metrics import write_json
 
@@ -118,7 +119,9 @@ def _measure(row: Row, repeat: int, settings: BenchSettings, spark: Any) -> dict
         "strategy": row.config.strategy if row.config else None,
         "engine": row.engine,
         "workers": row.config.workers if row.config else settings.workers,
-        "tau": row.config.tau if row.config and row.config.algorithm == "easgd" else None,
+        "tau": row.config.tau
+        if row.config and row.config.algorithm is AlgorithmKind.EASGD
+        else None,
         "sweep": row.sweep,
         "repeat": repeat,
         "status": "ok",
@@ -174,7 +177,9 @@ def add_divergence(records: list[dict[str, Any]]) -> None:
     single = {
         (r["task"], r["repeat"]): r["samples_to_target"]
         for r in records
-        if r["strategy"] == "single" and r["engine"] == "local" and r.get("samples_to_target")
+        if r["strategy"] == Strategy.SINGLE
+        and r["engine"] == "local"
+        and r.get("samples_to_target")
     }
     for r in records:
         base = single.get((r["task"], r["repeat"]))

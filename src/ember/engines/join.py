@@ -18,12 +18,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ember.config import RunConfig
+from ember.config import RunConfig, Strategy
 from ember.errors import ConfigError
 from ember.worker import WorkerSpec, run_worker
 
 JOIN_FILE = "join.json"
-JOINABLE = ("async", "easgd-async", "ssp")  # no round waits for a newcomer or a leaver
+JOINABLE = tuple(sorted(s.value for s in Strategy if s.joinable))  # sorted for error messages
 JOINER_IDS = 1 << 30
 
 

@@ -13,7 +13,7 @@ import safetensors.numpy
 
 from ember.checkpoint import latest_valid_checkpoint
 from ember.config import RunConfig
-from ember.engines.join import JOIN_FILE, JOINABLE, write_join_file
+from ember.engines.join import JOIN_FILE, write_join_file
 from ember.engines.process import SPAWN, free_port, reap, start_child, tail
 from ember.engines.progress import Progress
 from ember.engines.run import RunResult, RunSetup, finish_run, prepare_run
@@ -30,7 +30,7 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
     processes: list[Any] = []
     try:
         addresses = servers.start() if servers is not None else []
-        if config.strategy in JOINABLE:
+        if config.mode.joinable:
             write_join_file(setup.run_dir, config, addresses, setup.secret)
         records = SPAWN.Queue()
         started = time.perf_counter()
