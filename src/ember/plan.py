@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from ember.config import AlgorithmKind, Strategy
 from ember.perfmodel import Calibration, Network, Prediction, evaluation_wait, predict
 
-PLAN_STRATEGIES: tuple[Strategy, ...] = tuple(s for s in Strategy if s is not Strategy.EASGD_ASYNC)  # tau columns follow
+# every strategy a column; easgd-async has one per tau, after them
+PLAN_STRATEGIES: tuple[Strategy, ...] = tuple(s for s in Strategy if s is not Strategy.EASGD_ASYNC)
 EASGD_TAU = 8  # the synchronous easgd column's communication period
 SERVER_COUNTS = (1, 2, 4, 8, 16, 32)
 MISSING = "—"
