@@ -1,11 +1,10 @@
-"""The Spark engine: one barrier task per worker, parameter servers beside the driver."""
+"""A run on Spark from the driver's side: the data handed over, the training job watched."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -20,21 +19,20 @@ from ember.data.spark import (
     dataframe_dataset,
     frame_from_arrays,
     frame_from_pixels,
-    partition_arrays,
 )
 from ember.engines.local import merge_server_stats, save_what_the_servers_hold
 from ember.engines.process import reap
 from ember.engines.progress import Progress
 from ember.engines.run import RunResult, RunSetup, finish_run, prepare_run
 from ember.engines.servers import ServerGroup
-from ember.engines.spark_jobs import (
+from ember.engines.spark.jobs import (
     RECORDS,
     Job,
     python_error,
     start_warm_up,
     wait_for_warm_up,
 )
-from ember.engines.spark_session import (
+from ember.engines.spark.session import (
     check_before_start,
     check_cluster,
     check_supported,
@@ -42,9 +40,10 @@ from ember.engines.spark_session import (
     session,
     stopped,
 )
-from ember.errors import EmberError, WorkerFailed
+from ember.engines.spark.task import train_partition
+from ember.errors import WorkerFailed
 from ember.ps import fetch_state
-from ember.worker import WorkerSpec, checkpoint_meta, run_worker
+from ember.worker import WorkerSpec, checkpoint_meta
 
 EVAL_ROWS = 1000  # test rows shipped to each task for worker 0's per-epoch evaluation
 
@@ -101,38 +100,6 @@ def train_dataframe(
         reap(servers.processes)
 
 
-def _task(
-    spec: WorkerSpec, probe: Dataset, rows: int | None, batches: Iterator[Any]
-) -> Iterator[Any]:
-    """One worker in a barrier task: its partition as NumPy, then the ordinary worker loop.
-    `probe` holds the few test rows worker 0 evaluates on after each epoch; `rows` is how
-    many rows each worker trains on, when the driver knows every partition's size."""
-    import pyarrow as pa
-    from pyspark import BarrierTaskContext
-
-    context = BarrierTaskContext.get()
-    world = len(context.getTaskInfos())
-    if world != spec.world:
-        raise EmberError(f"the barrier stage has {world} tasks for {spec.world} workers")
-    x, y = partition_arrays(batches, probe.input_shape)
-    # Every worker trains on as many rows as the smallest partition holds, so synchronous
-    # strategies take the same number of steps everywhere (as shard_indices does locally).
-    # After a repartition only the tasks know their sizes; allGather costs about a second.
-    if rows is None:
-        rows = min(int(n) for n in context.allGather(str(len(x))))
-    elif len(x) < rows:
-        raise EmberError(f"partition {context.partitionId()} holds {len(x)} rows, not {rows}")
-    data = replace(probe, name="partition", x_train=x[:rows], y_train=y[:rows])
-    # Task attempt ids only grow, so a retried stage registers newer incarnations and each
-    # worker resumes from the servers' current parameters and its own last pushed step.
-    incarnation = int(context.taskAttemptId())
-    spec = replace(spec, rank=context.partitionId(), incarnation=incarnation)
-    records: list[dict[str, Any]] = []
-    records.append(run_worker(spec, records.append, dataset=data))
-    lines = [json.dumps({**r, "incarnation": incarnation}) for r in records]
-    yield pa.RecordBatch.from_pydict({"record": lines})
-
-
 def _train(
     setup: RunSetup,
     spark: Any,
@@ -166,7 +133,7 @@ def _train(
         probe = replace(data, x_train=x_eval, y_train=y_eval, x_test=x_eval, y_test=y_eval)
         wait_for_warm_up(warm_up, config.request_timeout)
         prepared = time.perf_counter()
-        task = partial(_task, spec, probe, None if repartition else rows)
+        task = partial(train_partition, spec, probe, None if repartition else rows)
         # The shuffle after the barrier stage makes it a map stage, which Spark retries as a
         # whole when a task fails; a failed barrier result stage would end the job instead.
         training = frame.mapInArrow(task, RECORDS, barrier=True).repartition(1)
