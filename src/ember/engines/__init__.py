@@ -7,7 +7,8 @@ Map:
   driver (its session, jobs, task body and JVM options: see its own docstring)
 - ServerGroup -> servers.py: the server processes, their replicas, restarts, checkpoints, shutdown
 - join_run, write_join_file -> join.py: `ember join`, a worker added to a running async run
-- RunResult, prepare_run, finish_run -> run.py: run directory, resume, final evaluation
+- Run, RunResult, prepare_run, finish_run -> run.py: one run lifecycle for both engines (run
+  directory, resume, servers kept alive and checkpointed, events relayed, final evaluation)
 - start_child, reap -> process.py: spawned children tied to the launcher's life
 - Progress -> progress.py: the live progress bar
 """
