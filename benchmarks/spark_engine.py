@@ -70,7 +70,7 @@ def write_class_archive(epochs: int, root: Path) -> dict[str, float] | None:
     """The first Spark run on this machine, when there is no class-data archive: it lists its
     JVM's classes, and a detached writer makes the archive of them after it. None when the
     archive is there (or switched off)."""
-    from ember.engines.spark_jvm import class_archive
+    from ember.engines.spark.jvm import class_archive
 
     archive = class_archive()
     if archive is None or archive.path.exists():
@@ -101,7 +101,7 @@ def _fit_twice(epochs: int, root: Path) -> None:
     from pyspark.sql import SparkSession
 
     import ember
-    from ember.engines.spark_session import end_spark
+    from ember.engines.spark.session import end_spark
 
     # Two runs' data in the JVM at once: more than Spark's 1g default heap holds
     spark = SparkSession.builder.master(MASTER).config("spark.driver.memory", "4g").getOrCreate()

@@ -2,7 +2,7 @@
 
 Map (class or function -> file -> what it does):
 - fit, evaluate_checkpoint -> api.py: train with the CLI's fields; score a checkpoint
-- spark.fit -> spark.py: the same on a Spark DataFrame (engines/spark.py runs it)
+- spark.fit -> spark.py: the same on a Spark DataFrame (engines/spark/ runs it)
 - RunConfig, Strategy, STRATEGIES -> config.py: the validated run configuration; the strategies
   and what each implies
 - RunResult -> engines/run.py: summary dict + trained torch.nn.Module + run directory

@@ -44,7 +44,7 @@ def spark() -> Iterator[Any]:
 def _end_jvm() -> None:
     """Stop the session and its JVM: tests after these (tests/unit) let no child process
     outlive a test."""
-    from ember.engines.spark_session import end_spark
+    from ember.engines.spark.session import end_spark
 
     while _sessions:
         end_spark(_sessions.pop())

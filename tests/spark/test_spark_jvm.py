@@ -21,7 +21,7 @@ STATIC_ARCHIVE_MAGIC = 0xF00BABA2
 SESSION_OF_ITS_OWN = """
 import json
 from ember.config import RunConfig
-from ember.engines.spark_session import session
+from ember.engines.spark.session import session
 
 with session(RunConfig(engine="spark", workers=2), show_progress=False) as (spark, _):
     assert spark.range(100, numPartitions=2).count() == 100

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-import ember.engines.spark as spark_engine
+import ember.engines.spark.driver as spark_engine
 import ember.spark
 from ember.errors import WorkerFailed
 

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from ember.data.spark import FrameFacts
-from ember.engines import spark_jvm
-from ember.engines.spark_session import stopped
+from ember.engines.spark import jvm as spark_jvm
+from ember.engines.spark.session import stopped
 
 
 def _context(is_stopped: Callable[[], bool]) -> SimpleNamespace:

@@ -215,7 +215,7 @@ def _spark_if_needed(rows: list[Row], workers: int) -> Iterator[Any]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from ember.engines.spark_session import end_spark
+    from ember.engines.spark.session import end_spark
 
     session = (
         SparkSession.builder.master(f"local[{workers}]")

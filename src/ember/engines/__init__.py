@@ -3,13 +3,12 @@
 Map:
 - train -> __init__.py: dispatch a validated RunConfig to its engine
 - train_local -> local.py: spawned server and worker processes on this machine
-- train_spark, train_dataframe -> spark.py: one Spark barrier task per worker, servers by the driver
-- Job, start_warm_up -> spark_jobs.py: the Spark jobs of a run (Python workers warmed up; training)
-- session, check_cluster, end_spark -> spark_session.py: the SparkSession a run trains in
-- local_driver_options -> spark_jvm.py: Java options (class-data archive) of a local session
+- train_spark, train_dataframe -> spark/: one Spark barrier task per worker, servers by the
+  driver (its session, jobs, task body and JVM options: see its own docstring)
 - ServerGroup -> servers.py: the server processes, their replicas, restarts, checkpoints, shutdown
 - join_run, write_join_file -> join.py: `ember join`, a worker added to a running async run
-- RunResult, prepare_run, finish_run -> run.py: run directory, resume, final evaluation
+- Run, RunResult, prepare_run, finish_run -> run.py: one run lifecycle for both engines (run
+  directory, resume, servers kept alive and checkpointed, events relayed, final evaluation)
 - start_child, reap -> process.py: spawned children tied to the launcher's life
 - Progress -> progress.py: the live progress bar
 """

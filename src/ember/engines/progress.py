@@ -14,7 +14,7 @@ class Progress:
     def __init__(self, total: int, enabled: bool = True) -> None:
         self.interactive = enabled and sys.stderr.isatty()
         self.enabled = enabled
-        self.bar = tqdm(
+        self._bar = tqdm(
             total=total,
             unit="samples",
             unit_scale=True,
@@ -43,25 +43,30 @@ class Progress:
                     flush=True,
                 )
         elif kind in ("rejoin", "failure"):
-            self.bar.write(f"{kind}: {record}")
+            self._bar.write(f"{kind}: {record}")
         if kind == "worker" and "samples" in record:
             self.seen[rank] = record["samples"]
-            self.bar.n = sum(self.seen.values())
+            self._bar.n = sum(self.seen.values())
         if kind in ("worker", "eval"):
             loss = sum(self.loss.values()) / max(1, len(self.loss))
-            self.bar.set_postfix(
+            self._bar.set_postfix(
                 epoch=self.epoch,
                 samples_s=f"{sum(self.speed.values()):,.0f}",
                 loss=f"{loss:.4f}",
                 acc=f"{self.accuracy:.4f}",
                 refresh=False,
             )
-            self.bar.refresh()
+            self._bar.refresh()
+
+    def set_completed(self, samples: int) -> None:
+        """All workers together have trained on `samples` (at most the total) so far."""
+        self._bar.n = min(self._bar.total, samples)
+        self._bar.refresh()
 
     def note(self, text: str) -> None:
         """A line about the run (a restart, a failover) above the bar, or on its own."""
         if self.interactive:
-            self.bar.write(text, file=sys.stderr)
+            self._bar.write(text, file=sys.stderr)
         elif self.enabled:
             print(text, file=sys.stderr, flush=True)
 
@@ -69,4 +74,4 @@ class Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.bar.close()
+        self._bar.close()

@@ -1,11 +1,14 @@
-"""What every engine does around training: the run directory, resume, the final evaluation."""
+"""One run lifecycle for every engine: the run directory and resume, the servers kept alive
+and checkpointed while workers train, what they hold saved on failure, the final evaluation."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -15,10 +18,12 @@ from ember.algorithms import flatten_parameters, load_flat_parameters
 from ember.checkpoint import Checkpoint, latest_valid_checkpoint, list_checkpoints, load_checkpoint
 from ember.config import RunConfig
 from ember.data import Dataset
+from ember.engines.process import reap
+from ember.engines.progress import Progress
 from ember.engines.servers import ServerGroup
-from ember.errors import CheckpointError, ConfigError
+from ember.errors import CheckpointError, ConfigError, EmberError, WorkerFailed
 from ember.metrics import MetricsLog, write_json
-from ember.worker import evaluate, load_data, make_model
+from ember.worker import checkpoint_meta, evaluate, load_data, make_model
 
 
 @dataclass
@@ -136,3 +141,140 @@ def finish_run(
     setup.metrics.write({"kind": "summary", "test_accuracy": accuracy, "test_loss": loss})
     setup.metrics.close()
     return RunResult(summary, setup.model, setup.run_dir)
+
+
+class Run:
+    """A run as an engine drives it, from prepare_run to finish_run: the engine starts and
+    polls its workers, relays what they report, and calls `tick` between polls; leaving the
+    `with` block reaps the servers, whatever happened."""
+
+    def __init__(self, setup: RunSetup, show_progress: bool = True) -> None:
+        self.setup = setup
+        self.config = setup.config
+        self.servers = setup.server_group() if self.config.uses_server else None
+        self.show_progress = show_progress
+        self.done: dict[int, dict[str, Any]] = {}  # each rank's "done" record
+        self.total = 0  # samples all workers train on, once `watching` knows their rows
+        self._bar: Progress | None = None
+        self._reported = 0  # how many of the servers' events metrics.jsonl has
+
+    def start_servers(self) -> list[str]:
+        """The servers' addresses once they listen (none for a strategy without them)."""
+        return self.servers.start() if self.servers is not None else []
+
+    @contextmanager
+    def watching(self, rows_per_worker: int) -> Iterator[Progress]:
+        """The progress bar while the workers train on `rows_per_worker` rows each (whole
+        batches of them, as the worker loop takes them)."""
+        config = self.config
+        batches = rows_per_worker // config.batch_size
+        self.total = config.epochs * batches * config.batch_size * config.workers
+        with Progress(self.total, enabled=self.show_progress) as bar:
+            self._bar = bar
+            try:
+                yield bar
+            finally:
+                self._bar = None
+
+    def relay(self, record: dict[str, Any]) -> None:
+        """A worker's record: to metrics.jsonl and the bar; a "done" one is kept for the end."""
+        self.setup.metrics.write(record)
+        if self._bar is not None:
+            self._bar.update(record)
+        if record.get("kind") == "done":
+            self.done[record["rank"]] = record
+
+    def note(self, record: dict[str, Any], text: str) -> None:
+        """Something that happened to the run: a record in metrics.jsonl, a line for the user."""
+        self.setup.metrics.write(record)
+        if self._bar is not None:
+            self._bar.note(text)
+
+    def fail(self, record: dict[str, Any], message: str) -> NoReturn:
+        """End the run for a worker's failure: `record` to metrics.jsonl, `message` raised."""
+        self.setup.metrics.write(record)
+        raise WorkerFailed(message)
+
+    def tick(self) -> None:
+        """Between polls of the workers: replace a dead server, checkpoint when due, and
+        tell what the servers went through."""
+        if self.servers is None:
+            return
+        self.servers.keep_alive(self.setup.checkpoints)
+        self.servers.checkpoint_if_due(self.setup.checkpoints, self._meta())
+        for event in self.servers.events[self._reported :]:
+            self._reported += 1
+            self.note({"kind": "server", **event}, _describe(event))
+
+    def finish(self, seconds: float, extra: dict[str, Any]) -> RunResult:
+        """The last checkpoint (the servers' state, else worker 0's own), the servers stopped,
+        and the final evaluation of what the workers trained in `seconds`."""
+        checkpoints, extra = self.setup.checkpoints, dict(extra)
+        params = None
+        if self.servers is not None:
+            params = self.servers.snapshot()["params"]
+            self.servers.checkpoint(checkpoints, self._meta())
+            extra["server"] = _merge_server_stats(self.servers.stop())
+            extra["server"]["failovers_and_restarts"] = self.servers.events
+        last = latest_valid_checkpoint(checkpoints)
+        if params is None:
+            if last is None:
+                raise CheckpointError(f"worker 0 left no checkpoint in {checkpoints}")
+            params = last.tensors["params"]
+        extra["checkpoint"] = str(last.path) if last else None
+        workers = [self.done[rank] for rank in sorted(self.done)]
+        return finish_run(self.setup, params, workers, seconds, extra)
+
+    @contextmanager
+    def saving_on_failure(self) -> Iterator[None]:
+        """Around the workers' training: an exception out of it (the engine has stopped its
+        workers by then, so the servers' state is final) first saves what the servers hold."""
+        try:
+            yield
+        except BaseException:
+            if self.servers is not None and self.servers.addresses:
+                self._save_what_the_servers_hold()
+            raise
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.servers is not None:
+            reap(self.servers.processes)
+
+    def _save_what_the_servers_hold(self) -> None:
+        """On failure or Ctrl-C, a last checkpoint keeps the progress made since the previous
+        one (briefly: a server that does not answer at once is not going to)."""
+        assert self.servers is not None
+        metrics, slots = self.setup.metrics, self.servers.primary_slots
+        if not all(s.process is not None and s.process.exitcode is None for s in slots):
+            metrics.write({"kind": "run", "event": "final checkpoint skipped: a server is down"})
+            return
+        try:
+            path = self.servers.checkpoint(self.setup.checkpoints, self._meta(), timeout=10.0)
+        except EmberError as exc:
+            metrics.write({"kind": "run", "event": "final checkpoint failed", "error": str(exc)})
+            return
+        metrics.write({"kind": "run", "event": "final checkpoint", "path": str(path)})
+
+    def _meta(self) -> dict[str, Any]:
+        return checkpoint_meta(self.config, self.setup.initial.size, 0)
+
+
+def _describe(event: dict[str, Any]) -> str:
+    details = ", ".join(f"{k}: {v}" for k, v in event.items() if k not in ("event", "server"))
+    return f"{event.get('server', 'parameter servers')} {event['event']} ({details})"
+
+
+def _merge_server_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
+    rejected: dict[str, int] = {}
+    for shard in stats:
+        for reason, count in shard.get("rejected", {}).items():
+            rejected[reason] = rejected.get(reason, 0) + count
+    return {
+        "shards": len(stats),
+        "updates": max((s.get("step", 0) for s in stats), default=0),
+        "rejected": rejected,
+        "events": [e for s in stats for e in s.get("events", [])],
+    }

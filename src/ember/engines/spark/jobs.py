@@ -17,7 +17,7 @@ def import_worker(batches: Iterator[Any]) -> Iterator[Any]:
     """In a task: nothing but the imports a training task needs (torch above all)."""
     import pyarrow as pa
 
-    import ember.engines.spark  # noqa: F401 - what a training task unpickles: torch and all
+    import ember.engines.spark.task  # noqa: F401 - what a training task unpickles: torch and all
 
     for _ in batches:
         pass

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ember.config import RunConfig
-from ember.engines.spark_jvm import (
+from ember.engines.spark.jvm import (
     LOCAL_DRIVER_MEMORY,
     ClassArchive,
     class_archive,

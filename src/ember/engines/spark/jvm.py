@@ -10,7 +10,7 @@ incomplete ever carries the archive's name. Later runs start from it. The archiv
 the Java runtime and the Spark jars, so its name carries a key of both. Every step is optional:
 whatever goes wrong, the run goes on without the archive.
 
-Run as `python spark_jvm.py JVM_PID JAVA CLASSPATH CLASS_LIST ARCHIVE` to write it.
+Run as `python jvm.py JVM_PID JAVA CLASSPATH CLASS_LIST ARCHIVE` to write it.
 """
 
 from __future__ import annotations

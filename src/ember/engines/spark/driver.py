@@ -1,0 +1,192 @@
+"""A run on Spark from the driver's side: the data handed over, the training job watched."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from functools import partial
+from typing import Any, NoReturn
+
+import numpy as np
+
+from ember.config import RunConfig
+from ember.data import Dataset
+from ember.data.datasets import train_pixels
+from ember.data.spark import FrameFacts, dataframe_dataset, frame_from_arrays, frame_from_pixels
+from ember.engines.run import Run, RunResult, RunSetup, prepare_run
+from ember.engines.servers import ServerGroup
+from ember.engines.spark.jobs import RECORDS, Job, python_error, start_warm_up, wait_for_warm_up
+from ember.engines.spark.session import (
+    check_before_start,
+    check_cluster,
+    check_supported,
+    driver_memory,
+    session,
+    stopped,
+)
+from ember.engines.spark.task import train_partition
+from ember.errors import WorkerFailed
+from ember.ps import fetch_state
+from ember.worker import WorkerSpec
+
+EVAL_ROWS = 1000  # test rows shipped to each task for worker 0's per-epoch evaluation
+
+
+def train_spark(config: RunConfig, show_progress: bool = True) -> RunResult:
+    """`ember train --engine spark`: load --data on the driver, hand its training split to Spark
+    as a DataFrame, and keep the test split on the driver for the final evaluation."""
+    check_supported(config)
+    check_before_start(config)
+    began = time.perf_counter()
+    setup = prepare_run(config)  # bad data is refused before any JVM starts
+    data = setup.dataset
+    # the servers start (and import PyTorch) while the JVM does
+    run = Run(setup, show_progress)
+    with run, session(config, show_progress, run.start_servers) as (spark, session_seconds):
+        warm_up = start_warm_up(spark, config.workers)
+        pixels = train_pixels(data)
+        if pixels is not None:
+            frame = frame_from_pixels(spark, pixels, data.y_train, config.workers)
+        else:
+            frame = frame_from_arrays(spark, data.x_train, data.y_train, config.workers)
+        # load_dataset checked every row already: no Spark job is needed to learn the facts
+        rows, width = len(data.x_train), int(np.prod(data.input_shape))
+        facts = FrameFacts.local(rows, config.workers, width, data.num_classes - 1)
+        clock = (session_seconds, began)
+        return _train(run, spark, frame, facts, clock, warm_up)
+
+
+def train_dataframe(
+    config: RunConfig,
+    df: Any,
+    features_col: str = "features",
+    label_col: str = "label",
+    test_df: Any = None,
+    show_progress: bool = False,
+) -> RunResult:
+    """`ember.spark.fit`: train on a user's DataFrame in its session; the test set (`test_df`,
+    or a seeded tenth of `df`) is collected to the driver for the final evaluation."""
+    check_supported(config)
+    check_cluster(config, df.sparkSession)
+    began = time.perf_counter()
+    warm_up = start_warm_up(df.sparkSession, config.workers)
+    frame, facts, data = dataframe_dataset(df, features_col, label_col, test_df, config.seed)
+    with Run(_prepare(config, data), show_progress) as run:
+        run.start_servers()
+        return _train(run, df.sparkSession, frame, facts, (0.0, began), warm_up)
+
+
+def _train(
+    run: Run,
+    spark: Any,
+    frame: Any,
+    facts: FrameFacts,
+    clock: tuple[float, float],  # seconds the session took to start, and when the run began
+    warm_up: Job,
+) -> RunResult:
+    setup, config, data, (session_seconds, began) = run.setup, run.config, run.setup.dataset, clock
+    rows, repartition = facts.rows_per_worker(config.workers, config.batch_size)
+    unused = facts.rows - rows * config.workers
+    event = {"kind": "run", "event": "partitions", "partitions": len(facts.partition_rows)}
+    setup.metrics.write({**event, "repartitioned": repartition, "unused_rows": unused})
+    if repartition:
+        frame = frame.repartition(config.workers)
+    job: Job | None = None
+    with run.saving_on_failure():
+        try:
+            spec = WorkerSpec(
+                config,
+                0,
+                config.workers,
+                _servers(run).addresses,
+                setup.secret,
+                run_dir=str(setup.run_dir),
+                initial_step=setup.resumed_step,
+                own_rows=True,
+            )
+            x_eval, y_eval = data.x_test[:EVAL_ROWS], data.y_test[:EVAL_ROWS]
+            probe = replace(data, x_train=x_eval, y_train=y_eval, x_test=x_eval, y_test=y_eval)
+            wait_for_warm_up(warm_up, config.request_timeout)
+            prepared = time.perf_counter()
+            task = partial(train_partition, spec, probe, None if repartition else rows)
+            # The shuffle after the barrier stage makes it a map stage, which Spark retries as
+            # a whole when a task fails; a failed barrier result stage would end the job.
+            training = frame.mapInArrow(task, RECORDS, barrier=True).repartition(1)
+            job = Job(spark, lambda: training, "ember training")
+            _watch(run, job, rows)
+            seconds = time.perf_counter() - prepared
+            # the session started while the driver prepared: what it added is the rest
+            prepare = prepared - began - session_seconds
+            timings = {"session": session_seconds, "prepare": prepare, "job": seconds}
+            about_spark = {
+                "master": spark.sparkContext.master,
+                "stage_attempts": job.attempt() + 1,
+                **{f"{name}_seconds": value for name, value in timings.items()},
+            }
+            return run.finish(seconds, {"spark": about_spark})
+        except BaseException:
+            if job is not None:
+                job.cancel()  # tasks first, so the servers' state is final when it is saved
+            raise
+
+
+def _watch(run: Run, job: Job, rows: int) -> None:
+    """Until the job ends: the servers' ticks, the stage retries, and (tasks report only when
+    they end) the workers' steps as the servers know them; then the tasks' records."""
+    config, servers = run.config, _servers(run)
+    last_poll = started = time.monotonic()
+    seen_attempt, workers_seen = 0, False
+    with run.watching(rows) as bar:
+        while job.thread.is_alive():
+            job.thread.join(0.5)
+            run.tick()
+            attempt = job.attempt()
+            if attempt > seen_attempt:
+                record = {"kind": "run", "event": "stage retry", "attempt": attempt}
+                run.note(record, f"Spark retries the training stage (attempt {attempt})")
+                seen_attempt = attempt
+            if (bar.interactive or not workers_seen) and time.monotonic() - last_poll > 5:
+                # this fetches the parameters too, hence not more often
+                table = fetch_state(servers.primaries, run.setup.secret, config.request_timeout)[1]
+                workers, last_poll = table["workers"].values(), time.monotonic()
+                workers_seen = any(w["incarnation"] >= 0 for w in workers)
+                if not workers_seen and last_poll - started > config.request_timeout:
+                    job.cancel()
+                    raise WorkerFailed(
+                        f"no Spark task reached the parameter servers within"
+                        f" {config.request_timeout:g} s of the training job's start; see the"
+                        " Spark UI or driver log for why its tasks did not run"
+                    )
+                if bar.interactive:
+                    bar.set_completed(sum(w["step"] for w in workers) * config.batch_size)
+        if job.error is not None:
+            _fail(run, job)
+        attempt = job.attempt()
+        for line in job.rows:
+            run.relay({**json.loads(line), "attempt": attempt})
+        bar.set_completed(run.total)  # every worker finished, whatever the last replay says
+
+
+def _fail(run: Run, job: Job) -> NoReturn:
+    assert job.error is not None
+    error = python_error(job.error)
+    if stopped(job.context):
+        error = (
+            "the SparkContext stopped during training: the driver's JVM exits this way"
+            " when it runs out of memory (raise spark.driver.memory, now"
+            f" {driver_memory(job.context)})\n{error}"
+        )
+    tries = job.attempt() + 1
+    message = f"the Spark training job failed ({tries} attempt(s)):\n{error}"
+    run.fail({"kind": "failure", "error": error}, message)
+
+
+def _servers(run: Run) -> ServerGroup:
+    assert run.servers is not None, "check_supported refuses strategies without servers"
+    return run.servers
+
+
+def _prepare(config: RunConfig, data: Dataset) -> RunSetup:
+    """prepare_run for data already in Spark: the test rows stand in for the dataset."""
+    return prepare_run(replace(config, data=data.name), data)
