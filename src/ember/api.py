@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
-from ember.config import RunConfig, make_config
+from ember.config import RunConfig, explicit_fields, resumed_values
 from ember.errors import ConfigError
 
 
@@ -14,8 +16,29 @@ def fit(config_file: str | None = None, show_progress: bool = False, **fields: A
     workers=4); returns a RunResult with `.summary`, `.model` and `.run_dir`."""
     from ember.engines import train
 
-    config = make_config({k.replace("-", "_"): v for k, v in fields.items()}, config_file)
+    config = run_config({k.replace("-", "_"): v for k, v in fields.items()}, config_file)
     return train(config, show_progress)
+
+
+def run_config(overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:
+    """`make_config`, except that a run resumed from a checkpoint keeps the configuration
+    saved with it: explicit fields may change only what `resumed_values` allows."""
+    from ember.engines.run import _resolve_resume
+
+    explicit = explicit_fields(overrides, config_file)
+    if explicit.get("resume") is None:
+        return RunConfig(**explicit).validate()
+    probe = RunConfig(out=explicit.get("out"), resume=explicit["resume"]).validate()
+    with warnings.catch_warnings():  # prepare_run looks again and warns of a bad checkpoint
+        warnings.simplefilter("ignore")
+        checkpoint = _resolve_resume(probe, probe.run_dir() / "checkpoints")
+    if checkpoint is None:  # --resume auto in a run directory without checkpoints: start afresh
+        return RunConfig(**explicit).validate()
+    values, changed = resumed_values(checkpoint.meta.get("config"), explicit, str(checkpoint.path))
+    config = RunConfig(**values).validate()
+    if changed:
+        print(f"ember: resuming from {checkpoint.path}: {', '.join(changed)}", file=sys.stderr)
+    return config
 
 
 def evaluate_checkpoint(
