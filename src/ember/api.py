@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import sys
 import warnings
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from ember.config import RunConfig, explicit_fields, resumed_values
@@ -16,6 +18,7 @@ def fit(config_file: str | None = None, show_progress: bool = False, **fields: A
     workers=4); returns a RunResult with `.summary`, `.model` and `.run_dir`."""
     from ember.engines import train
 
+    require_main_guard("ember.fit", "its workers")
     config = run_config({k.replace("-", "_"): v for k, v in fields.items()}, config_file)
     return train(config, show_progress)
 
@@ -39,6 +42,56 @@ def run_config(overrides: dict[str, Any], config_file: str | None = None) -> Run
     if changed:
         print(f"ember: resuming from {checkpoint.path}: {', '.join(changed)}", file=sys.stderr)
     return config
+
+
+def require_main_guard(caller: str, spawned: str) -> None:
+    """Refuse a call from a script's top-level code outside `if __name__ == "__main__":`,
+    before anything starts: the spawned processes import the script again and would call
+    it again. In such a process (importing the script as __mp_main__) exit with that line."""
+    main = sys.modules.get("__main__")
+    main_globals = getattr(main, "__dict__", None)
+    frame: FrameType | None = sys._getframe(1)
+    outer = None
+    while frame is not None:
+        if frame.f_code.co_name == "<module>":
+            if frame.f_globals.get("__name__") == "__mp_main__":
+                raise SystemExit(
+                    _unguarded(caller, spawned, frame.f_code.co_filename, frame.f_lineno)
+                )
+            if frame.f_globals is main_globals:
+                outer = frame  # the outermost one wins: that is the script's own code
+        frame = frame.f_back
+    path = getattr(main, "__file__", None)
+    if outer is None or not path:  # a REPL, python -c, a notebook: nothing re-imports them
+        return
+    try:
+        tree = ast.parse(Path(path).read_bytes())
+    except (OSError, SyntaxError, ValueError):  # not readable as source: let it run
+        return
+    if not any(_guards(node, outer.f_lineno) for node in ast.walk(tree)):
+        raise ConfigError(_unguarded(caller, spawned, path, outer.f_lineno))
+
+
+def _guards(node: ast.AST, line: int) -> bool:
+    """Whether `node` is `if __name__ == "__main__":` (either way round) whose body holds line."""
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
+        return False
+    test = node.test
+    if len(test.comparators) != 1 or not isinstance(test.ops[0], ast.Eq):
+        return False
+    sides = {ast.unparse(test.left), ast.unparse(test.comparators[0])}
+    if sides != {"__name__", "'__main__'"}:
+        return False
+    return node.body[0].lineno <= line <= (node.body[-1].end_lineno or line)
+
+
+def _unguarded(caller: str, spawned: str, path: str, line: int) -> str:
+    script = Path(path).name
+    return (
+        f"{caller} was called at the top level of {script} (line {line}); {spawned}"
+        f" are spawned processes that import {script} again, so put the call under"
+        ' `if __name__ == "__main__":`'
+    )
 
 
 def evaluate_checkpoint(
