@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ast
+import sys
+import warnings
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-from ember.config import RunConfig, make_config
+from ember.config import RunConfig, explicit_fields, resumed_values
 from ember.errors import ConfigError
 
 
@@ -14,8 +18,80 @@ def fit(config_file: str | None = None, show_progress: bool = False, **fields: A
     workers=4); returns a RunResult with `.summary`, `.model` and `.run_dir`."""
     from ember.engines import train
 
-    config = make_config({k.replace("-", "_"): v for k, v in fields.items()}, config_file)
+    require_main_guard("ember.fit", "its workers")
+    config = run_config({k.replace("-", "_"): v for k, v in fields.items()}, config_file)
     return train(config, show_progress)
+
+
+def run_config(overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:
+    """`make_config`, except that a run resumed from a checkpoint keeps the configuration
+    saved with it: explicit fields may change only what `resumed_values` allows."""
+    from ember.engines.run import _resolve_resume
+
+    explicit = explicit_fields(overrides, config_file)
+    if explicit.get("resume") is None:
+        return RunConfig(**explicit).validate()
+    probe = RunConfig(out=explicit.get("out"), resume=explicit["resume"]).validate()
+    with warnings.catch_warnings():  # prepare_run looks again and warns of a bad checkpoint
+        warnings.simplefilter("ignore")
+        checkpoint = _resolve_resume(probe, probe.run_dir() / "checkpoints")
+    if checkpoint is None:  # --resume auto in a run directory without checkpoints: start afresh
+        return RunConfig(**explicit).validate()
+    values, changed = resumed_values(checkpoint.meta.get("config"), explicit, str(checkpoint.path))
+    config = RunConfig(**values).validate()
+    if changed:
+        print(f"ember: resuming from {checkpoint.path}: {', '.join(changed)}", file=sys.stderr)
+    return config
+
+
+def require_main_guard(caller: str, spawned: str) -> None:
+    """Refuse a call from a script's top-level code outside `if __name__ == "__main__":`,
+    before anything starts: the spawned processes import the script again and would call
+    it again. In such a process (importing the script as __mp_main__) exit with that line."""
+    main = sys.modules.get("__main__")
+    main_globals = getattr(main, "__dict__", None)
+    frame: FrameType | None = sys._getframe(1)
+    outer = None
+    while frame is not None:
+        if frame.f_code.co_name == "<module>":
+            if frame.f_globals.get("__name__") == "__mp_main__":
+                raise SystemExit(
+                    _unguarded(caller, spawned, frame.f_code.co_filename, frame.f_lineno)
+                )
+            if frame.f_globals is main_globals:
+                outer = frame  # the outermost one wins: that is the script's own code
+        frame = frame.f_back
+    path = getattr(main, "__file__", None)
+    if outer is None or not path:  # a REPL, python -c, a notebook: nothing re-imports them
+        return
+    try:
+        tree = ast.parse(Path(path).read_bytes())
+    except (OSError, SyntaxError, ValueError):  # not readable as source: let it run
+        return
+    if not any(_guards(node, outer.f_lineno) for node in ast.walk(tree)):
+        raise ConfigError(_unguarded(caller, spawned, path, outer.f_lineno))
+
+
+def _guards(node: ast.AST, line: int) -> bool:
+    """Whether `node` is `if __name__ == "__main__":` (either way round) whose body holds line."""
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
+        return False
+    test = node.test
+    if len(test.comparators) != 1 or not isinstance(test.ops[0], ast.Eq):
+        return False
+    sides = {ast.unparse(test.left), ast.unparse(test.comparators[0])}
+    if sides != {"__name__", "'__main__'"}:
+        return False
+    return node.body[0].lineno <= line <= (node.body[-1].end_lineno or line)
+
+
+def _unguarded(caller: str, spawned: str, path: str, line: int) -> str:
+    script = Path(path).name
+    return (
+        f"{caller} was called at the top level of {script} (line {line}); {spawned}"
+        f" are spawned processes that import {script} again, so put the call under"
+        ' `if __name__ == "__main__":`'
+    )
 
 
 def evaluate_checkpoint(

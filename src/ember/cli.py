@@ -43,8 +43,9 @@ HELP = {
     " k8s://https://host:443; unset: local[WORKERS]",
     "out": "run directory for summary.json, metrics.jsonl and checkpoints/; unset:"
     " runs/<timestamp>-<strategy>-<pid>",
-    "resume": "auto (the newest valid checkpoint in --out) or a checkpoint path; unset: start"
-    " from the initial model",
+    "resume": "auto (the newest valid checkpoint in --out) or a checkpoint path, continuing with"
+    " the settings saved there (flags may change --epochs and the few docs/running.md lists);"
+    " unset: start from the initial model",
     "seed": "seeds model initialization, data shuffling and synthetic data",
     "threads": "PyTorch threads per worker process",
     "synthetic_samples": "--data synthetic-lr: training rows (plus max(1000, rows / 10) test rows)",
@@ -248,10 +249,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from ember.api import run_config
     from ember.engines import train
 
     overrides = {name: getattr(args, name) for name in FIELD_NAMES}
-    config = make_config(overrides, args.config)
+    config = run_config(overrides, args.config)
     result = train(config, show_progress=True)
     s = result.summary
     print(

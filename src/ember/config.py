@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from ember.errors import ConfigError
+from ember.errors import CheckpointError, ConfigError
 
 
 class _Name(str, enum.Enum):
@@ -278,6 +278,12 @@ FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "
 
 def make_config(overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:
     """Defaults <- YAML file <- overrides (flags win); unknown keys are an error naming them."""
+    return RunConfig(**explicit_fields(overrides, config_file)).validate()
+
+
+def explicit_fields(overrides: dict[str, Any], config_file: str | None = None) -> dict[str, Any]:
+    """The fields a user set: the YAML file's, then the overrides that are not None (flags
+    win); unknown keys are an error naming them."""
     values: dict[str, Any] = {}
     if config_file is not None:
         values.update(_read_yaml(config_file))
@@ -288,7 +294,7 @@ def make_config(overrides: dict[str, Any], config_file: str | None = None) -> Ru
             f"unknown configuration field(s) {', '.join(unknown)}; "
             f"allowed: {', '.join(FIELD_NAMES)}"
         )
-    return RunConfig(**values).validate()
+    return values
 
 
 def _read_yaml(path: str) -> dict[str, Any]:
@@ -305,3 +311,60 @@ def _read_yaml(path: str) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ConfigError(f"config file {path}: expected a mapping of field: value")
     return {str(k).replace("-", "_"): v for k, v in loaded.items()}
+
+
+# Fields a resumed run may set anew: they change how it runs and is recorded, not what it
+# computes (epochs extends it). out and resume name this invocation and are never inherited.
+RESUME_MAY_CHANGE = (
+    "epochs",
+    "master",
+    "threads",
+    "checkpoint_seconds",
+    "checkpoint_steps",
+    "keep_checkpoints",
+    "replicas",
+    "replica_seconds",
+    "max_restarts",
+    "worker_timeout",
+    "request_timeout",
+    "log_every",
+    "eval_every",
+    "tensorboard",
+    "out",
+    "resume",
+)
+
+
+def resumed_values(
+    saved: object, explicit: dict[str, Any], where: str
+) -> tuple[dict[str, Any], list[str]]:
+    """The fields of a run resumed from checkpoint `where`: its saved configuration, with the
+    explicit fields over it, and a note "name old -> new" per field that changed. An explicit
+    field outside RESUME_MAY_CHANGE that differs from the saved one is a ConfigError; a saved
+    configuration that is no valid RunConfig (a user's file) is a CheckpointError."""
+    if not isinstance(saved, dict):
+        raise CheckpointError(
+            f"checkpoint {where}: its manifest's config must be a mapping of field: value,"
+            f" got {type(saved).__name__}"
+        )
+    # Fields this version does not know are ignored; any it added since are explicit or default.
+    values = {k: v for k, v in saved.items() if k in FIELD_NAMES and k not in ("out", "resume")}
+    try:
+        RunConfig(**values).validate()
+    except ConfigError as exc:
+        raise CheckpointError(
+            f"checkpoint {where}: its manifest's config is invalid: {exc}"
+        ) from None
+    notes: list[tuple[str, Any, Any]] = []
+    fixed: list[tuple[str, Any, Any]] = []
+    for name, given in explicit.items():
+        if name in values and given != values[name]:
+            (notes if name in RESUME_MAY_CHANGE else fixed).append((name, values[name], given))
+        if name not in values or name in RESUME_MAY_CHANGE:
+            values[name] = given
+    if fixed:
+        was = " and ".join(f"{name} was {old!r}" for name, old, _ in fixed)
+        got = " and ".join(repr(new) for _, _, new in fixed)
+        flags = " and ".join("--" + name.replace("_", "-") for name, _, _ in fixed)
+        raise ConfigError(f"resume: {was} in {where}, got {got}; drop {flags} or start a new --out")
+    return values, [f"{name} {old!r} -> {new!r}" for name, old, new in notes]

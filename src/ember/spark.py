@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ember.config import make_config
+from ember.api import require_main_guard, run_config
 from ember.errors import ConfigError
 
 
@@ -28,6 +28,7 @@ def fit(
     fields are those of `ember.fit` (strategy, workers, epochs, ...). Without `df`, trains on
     `data=` like `ember.fit(engine="spark")`. Returns a RunResult (.summary, .model, .run_dir).
     """
+    require_main_guard("ember.spark.fit", "its parameter servers")
     fields = {k.replace("-", "_"): v for k, v in fields.items()}
     if fields.setdefault("engine", "spark") != "spark":
         raise ConfigError(f"ember.spark.fit runs on engine 'spark', got {fields['engine']!r}")
@@ -35,12 +36,12 @@ def fit(
     if df is None:
         from ember.engines import train
 
-        return train(make_config(fields, config_file), show_progress)
+        return train(run_config(fields, config_file), show_progress)
     if fields.get("data") is not None:
         raise ConfigError("pass either df or data to ember.spark.fit, not both")
     from ember.engines.spark import train_dataframe
 
-    config = make_config(fields, config_file)
+    config = run_config(fields, config_file)
     return train_dataframe(config, df, features_col, label_col, test_df, show_progress)
 
 

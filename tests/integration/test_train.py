@@ -254,6 +254,31 @@ def test_corrupt_newest_checkpoint_is_named_and_resume_auto_falls_back(
     assert state.parent.exists()  # the corrupt one is left for inspection, not overwritten
 
 
+def test_resume_auto_keeps_the_runs_settings_and_refuses_another_strategy(tmp_path) -> None:
+    out = tmp_path / "run"
+    first = ["--strategy", "bsp", "--data", "digits", "--lr", "0.02", "--workers", "2"]
+    done = ember_cli("train", *first, "--epochs", "1", "--log-every", "10", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    resumed = ember_cli("train", "--out", str(out), "--resume", "auto", "--epochs", "2")
+    assert resumed.returncode == 0, resumed.stderr
+    summary = summary_of(out)
+    assert f"ember: resuming from {summary['resumed_from']}: epochs 1 -> 2\n" in resumed.stderr
+    saved = summary["config"]
+    assert (saved["strategy"], saved["data"], saved["lr"], saved["epochs"]) == (
+        "bsp",
+        "digits",
+        0.02,
+        2,
+    )
+    last = out / "checkpoints" / (out / "checkpoints" / "last").read_text().strip()
+    refused = ember_cli("train", "--out", str(out), "--resume", "auto", "--strategy", "async")
+    assert refused.returncode == 2
+    assert refused.stderr == (
+        f"ember: error: resume: strategy was 'bsp' in {last}, got 'async'; drop --strategy or"
+        " start a new --out\n"
+    )
+
+
 def test_fit_api_returns_the_summary_and_model_and_writes_tensorboard_events(tmp_path) -> None:
     import torch
 
