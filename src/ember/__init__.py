@@ -13,9 +13,8 @@ Map (class or function -> file -> what it does):
   own docstrings
 """
 
-__version__ = "0.1.0"
-
 from ember import spark  # ember.spark.fit; pyspark itself is imported only when used
+from ember._version import __version__
 from ember.api import evaluate_checkpoint, fit
 from ember.config import STRATEGIES, RunConfig, Strategy
 from ember.engines.run import RunResult

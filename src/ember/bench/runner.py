@@ -19,7 +19,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from ember import __version__
+from ember._version import __version__
 from ember.bench.measure import TreeSampler
 from ember.bench.rows import BenchSettings, Row, make_tasks, plan_rows
 from ember.config import AlgorithmKind, Strategy

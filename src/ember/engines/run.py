@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from ember import __version__
+from ember._version import __version__
 from ember.algorithms import flatten_parameters, load_flat_parameters
 from ember.checkpoint import Checkpoint, latest_valid_checkpoint, list_checkpoints, load_checkpoint
 from ember.config import RunConfig

@@ -1,0 +1,3 @@
+"""The package version: the one source for pyproject.toml and `ember.__version__` (leaf)."""
+
+__version__ = "0.1.0"
