@@ -8,9 +8,13 @@ neither.
 from __future__ import annotations
 
 import math
+import os
 import shutil
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +29,43 @@ TASKS = ("lr", "mlp", "lenet")
 _METRICS = {"test_accuracy": "accuracy", "test_loss": "logLoss"}  # record field -> MLlib name
 _HIDDEN = [256, 256]
 _ROW_GROUP_BYTES = 32 << 20
+
+
+@contextmanager
+def bench_session(workers: int, needed: bool) -> Iterator[Any]:
+    """One local SparkSession for the MLlib and Spark-engine rows (None when no row needs
+    it), ended with its JVM."""
+    if not needed:
+        yield None
+        return
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # before the JVM starts
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from ember.engines.spark.session import end_spark
+
+    session = (
+        SparkSession.builder.master(f"local[{workers}]")
+        .appName("ember-bench")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "4g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        end_spark(session)
+
+
+def jvm_pids(spark: Any) -> set[int]:
+    """The JVM's process id: its idle threads and memory are not an ember row's."""
+    if spark is None:
+        return set()
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    return {gateway.proc.pid} if gateway is not None else set()
 
 
 def mllib_frames(spark: SparkSession, dataset: Dataset) -> tuple[DataFrame, DataFrame]:

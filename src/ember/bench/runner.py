@@ -9,18 +9,17 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from ember._version import __version__
 from ember.bench.measure import TreeSampler
+from ember.bench.mllib import bench_session, jvm_pids
 from ember.bench.rows import BenchSettings, Row, make_tasks, plan_rows
 from ember.config import AlgorithmKind, Strategy
 from ember.data import Dataset
@@ -78,7 +77,8 @@ def run_bench(settings: BenchSettings, log: Log = print) -> list[dict[str, Any]]
     rows = plan_rows(settings, tasks)
     calibrations = []  # one per repetition: its predictions see the machine its rows saw
     records: list[dict[str, Any]] = []
-    with _spark_if_needed(rows, settings.workers) as spark:
+    needs_spark = any(r.system == "mllib" or r.engine == "spark" for r in rows)
+    with bench_session(settings.workers, needs_spark) as spark:
         for repeat in range(settings.repeat):
             calibrations.append(calibrate_tasks(settings, tasks, log))
             for number, row in enumerate(rows, 1):
@@ -135,7 +135,7 @@ def _measure(row: Row, repeat: int, settings: BenchSettings, spark: Any) -> dict
         **dict.fromkeys(FIGURES),  # None until measured; some never are for some rows
     }
     started = time.perf_counter()
-    exclude = set() if row.system == "mllib" or row.engine == "spark" else _jvm_pids(spark)
+    exclude = set() if row.system == "mllib" or row.engine == "spark" else jvm_pids(spark)
     with TreeSampler(exclude) as sampler, tempfile.TemporaryDirectory(prefix="ember-bench-") as tmp:
         try:
             dataset = row.task.load(settings.seed)
@@ -203,39 +203,3 @@ def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
     temporary = path.with_suffix(".tmp")
     temporary.write_text("".join(json.dumps(r) + "\n" for r in records))
     temporary.replace(path)
-
-
-@contextmanager
-def _spark_if_needed(rows: list[Row], workers: int) -> Iterator[Any]:
-    """One local SparkSession for the MLlib and Spark-engine rows, ended with its JVM."""
-    if not any(r.system == "mllib" or r.engine == "spark" for r in rows):
-        yield None
-        return
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # before the JVM starts
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    from ember.engines.spark.session import end_spark
-
-    session = (
-        SparkSession.builder.master(f"local[{workers}]")
-        .appName("ember-bench")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "4g")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    try:
-        yield session
-    finally:
-        end_spark(session)
-
-
-def _jvm_pids(spark: Any) -> set[int]:
-    """The JVM's process id: its idle threads and memory are not an ember row's."""
-    if spark is None:
-        return set()
-    from pyspark import SparkContext
-
-    gateway = SparkContext._gateway
-    return {gateway.proc.pid} if gateway is not None else set()
