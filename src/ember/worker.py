@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 
 from ember.algorithms import (
-    CommStats,
     FlatModel,
     WorkerContext,
     local_optimizer,
@@ -26,6 +25,7 @@ from ember.algorithms import (
 from ember.checkpoint import free_step, save_checkpoint
 from ember.config import RunConfig
 from ember.data import Dataset, load_dataset, shard_indices
+from ember.metrics import Evaluation, WorkerDone, WorkerProgress, WorkerStart
 from ember.models import build_model
 
 Report = Callable[[dict[str, Any]], None]
@@ -124,13 +124,12 @@ def run_worker(
     first_step = max(algorithm.start(flat, optimizer), spec.initial_step)
     total_steps = config.epochs * steps_per_epoch
     report(
-        {
-            "kind": "start",
-            "rank": spec.rank,
-            "incarnation": spec.incarnation,
-            "first_step": first_step,
-            "total_steps": total_steps,
-        }
+        WorkerStart(
+            rank=spec.rank,
+            incarnation=spec.incarnation,
+            first_step=first_step,
+            total_steps=total_steps,
+        ).to_json()
     )
 
     started = last_log = time.perf_counter()
@@ -161,35 +160,33 @@ def run_worker(
         if (step + 1) % config.log_every == 0 or step + 1 == total_steps:
             now = time.perf_counter()
             report(
-                _progress(
-                    spec,
-                    algorithm.stats,
-                    step,
-                    epoch,
-                    float(loss_sum) / logged_steps,
-                    logged_steps * config.batch_size / (now - last_log),
-                    t_comp,
-                    (step + 1 - first_step) * config.batch_size,
-                )
+                WorkerProgress(
+                    rank=spec.rank,
+                    incarnation=spec.incarnation,
+                    step=step + 1,
+                    epoch=epoch + 1,
+                    loss=float(loss_sum) / logged_steps,
+                    samples=(step + 1 - first_step) * config.batch_size,
+                    samples_per_second=logged_steps * config.batch_size / (now - last_log),
+                    t_comp=t_comp,
+                    comm=algorithm.stats.as_record(),
+                ).to_json()
             )
             last_log, loss_sum, logged_steps = now, torch.zeros(()), 0
         if spec.rank == 0 and evaluates_after(step, steps_per_epoch, config.eval_every):
             aside_started = time.perf_counter()
             accuracy, test_loss = evaluate(model, dataset.x_test, dataset.y_test)
             report(
-                {
-                    "kind": "eval",
-                    "rank": 0,
-                    "epoch": epoch + 1,
-                    "step": step + 1,
+                Evaluation(
+                    epoch=epoch + 1,
+                    step=step + 1,
                     # training so far, for time and samples to a target: the loop's seconds
                     # without evaluation and checkpoints, and every worker's samples alike
-                    "seconds": aside_started - started - aside,
-                    "samples": (step + 1 - first_step) * config.batch_size * spec.world,
-                    "test_accuracy": accuracy,
-                    "test_loss": test_loss,
-                    "source": "worker 0 local parameters",
-                }
+                    seconds=aside_started - started - aside,
+                    samples=(step + 1 - first_step) * config.batch_size * spec.world,
+                    test_accuracy=accuracy,
+                    test_loss=test_loss,
+                ).to_json()
             )
             aside += time.perf_counter() - aside_started
         if (
@@ -210,41 +207,16 @@ def run_worker(
         _save_local(spec, flat, last_step)
     stats = algorithm.stats
     steps_run = last_step - first_step
-    return {
-        "kind": "done",
-        "rank": spec.rank,
-        "incarnation": spec.incarnation,
-        "steps": steps_run,
-        "samples": steps_run * config.batch_size,
-        "seconds": seconds,  # the training loop, without evaluation and checkpoints
-        "aside_seconds": aside,
-        "t_comp": t_comp,
-        **stats.as_record(),
-    }
-
-
-def _progress(
-    spec: WorkerSpec,
-    stats: CommStats,
-    step: int,
-    epoch: int,
-    loss: float,
-    samples_per_second: float,
-    t_comp: float,
-    samples: int,
-) -> dict[str, Any]:
-    return {
-        "kind": "worker",
-        "rank": spec.rank,
-        "incarnation": spec.incarnation,
-        "step": step + 1,
-        "epoch": epoch + 1,
-        "loss": loss,
-        "samples": samples,
-        "samples_per_second": samples_per_second,
-        "t_comp": t_comp,
-        **stats.as_record(),
-    }
+    return WorkerDone(
+        rank=spec.rank,
+        incarnation=spec.incarnation,
+        steps=steps_run,
+        samples=steps_run * config.batch_size,
+        seconds=seconds,
+        aside_seconds=aside,
+        t_comp=t_comp,
+        comm=stats.as_record(),
+    ).to_json()
 
 
 def _save_local(spec: WorkerSpec, flat: FlatModel, step: int) -> None:
