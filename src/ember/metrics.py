@@ -5,10 +5,13 @@ Leaf module: imports nothing from ember.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, ClassVar, TextIO
 
 SCALARS = (
     "loss",
@@ -20,6 +23,134 @@ SCALARS = (
     "test_accuracy",
     "test_loss",
 )
+
+
+class Record:
+    """One line of metrics.jsonl: its kind, then its fields in declaration order, with a field
+    declared by `_merged()` spread flat into the line, so open-ended fields stay top-level keys."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # every subclass is a dataclass
+    kind: ClassVar[str]
+
+    def to_json(self) -> dict[str, Any]:
+        line: dict[str, Any] = {"kind": self.kind}
+        for spec in dataclasses.fields(self):
+            value = getattr(self, spec.name)
+            if spec.metadata.get(_MERGED):
+                line.update(value)
+            else:
+                line[spec.name] = value
+        return line
+
+
+_MERGED = "merged"
+
+
+def _merged(required: bool = False) -> Any:
+    """A Mapping field whose keys to_json writes flat into the record (empty unless given)."""
+    if required:
+        return dataclasses.field(metadata={_MERGED: True})
+    return dataclasses.field(default_factory=dict, metadata={_MERGED: True})
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerStart(Record):
+    kind = "start"
+    rank: int  # the worker's rank (or a joiner's random id)
+    incarnation: int  # how many times this rank was restarted before
+    first_step: int  # the step it resumes from
+    total_steps: int  # the step it trains up to
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerProgress(Record):
+    kind = "worker"
+    rank: int  # the worker's rank
+    incarnation: int  # which start of the rank reports
+    step: int  # steps done, counted from 1
+    epoch: int  # the epoch the step is in, counted from 1
+    loss: float  # mean training loss since the previous record
+    samples: int  # samples trained by this incarnation
+    samples_per_second: float  # since the previous record
+    t_comp: float  # seconds of compute so far, without waits on the network
+    comm: Mapping[str, Any] = _merged()  # CommStats.as_record(): exchanges, bytes, staleness
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evaluation(Record):
+    kind = "eval"
+    rank: int = 0  # only worker 0 evaluates
+    epoch: int  # the epoch evaluated in, counted from 1
+    step: int  # steps done, counted from 1
+    seconds: float  # training so far, without evaluations and checkpoints
+    samples: int  # every worker's samples so far, counted alike
+    test_accuracy: float  # on the held-out set
+    test_loss: float  # mean cross-entropy on the held-out set
+    source: str = "worker 0 local parameters"  # whose parameters were evaluated
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerDone(Record):
+    kind = "done"
+    rank: int  # the worker's rank
+    incarnation: int  # which start of the rank finished
+    steps: int  # steps this incarnation ran
+    samples: int  # samples this incarnation trained
+    seconds: float  # the training loop, without evaluation and checkpoints
+    aside_seconds: float  # evaluation and checkpointing inside the loop
+    t_comp: float  # seconds of compute, without waits on the network
+    comm: Mapping[str, Any] = _merged()  # CommStats.as_record(): exchanges, bytes, staleness
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerError(Record):
+    kind = "error"
+    rank: int  # the worker that raised
+    incarnation: int  # which start of the rank raised
+    error: str  # the exception and its traceback
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerRestart(Record):
+    kind = "restart"
+    rank: int  # the worker restarted
+    incarnation: int  # the incarnation it restarts as
+    exitcode: int | None  # how the previous one exited; None when it raised
+    error: str  # the previous one's traceback, if it sent one
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerFailure(Record):
+    kind = "failure"
+    rank: int  # the worker that failed the run
+    exitcode: int | None  # how it exited; None when it raised
+    error: str  # its traceback, if it sent one
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobFailure(Record):
+    kind = "failure"
+    error: str  # why the engine's training job failed, as its Python error
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunEvent(Record):
+    kind = "run"
+    event: str  # what happened: start, resume, final checkpoint, stage retry, ...
+    details: Mapping[str, Any] = _merged()  # the event's own fields (checkpoint, path, error, ...)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerEvent(Record):
+    kind = "server"
+    details: Mapping[str, Any] = _merged(required=True)  # the servers' event: event, server, ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSummary(Record):
+    kind = "summary"
+    test_accuracy: float  # of the final parameters on the held-out set
+    test_loss: float  # mean cross-entropy of the final parameters
 
 
 class MetricsLog:
@@ -40,16 +171,17 @@ class MetricsLog:
                 ) from exc
             self._writer = SummaryWriter(log_dir=str(path.parent / "tensorboard"))
 
-    def write(self, record: dict[str, Any]) -> None:
-        record = {"time": round(time.time() - self._started, 4), **record}
-        self._file.write(json.dumps(record, default=_jsonable) + "\n")
+    def write(self, record: Record | Mapping[str, Any]) -> None:
+        fields = record.to_json() if isinstance(record, Record) else record
+        line = {"time": round(time.time() - self._started, 4), **fields}
+        self._file.write(json.dumps(line, default=_jsonable) + "\n")
         self._file.flush()
         if self._writer is not None:
-            tag = f"{record.get('kind', 'run')}/{record.get('rank', 'all')}"
-            step = int(record.get("step", record.get("epoch", 0)))
+            tag = f"{line.get('kind', 'run')}/{line.get('rank', 'all')}"
+            step = int(line.get("step", line.get("epoch", 0)))
             for key in SCALARS:
-                if isinstance(record.get(key), (int, float)):
-                    self._writer.add_scalar(f"{tag}/{key}", record[key], step)
+                if isinstance(line.get(key), (int, float)):
+                    self._writer.add_scalar(f"{tag}/{key}", line[key], step)
 
     def close(self) -> None:
         self._file.close()

@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 
 from ember.algorithms import (
-    CommStats,
     FlatModel,
     WorkerContext,
     local_optimizer,
@@ -26,6 +25,7 @@ from ember.algorithms import (
 from ember.checkpoint import free_step, save_checkpoint
 from ember.config import RunConfig
 from ember.data import Dataset, load_dataset, shard_indices
+from ember.metrics import Evaluation, WorkerDone, WorkerProgress, WorkerStart
 from ember.models import build_model
 
 Report = Callable[[dict[str, Any]], None]
@@ -94,50 +94,12 @@ def run_worker(
 ) -> dict[str, Any]:
     """Train this worker's shard for the configured epochs, or until `stop` is set; leave the
     servers cleanly either way and return its totals."""
-    config = spec.config
-    torch.set_num_threads(config.threads)
-    dataset = dataset or load_data(config)
-    rows = (
-        np.arange(len(dataset.x_train), dtype=np.int64)
-        if spec.own_rows
-        else shard_indices(len(dataset.x_train), spec.rank, spec.world)
-    )
-    features = torch.from_numpy(np.ascontiguousarray(dataset.x_train[rows]))
-    labels = torch.from_numpy(np.ascontiguousarray(dataset.y_train[rows]))
-    steps_per_epoch = len(rows) // config.batch_size
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"worker {spec.rank}: shard of {len(rows)} rows is smaller than one "
-            f"batch of {config.batch_size}"
-        )
-    model = make_model(config, dataset)
-    flat = FlatModel(model, flat_grads=ships_gradients(config))
-    if spec.initial is not None:
-        flat.load(spec.initial)
-    elif spec.initial_file is not None:
-        flat.load(safetensors.numpy.load_file(spec.initial_file)["params"])
-    optimizer = local_optimizer(flat, config) if uses_local_optimizer(config) else None
-    context = WorkerContext(
-        config, spec.rank, spec.world, spec.servers, spec.secret, spec.incarnation, spec.rendezvous
-    )
-    algorithm = make_algorithm(context)
-    first_step = max(algorithm.start(flat, optimizer), spec.initial_step)
-    total_steps = config.epochs * steps_per_epoch
-    report(
-        {
-            "kind": "start",
-            "rank": spec.rank,
-            "incarnation": spec.incarnation,
-            "first_step": first_step,
-            "total_steps": total_steps,
-        }
-    )
-
-    started = last_log = time.perf_counter()
-    last_checkpoint, t_comp, loss_sum, logged_steps = started, 0.0, torch.zeros(()), 0
-    aside = 0.0  # seconds of evaluation and checkpointing inside the loop, not training
-    saved_step = first_step
-    order = torch.empty(0, dtype=torch.int64)
+    config, worker = spec.config, Worker(spec, report, dataset)
+    first_step, total_steps = worker.first_step, worker.total_steps
+    steps_per_epoch = worker.steps_per_epoch
+    # The loop runs here, not in a method: one frame less under a model that raises keeps the
+    # traceback short enough for the engines' tail of the worker's log to show what it printed.
+    worker.start()
     last_step = total_steps
     for step in range(first_step, total_steps):
         if stop is not None and stop.is_set():
@@ -145,106 +107,177 @@ def run_worker(
             break
         epoch, index = divmod(step, steps_per_epoch)
         if index == 0 or step == first_step:  # a fresh shuffle per epoch, fixed by the seed
-            rng = np.random.default_rng([config.seed, spec.rank, epoch])
-            order = torch.from_numpy(rng.permutation(len(rows)))
-        batch = order[index * config.batch_size : (index + 1) * config.batch_size]
+            worker.shuffle(epoch)
+        worker.step(step, index)
+        if (step + 1) % config.log_every == 0 or step + 1 == total_steps:
+            worker.log(step, epoch)
+        if spec.rank == 0 and evaluates_after(step, steps_per_epoch, config.eval_every):
+            worker.evaluate(step, epoch)
+        if worker.checkpoint_due(step + 1):
+            worker.checkpoint(step + 1)
+    return worker.finish(last_step)
+
+
+class Worker:
+    """One worker's training state and what run_worker does with it at each step."""
+
+    def __init__(self, spec: WorkerSpec, report: Report, dataset: Dataset | None = None) -> None:
+        """Load the shard, build the model and connect, ready to start."""
+        config = spec.config
+        torch.set_num_threads(config.threads)
+        self.spec, self.config, self.report = spec, config, report
+        self.dataset = dataset = dataset or load_data(config)
+        self.features, self.labels = _shard(spec, dataset)
+        self.rows = len(self.labels)
+        self.steps_per_epoch = self.rows // config.batch_size
+        self.model = make_model(config, dataset)
+        self.flat = flat = FlatModel(self.model, flat_grads=ships_gradients(config))
+        if spec.initial is not None:
+            flat.load(spec.initial)
+        elif spec.initial_file is not None:
+            flat.load(safetensors.numpy.load_file(spec.initial_file)["params"])
+        optimizer = local_optimizer(flat, config) if uses_local_optimizer(config) else None
+        context = WorkerContext(
+            config,
+            spec.rank,
+            spec.world,
+            spec.servers,
+            spec.secret,
+            spec.incarnation,
+            spec.rendezvous,
+        )
+        self.algorithm = make_algorithm(context)
+        self.first_step = max(self.algorithm.start(flat, optimizer), spec.initial_step)
+        self.total_steps = config.epochs * self.steps_per_epoch
+        self.order = torch.empty(0, dtype=torch.int64)  # this epoch's shuffle of the shard
+        self.t_comp = 0.0  # seconds of compute, without waits on the network
+        self.loss_sum, self.logged_steps = torch.zeros(()), 0  # since the last progress record
+        self.aside = 0.0  # seconds of evaluation and checkpointing inside the loop, not training
+        self.saved_step = self.first_step  # of the last local checkpoint
+        self.started = self.last_log = self.last_checkpoint = 0.0  # perf_counter() times
+
+    def start(self) -> None:
+        """Report the start and set the clocks: training begins now."""
+        spec = self.spec
+        self.report(
+            WorkerStart(
+                rank=spec.rank,
+                incarnation=spec.incarnation,
+                first_step=self.first_step,
+                total_steps=self.total_steps,
+            ).to_json()
+        )
+        self.started = self.last_log = self.last_checkpoint = time.perf_counter()
+
+    def shuffle(self, epoch: int) -> None:
+        rng = np.random.default_rng([self.config.seed, self.spec.rank, epoch])
+        self.order = torch.from_numpy(rng.permutation(self.rows))
+
+    def step(self, step: int, index: int) -> None:
+        """One training step on batch `index` of the epoch's order: the hot path."""
+        algorithm, batch_size = self.algorithm, self.config.batch_size
+        batch = self.order[index * batch_size : (index + 1) * batch_size]
         step_started, waited_before = time.perf_counter(), algorithm.stats.t_wait
-        flat.zero_grad()
+        self.flat.zero_grad()
         # index_select copies whole rows: several times faster than advanced indexing here.
-        inputs, targets = features.index_select(0, batch), labels.index_select(0, batch)
-        loss = F.cross_entropy(model(inputs), targets)
+        inputs, targets = self.features.index_select(0, batch), self.labels.index_select(0, batch)
+        loss = F.cross_entropy(self.model(inputs), targets)
         loss.backward()
         algorithm.after_backward(step)
-        t_comp += time.perf_counter() - step_started - (algorithm.stats.t_wait - waited_before)
-        loss_sum += loss.detach()
-        logged_steps += 1
-        if (step + 1) % config.log_every == 0 or step + 1 == total_steps:
-            now = time.perf_counter()
-            report(
-                _progress(
-                    spec,
-                    algorithm.stats,
-                    step,
-                    epoch,
-                    float(loss_sum) / logged_steps,
-                    logged_steps * config.batch_size / (now - last_log),
-                    t_comp,
-                    (step + 1 - first_step) * config.batch_size,
-                )
-            )
-            last_log, loss_sum, logged_steps = now, torch.zeros(()), 0
-        if spec.rank == 0 and evaluates_after(step, steps_per_epoch, config.eval_every):
-            aside_started = time.perf_counter()
-            accuracy, test_loss = evaluate(model, dataset.x_test, dataset.y_test)
-            report(
-                {
-                    "kind": "eval",
-                    "rank": 0,
-                    "epoch": epoch + 1,
-                    "step": step + 1,
-                    # training so far, for time and samples to a target: the loop's seconds
-                    # without evaluation and checkpoints, and every worker's samples alike
-                    "seconds": aside_started - started - aside,
-                    "samples": (step + 1 - first_step) * config.batch_size * spec.world,
-                    "test_accuracy": accuracy,
-                    "test_loss": test_loss,
-                    "source": "worker 0 local parameters",
-                }
-            )
-            aside += time.perf_counter() - aside_started
-        if (
+        # Waiting on an exchange is communication time, not compute.
+        self.t_comp += time.perf_counter() - step_started - (algorithm.stats.t_wait - waited_before)
+        self.loss_sum += loss.detach()
+        self.logged_steps += 1
+
+    def log(self, step: int, epoch: int) -> None:
+        """Report the steps since the last progress record."""
+        now, spec, batch_size = time.perf_counter(), self.spec, self.config.batch_size
+        self.report(
+            WorkerProgress(
+                rank=spec.rank,
+                incarnation=spec.incarnation,
+                step=step + 1,
+                epoch=epoch + 1,
+                loss=float(self.loss_sum) / self.logged_steps,
+                samples=(step + 1 - self.first_step) * batch_size,
+                samples_per_second=self.logged_steps * batch_size / (now - self.last_log),
+                t_comp=self.t_comp,
+                comm=self.algorithm.stats.as_record(),
+            ).to_json()
+        )
+        self.last_log, self.loss_sum, self.logged_steps = now, torch.zeros(()), 0
+
+    def evaluate(self, step: int, epoch: int) -> None:
+        """Worker 0 evaluates its local parameters on the held-out set."""
+        aside_started = time.perf_counter()
+        accuracy, test_loss = evaluate(self.model, self.dataset.x_test, self.dataset.y_test)
+        self.report(
+            Evaluation(
+                epoch=epoch + 1,
+                step=step + 1,
+                # training so far, for time and samples to a target: the loop's seconds
+                # without evaluation and checkpoints, and every worker's samples alike
+                seconds=aside_started - self.started - self.aside,
+                samples=(step + 1 - self.first_step) * self.config.batch_size * self.spec.world,
+                test_accuracy=accuracy,
+                test_loss=test_loss,
+            ).to_json()
+        )
+        self.aside += time.perf_counter() - aside_started
+
+    def checkpoint_due(self, done: int) -> bool:
+        """Whether worker 0 of a strategy without a server saves after `done` steps."""
+        config, spec, saved_step = self.config, self.spec, self.saved_step
+        return (
             not config.uses_server
             and spec.rank == 0
             and (
-                time.perf_counter() - last_checkpoint > config.checkpoint_seconds
-                or (config.checkpoint_steps and step + 1 - saved_step >= config.checkpoint_steps)
+                time.perf_counter() - self.last_checkpoint > config.checkpoint_seconds
+                or (config.checkpoint_steps > 0 and done - saved_step >= config.checkpoint_steps)
             )
-        ):
-            aside_started = time.perf_counter()
-            _save_local(spec, flat, step + 1)
-            last_checkpoint, saved_step = time.perf_counter(), step + 1
-            aside += last_checkpoint - aside_started
-    algorithm.finish()
-    seconds = time.perf_counter() - started - aside
-    if not config.uses_server and spec.rank == 0 and saved_step != last_step:
-        _save_local(spec, flat, last_step)
-    stats = algorithm.stats
-    steps_run = last_step - first_step
-    return {
-        "kind": "done",
-        "rank": spec.rank,
-        "incarnation": spec.incarnation,
-        "steps": steps_run,
-        "samples": steps_run * config.batch_size,
-        "seconds": seconds,  # the training loop, without evaluation and checkpoints
-        "aside_seconds": aside,
-        "t_comp": t_comp,
-        **stats.as_record(),
-    }
+        )
+
+    def checkpoint(self, step: int) -> None:
+        """Save the local parameters as of `step`; the time goes aside, not to training."""
+        aside_started = time.perf_counter()
+        _save_local(self.spec, self.flat, step)
+        self.last_checkpoint, self.saved_step = time.perf_counter(), step
+        self.aside += self.last_checkpoint - aside_started
+
+    def finish(self, last_step: int) -> dict[str, Any]:
+        """Leave the servers, save what a strategy without a server has not, and total up."""
+        spec, config = self.spec, self.config
+        self.algorithm.finish()
+        seconds = time.perf_counter() - self.started - self.aside
+        if not config.uses_server and spec.rank == 0 and self.saved_step != last_step:
+            _save_local(spec, self.flat, last_step)
+        steps_run = last_step - self.first_step
+        return WorkerDone(
+            rank=spec.rank,
+            incarnation=spec.incarnation,
+            steps=steps_run,
+            samples=steps_run * config.batch_size,
+            seconds=seconds,
+            aside_seconds=self.aside,
+            t_comp=self.t_comp,
+            comm=self.algorithm.stats.as_record(),
+        ).to_json()
 
 
-def _progress(
-    spec: WorkerSpec,
-    stats: CommStats,
-    step: int,
-    epoch: int,
-    loss: float,
-    samples_per_second: float,
-    t_comp: float,
-    samples: int,
-) -> dict[str, Any]:
-    return {
-        "kind": "worker",
-        "rank": spec.rank,
-        "incarnation": spec.incarnation,
-        "step": step + 1,
-        "epoch": epoch + 1,
-        "loss": loss,
-        "samples": samples,
-        "samples_per_second": samples_per_second,
-        "t_comp": t_comp,
-        **stats.as_record(),
-    }
+def _shard(spec: WorkerSpec, dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """This worker's training rows as contiguous tensors, at least one batch of them."""
+    rows = (
+        np.arange(len(dataset.x_train), dtype=np.int64)
+        if spec.own_rows
+        else shard_indices(len(dataset.x_train), spec.rank, spec.world)
+    )
+    if len(rows) < spec.config.batch_size:
+        raise ValueError(
+            f"worker {spec.rank}: shard of {len(rows)} rows is smaller than one "
+            f"batch of {spec.config.batch_size}"
+        )
+    features = torch.from_numpy(np.ascontiguousarray(dataset.x_train[rows]))
+    return features, torch.from_numpy(np.ascontiguousarray(dataset.y_train[rows]))
 
 
 def _save_local(spec: WorkerSpec, flat: FlatModel, step: int) -> None:

@@ -1,0 +1,231 @@
+"""metrics.jsonl records: each record type writes the line its kind has always had."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ember.config import RunConfig
+from ember.metrics import (
+    Evaluation,
+    JobFailure,
+    MetricsLog,
+    Record,
+    RunEvent,
+    RunSummary,
+    ServerEvent,
+    WorkerDone,
+    WorkerError,
+    WorkerFailure,
+    WorkerProgress,
+    WorkerRestart,
+    WorkerStart,
+    read_metrics,
+)
+from ember.worker import WorkerSpec, run_worker
+
+COMM = {
+    "t_comm": 0.5,
+    "t_wait": 0.25,
+    "bytes_pushed": 100,
+    "bytes_pulled": 200,
+    "exchanges": 3,
+    "staleness_max": 2,
+    "staleness_mean": 1.0,
+}
+CONFIG = {"strategy": "single", "workers": 1}
+SERVER_EVENT = {"event": "failover", "server": "shard 0", "to": "tcp://127.0.0.1:5001"}
+
+# Each record beside the dict the code wrote for its kind before records had types.
+SHAPES: list[tuple[Record, dict[str, Any]]] = [
+    (
+        WorkerStart(rank=1, incarnation=0, first_step=5, total_steps=50),
+        {"kind": "start", "rank": 1, "incarnation": 0, "first_step": 5, "total_steps": 50},
+    ),
+    (
+        WorkerProgress(
+            rank=1,
+            incarnation=2,
+            step=10,
+            epoch=1,
+            loss=0.5,
+            samples=640,
+            samples_per_second=1e4,
+            t_comp=0.1,
+            comm=COMM,
+        ),
+        {
+            "kind": "worker",
+            "rank": 1,
+            "incarnation": 2,
+            "step": 10,
+            "epoch": 1,
+            "loss": 0.5,
+            "samples": 640,
+            "samples_per_second": 1e4,
+            "t_comp": 0.1,
+            **COMM,
+        },
+    ),
+    (
+        Evaluation(epoch=2, step=20, seconds=1.5, samples=2560, test_accuracy=0.9, test_loss=0.3),
+        {
+            "kind": "eval",
+            "rank": 0,
+            "epoch": 2,
+            "step": 20,
+            "seconds": 1.5,
+            "samples": 2560,
+            "test_accuracy": 0.9,
+            "test_loss": 0.3,
+            "source": "worker 0 local parameters",
+        },
+    ),
+    (
+        WorkerDone(
+            rank=0,
+            incarnation=1,
+            steps=40,
+            samples=2560,
+            seconds=2.0,
+            aside_seconds=0.5,
+            t_comp=1.5,
+            comm=COMM,
+        ),
+        {
+            "kind": "done",
+            "rank": 0,
+            "incarnation": 1,
+            "steps": 40,
+            "samples": 2560,
+            "seconds": 2.0,
+            "aside_seconds": 0.5,
+            "t_comp": 1.5,
+            **COMM,
+        },
+    ),
+    (
+        WorkerError(rank=1, incarnation=0, error="ValueError: bad\ntraceback"),
+        {"kind": "error", "rank": 1, "incarnation": 0, "error": "ValueError: bad\ntraceback"},
+    ),
+    (
+        WorkerRestart(rank=1, incarnation=1, exitcode=-9, error=""),
+        {"kind": "restart", "rank": 1, "incarnation": 1, "exitcode": -9, "error": ""},
+    ),
+    (
+        WorkerFailure(rank=1, exitcode=None, error="boom"),
+        {"kind": "failure", "rank": 1, "exitcode": None, "error": "boom"},
+    ),
+    (JobFailure(error="boom"), {"kind": "failure", "error": "boom"}),
+    (
+        RunEvent(event="start", details={"checkpoint": None, "config": CONFIG}),
+        {"kind": "run", "event": "start", "checkpoint": None, "config": CONFIG},
+    ),
+    (
+        RunEvent(event="final checkpoint skipped: a server is down"),
+        {"kind": "run", "event": "final checkpoint skipped: a server is down"},
+    ),
+    (
+        RunEvent(event="final checkpoint", details={"path": "/runs/x/checkpoints/3"}),
+        {"kind": "run", "event": "final checkpoint", "path": "/runs/x/checkpoints/3"},
+    ),
+    (
+        RunEvent(
+            event="partitions",
+            details={"partitions": 4, "repartitioned": False, "unused_rows": 12},
+        ),
+        {
+            "kind": "run",
+            "event": "partitions",
+            "partitions": 4,
+            "repartitioned": False,
+            "unused_rows": 12,
+        },
+    ),
+    (
+        RunEvent(event="stage retry", details={"attempt": 1}),
+        {"kind": "run", "event": "stage retry", "attempt": 1},
+    ),
+    (ServerEvent(details=SERVER_EVENT), {"kind": "server", **SERVER_EVENT}),
+    (
+        RunSummary(test_accuracy=0.98, test_loss=0.06),
+        {"kind": "summary", "test_accuracy": 0.98, "test_loss": 0.06},
+    ),
+]
+
+
+@pytest.mark.parametrize(("record", "shape"), SHAPES, ids=lambda v: getattr(v, "kind", ""))
+def test_each_record_writes_the_keys_and_values_of_its_kind_in_order(
+    record: Record, shape: dict[str, Any]
+) -> None:
+    assert list(record.to_json().items()) == list(shape.items())
+
+
+def test_every_record_type_has_a_shape_pinned() -> None:
+    assert {type(record) for record, _ in SHAPES} == set(Record.__subclasses__())
+
+
+def test_records_are_frozen() -> None:
+    record = RunSummary(test_accuracy=0.98, test_loss=0.06)
+    with pytest.raises(AttributeError):
+        record.test_accuracy = 0.5  # type: ignore[misc]
+
+
+def test_metrics_log_writes_a_record_as_the_same_line_as_its_dict(tmp_path: Path) -> None:
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    for record, shape in SHAPES:
+        log.write(record)
+        log.write(shape)
+    log.close()
+    lines = read_metrics(tmp_path / "metrics.jsonl")
+    assert all(next(iter(line)) == "time" for line in lines)
+    untimed = [{k: v for k, v in line.items() if k != "time"} for line in lines]
+    assert untimed[0::2] == untimed[1::2] == [json.loads(json.dumps(s)) for _, s in SHAPES]
+
+
+def _train_single(tmp_path: Path, stop: threading.Event | None = None) -> list[dict[str, Any]]:
+    config = RunConfig(
+        data="synthetic-lr",
+        model="logreg",
+        strategy="single",
+        workers=1,
+        epochs=2,
+        batch_size=64,
+        synthetic_samples=640,
+        synthetic_features=8,
+        log_every=5,
+    ).validate()
+    reported: list[dict[str, Any]] = []
+    spec = WorkerSpec(config, 0, 1, run_dir=str(tmp_path))
+    reported.append(run_worker(spec, reported.append, stop=stop))
+    return reported
+
+
+def test_a_worker_reports_plain_dicts_start_progress_evals_and_done(tmp_path: Path) -> None:
+    reported = _train_single(tmp_path)
+    assert all(type(record) is dict for record in reported)
+    kinds = [record["kind"] for record in reported]
+    assert kinds == ["start"] + (["worker"] * 2 + ["eval"]) * 2 + ["done"]
+    comm = list(COMM)
+    assert list(reported[0]) == [*SHAPES[0][1]]
+    assert list(reported[1]) == [*SHAPES[1][1]] and list(reported[1])[-len(comm) :] == comm
+    assert list(reported[3]) == [*SHAPES[2][1]]
+    assert list(reported[-1]) == [*SHAPES[3][1]]
+    assert [r["step"] for r in reported if r["kind"] == "worker"] == [5, 10, 15, 20]
+    assert [(r["epoch"], r["step"]) for r in reported if r["kind"] == "eval"] == [(1, 10), (2, 20)]
+    done = reported[-1]
+    assert (done["steps"], done["samples"]) == (20, 1280)
+    assert 0 < done["t_comp"] <= done["seconds"]
+    assert (tmp_path / "checkpoints").is_dir()  # worker 0 of a strategy without a server saves
+
+
+def test_a_stopped_worker_reports_no_steps_and_still_totals_up(tmp_path: Path) -> None:
+    stop = threading.Event()
+    stop.set()
+    reported = _train_single(tmp_path, stop)
+    assert [record["kind"] for record in reported] == ["start", "done"]
+    assert (reported[-1]["steps"], reported[-1]["samples"]) == (0, 0)
