@@ -15,6 +15,7 @@ from ember.config import RunConfig
 from ember.engines.join import JOIN_FILE, write_join_file
 from ember.engines.process import SPAWN, free_port, reap, start_child, tail
 from ember.engines.run import Run, RunResult, prepare_run
+from ember.metrics import WorkerError, WorkerFailure, WorkerRestart
 from ember.worker import WorkerSpec, run_worker
 
 
@@ -101,13 +102,7 @@ def _watch(run: Run, processes: list[Any], records: Any, base: WorkerSpec) -> in
 
 def _note_restart(run: Run, rank: int, incarnation: int, exitcode: int | None, error: str) -> None:
     last = error.strip().splitlines()[-1:] or [""]
-    record = {
-        "kind": "restart",
-        "rank": rank,
-        "incarnation": incarnation,
-        "exitcode": exitcode,
-        "error": error,
-    }
+    record = WorkerRestart(rank=rank, incarnation=incarnation, exitcode=exitcode, error=error)
     text = f"worker {rank} {_how(exitcode)} {last[0]}; restarted (incarnation {incarnation})"
     run.note(record, text)
 
@@ -115,7 +110,7 @@ def _note_restart(run: Run, rank: int, incarnation: int, exitcode: int | None, e
 def _fail(run: Run, rank: int, exitcode: int | None, error: str) -> NoReturn:
     log = run.setup.run_dir / "logs" / f"worker-{rank}.log"
     run.fail(
-        {"kind": "failure", "rank": rank, "exitcode": exitcode, "error": error},
+        WorkerFailure(rank=rank, exitcode=exitcode, error=error),
         f"worker {rank} {_how(exitcode)}:\n{error.strip() or '(no traceback)'}\n"
         f"--- last lines of {log} ---\n{tail(log)}",
     )
@@ -138,13 +133,9 @@ def _work(spec: WorkerSpec, records: Any) -> None:
     except BaseException as exc:
         text = traceback.format_exc()
         print(text, flush=True)
+        error = f"{type(exc).__name__}: {exc}\n{text}"
         records.put(
-            {
-                "kind": "error",
-                "rank": spec.rank,
-                "incarnation": spec.incarnation,
-                "error": f"{type(exc).__name__}: {exc}\n{text}",
-            }
+            WorkerError(rank=spec.rank, incarnation=spec.incarnation, error=error).to_json()
         )
         raise SystemExit(1) from None
 

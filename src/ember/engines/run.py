@@ -22,7 +22,7 @@ from ember.engines.process import reap
 from ember.engines.progress import Progress
 from ember.engines.servers import ServerGroup
 from ember.errors import CheckpointError, ConfigError, EmberError, WorkerFailed
-from ember.metrics import MetricsLog, write_json
+from ember.metrics import MetricsLog, Record, RunEvent, RunSummary, ServerEvent, write_json
 from ember.worker import checkpoint_meta, evaluate, load_data, make_model
 
 
@@ -85,14 +85,9 @@ def prepare_run(config: RunConfig, dataset: Dataset | None = None) -> RunSetup:
         initial = params.astype(np.float32, copy=False)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     metrics = MetricsLog(run_dir / "metrics.jsonl", tensorboard=config.tensorboard)
-    metrics.write(
-        {
-            "kind": "run",
-            "event": "resume" if resume else "start",
-            "checkpoint": str(resume.path) if resume else None,
-            "config": config.to_dict(),
-        }
-    )
+    checkpoint = str(resume.path) if resume else None
+    details = {"checkpoint": checkpoint, "config": config.to_dict()}
+    metrics.write(RunEvent(event="resume" if resume else "start", details=details))
     return RunSetup(config, run_dir, dataset, model, initial, resume, metrics)
 
 
@@ -138,7 +133,7 @@ def finish_run(
         "config": config.to_dict(),
     }
     write_json(setup.run_dir / "summary.json", summary)
-    setup.metrics.write({"kind": "summary", "test_accuracy": accuracy, "test_loss": loss})
+    setup.metrics.write(RunSummary(test_accuracy=accuracy, test_loss=loss))
     setup.metrics.close()
     return RunResult(summary, setup.model, setup.run_dir)
 
@@ -184,13 +179,13 @@ class Run:
         if record.get("kind") == "done":
             self.done[record["rank"]] = record
 
-    def note(self, record: dict[str, Any], text: str) -> None:
+    def note(self, record: Record, text: str) -> None:
         """Something that happened to the run: a record in metrics.jsonl, a line for the user."""
         self.setup.metrics.write(record)
         if self._bar is not None:
             self._bar.note(text)
 
-    def fail(self, record: dict[str, Any], message: str) -> NoReturn:
+    def fail(self, record: Record, message: str) -> NoReturn:
         """End the run for a worker's failure: `record` to metrics.jsonl, `message` raised."""
         self.setup.metrics.write(record)
         raise WorkerFailed(message)
@@ -204,7 +199,7 @@ class Run:
         self.servers.checkpoint_if_due(self.setup.checkpoints, self._meta())
         for event in self.servers.events[self._reported :]:
             self._reported += 1
-            self.note({"kind": "server", **event}, _describe(event))
+            self.note(ServerEvent(details=event), _describe(event))
 
     def finish(self, seconds: float, extra: dict[str, Any]) -> RunResult:
         """The last checkpoint (the servers' state, else worker 0's own), the servers stopped,
@@ -249,14 +244,15 @@ class Run:
         assert self.servers is not None
         metrics, slots = self.setup.metrics, self.servers.primary_slots
         if not all(s.process is not None and s.process.exitcode is None for s in slots):
-            metrics.write({"kind": "run", "event": "final checkpoint skipped: a server is down"})
+            metrics.write(RunEvent(event="final checkpoint skipped: a server is down"))
             return
         try:
             path = self.servers.checkpoint(self.setup.checkpoints, self._meta(), timeout=10.0)
         except EmberError as exc:
-            metrics.write({"kind": "run", "event": "final checkpoint failed", "error": str(exc)})
+            failed = RunEvent(event="final checkpoint failed", details={"error": str(exc)})
+            metrics.write(failed)
             return
-        metrics.write({"kind": "run", "event": "final checkpoint", "path": str(path)})
+        metrics.write(RunEvent(event="final checkpoint", details={"path": str(path)}))
 
     def _meta(self) -> dict[str, Any]:
         return checkpoint_meta(self.config, self.setup.initial.size, 0)

@@ -27,6 +27,7 @@ from ember.engines.spark.session import (
 )
 from ember.engines.spark.task import train_partition
 from ember.errors import WorkerFailed
+from ember.metrics import JobFailure, RunEvent
 from ember.ps import fetch_state
 from ember.worker import WorkerSpec
 
@@ -88,8 +89,9 @@ def _train(
     setup, config, data, (session_seconds, began) = run.setup, run.config, run.setup.dataset, clock
     rows, repartition = facts.rows_per_worker(config.workers, config.batch_size)
     unused = facts.rows - rows * config.workers
-    event = {"kind": "run", "event": "partitions", "partitions": len(facts.partition_rows)}
-    setup.metrics.write({**event, "repartitioned": repartition, "unused_rows": unused})
+    partitions = len(facts.partition_rows)
+    details = {"partitions": partitions, "repartitioned": repartition, "unused_rows": unused}
+    setup.metrics.write(RunEvent(event="partitions", details=details))
     if repartition:
         frame = frame.repartition(config.workers)
     job: Job | None = None
@@ -143,7 +145,7 @@ def _watch(run: Run, job: Job, rows: int) -> None:
             run.tick()
             attempt = job.attempt()
             if attempt > seen_attempt:
-                record = {"kind": "run", "event": "stage retry", "attempt": attempt}
+                record = RunEvent(event="stage retry", details={"attempt": attempt})
                 run.note(record, f"Spark retries the training stage (attempt {attempt})")
                 seen_attempt = attempt
             if (bar.interactive or not workers_seen) and time.monotonic() - last_poll > 5:
@@ -179,7 +181,7 @@ def _fail(run: Run, job: Job) -> NoReturn:
         )
     tries = job.attempt() + 1
     message = f"the Spark training job failed ({tries} attempt(s)):\n{error}"
-    run.fail({"kind": "failure", "error": error}, message)
+    run.fail(JobFailure(error=error), message)
 
 
 def _servers(run: Run) -> ServerGroup:
