@@ -45,11 +45,13 @@ class Progress:
 
     def phase(self, name: str) -> None:
         """A start-up phase begins (and the previous one ends)."""
+        if self.interactive:  # the new name first: the line ending the old one redraws the bar
+            self._bar.set_description_str(f"ember: {name}...", refresh=False)
         self._end_phase()
         self.phases.append(name)
         self._phase_began = time.monotonic()
         if self.interactive:
-            self._bar.set_description_str(f"ember: {name}...")
+            self._bar.refresh()
         else:
             self._say(f"ember: {name}")
 
@@ -75,10 +77,10 @@ class Progress:
             self.epoch = max(self.epoch, record["epoch"])
             self.seen[rank] = record["step"] * self.samples_per_step or record["samples"]
             if not self.training:
+                self._bar.set_description_str("", refresh=False)
+                self._bar.bar_format = TRAINING_FORMAT
                 self._end_phase()
                 self.training = True
-                self._bar.set_description_str("")
-                self._bar.bar_format = TRAINING_FORMAT
             self._bar.n = min(self._bar.total or 0, sum(self.seen.values()))
         elif kind == "eval":
             self.accuracy = record["test_accuracy"]
