@@ -157,11 +157,11 @@ class Run:
         self.total = 0  # samples all workers train on, once `watching` knows their rows
         self._reported = 0  # how many of the servers' events metrics.jsonl has
 
-    def start_servers(self) -> list[str]:
+    def start_servers(self, phase: str = "starting parameter servers") -> list[str]:
         """The servers' addresses once they listen (none for a strategy without them)."""
         if self.servers is None:
             return []
-        self.progress.phase("starting parameter servers")
+        self.progress.phase(phase)
         return self.servers.start()
 
     @contextmanager

@@ -20,6 +20,7 @@ from ember.engines.servers import ServerGroup
 from ember.engines.spark.jobs import RECORDS, Job, python_error, start_warm_up, wait_for_warm_up
 from ember.engines.spark.records import RecordCollector
 from ember.engines.spark.session import (
+    active_session,
     check_before_start,
     check_cluster,
     check_supported,
@@ -46,11 +47,14 @@ def train_spark(config: RunConfig, show_progress: bool = True) -> RunResult:
         setup = prepare_run(config)  # bad data is refused before any JVM starts
         data = setup.dataset
         run = Run(setup, progress)
-        progress.phase("starting Spark")
+        starts_spark = active_session() is None
 
         def meanwhile() -> None:  # the servers start (and import PyTorch) while the JVM does
-            run.start_servers()
-            progress.phase("waiting for Spark to start")
+            if starts_spark:
+                run.start_servers("starting Spark and the parameter servers")
+                progress.phase("waiting for Spark to start")
+            else:
+                run.start_servers()
 
         with run, session(config, show_progress, meanwhile) as (spark, session_seconds):
             warm_up = start_warm_up(spark, config.workers)
