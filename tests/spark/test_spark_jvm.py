@@ -1,4 +1,5 @@
-"""The class-data archive of a local session's JVM: written after the first, read by later ones."""
+"""A local session's JVM: quiet from its start; its class-data archive written after the first
+session and read by later ones."""
 
 from __future__ import annotations
 
@@ -29,13 +30,19 @@ with session(RunConfig(engine="spark", workers=2), show_progress=False) as (spar
     options = list(runtime.getInputArguments())
     vm_info = spark.sparkContext._jvm.java.lang.System.getProperty("java.vm.info")
     pid = spark.sparkContext._gateway.proc.pid
-print(json.dumps({"pid": pid, "options": options, "vm_info": vm_info}))
+    log_level = spark.sparkContext.getConf().get("spark.log.level")
+print(json.dumps({"pid": pid, "options": options, "vm_info": vm_info, "log_level": log_level}))
 """
 
 
 def start_a_session(cache: Path) -> dict:
     env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
     env.pop("EMBER_SPARK_CLASS_ARCHIVE", None)
+    return run_a_session(env)[0]
+
+
+def run_a_session(env: dict[str, str]) -> tuple[dict, str]:
+    """What the child reports, and what it wrote to stderr (Spark's log)."""
     done = subprocess.run(
         [sys.executable, "-c", SESSION_OF_ITS_OWN],
         env=env,
@@ -45,7 +52,14 @@ def start_a_session(cache: Path) -> dict:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report: dict = json.loads(done.stdout.splitlines()[-1])
-    return report
+    return report, done.stderr
+
+
+def test_a_session_ember_starts_logs_at_warn_from_its_first_line() -> None:
+    report, log = run_a_session({**os.environ, "EMBER_SPARK_CLASS_ARCHIVE": "off"})
+    assert report["log_level"] == "WARN"
+    info = [line for line in log.splitlines() if " INFO " in line]
+    assert not info, "\n".join(info[:10])
 
 
 def test_the_first_session_lists_its_classes_and_the_next_starts_from_their_archive(

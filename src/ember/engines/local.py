@@ -14,7 +14,8 @@ import safetensors.numpy
 from ember.config import RunConfig
 from ember.engines.join import JOIN_FILE, write_join_file
 from ember.engines.process import SPAWN, free_port, reap, start_child, tail
-from ember.engines.run import Run, RunResult, prepare_run
+from ember.engines.progress import Progress
+from ember.engines.run import Run, RunResult, RunSetup, prepare_run
 from ember.metrics import WorkerError, WorkerFailure, WorkerRestart
 from ember.worker import WorkerSpec, run_worker
 
@@ -22,9 +23,14 @@ from ember.worker import WorkerSpec, run_worker
 def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
     """Run servers and workers as children of this process; every child is reaped on return,
     error or Ctrl-C, and a failure saves what the servers hold before they stop."""
-    setup = prepare_run(config)
-    processes: list[Any] = []
-    with Run(setup, show_progress) as run, run.saving_on_failure():
+    with Progress(show_progress) as progress:
+        progress.phase("loading data")
+        return _train(prepare_run(config), progress)
+
+
+def _train(setup: RunSetup, progress: Progress) -> RunResult:
+    config, processes = setup.config, list[Any]()
+    with Run(setup, progress) as run, run.saving_on_failure():
         try:
             addresses = run.start_servers()
             if config.mode.joinable:
@@ -46,6 +52,7 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
                 initial_file=initial_file,
                 initial_step=setup.resumed_step,
             )
+            progress.phase("starting workers")
             for rank in range(config.workers):
                 processes.append(_start_worker(dataclasses.replace(base, rank=rank), records))
             restarts = _watch(run, processes, records, base)

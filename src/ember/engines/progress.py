@@ -1,77 +1,144 @@
-"""The live progress bar of a run: epoch, samples/s, loss and the latest accuracy."""
+"""What a user sees while a run runs: its start-up phases, then one bar over all workers."""
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+import time
+from typing import Any, TextIO
 
 from tqdm import tqdm
 
+# tqdm's own rate and remaining time are left out: its rate, smoothed over the start-up, is
+# not the workers' speed. The one speed shown is the workers' summed samples/s, in the postfix.
+PHASE_FORMAT = "{desc}"
+TRAINING_FORMAT = "{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+
 
 class Progress:
-    """A tqdm bar over all workers' samples; on a non-terminal it prints one line per epoch."""
+    """On a terminal: the phase under way as it happens (and a line with its duration once it
+    ends), then a bar over all workers' samples with their summed samples/s and, once there
+    is such a rate, the time left at it. Elsewhere: a line per phase and one per epoch."""
 
-    def __init__(self, total: int, enabled: bool = True) -> None:
-        self.interactive = enabled and sys.stderr.isatty()
+    def __init__(self, enabled: bool = True, stream: TextIO | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
         self.enabled = enabled
+        self.interactive = enabled and self.stream.isatty()
         self._bar = tqdm(
-            total=total,
+            total=None,
+            bar_format=PHASE_FORMAT,
             unit="samples",
             unit_scale=True,
             dynamic_ncols=True,
             disable=not self.interactive,
-            file=sys.stderr,
+            file=self.stream,
         )
+        self.phases: list[str] = []  # the start-up phases so far, in order
+        self.training = False  # the first progress record arrived: the bar shows samples
+        self.workers, self.samples_per_step = 0, 0
+        self.started: set[int] = set()  # ranks whose worker loop began
         self.seen: dict[int, int] = {}  # samples per rank, from each worker's step count
         self.speed: dict[int, float] = {}
         self.loss: dict[int, float] = {}
         self.epoch, self.accuracy = 0, float("nan")
+        self._said_epoch = 0  # the last epoch a line was printed for
+        self._phase_began = time.monotonic()
+
+    def phase(self, name: str) -> None:
+        """A start-up phase begins (and the previous one ends)."""
+        if self.interactive:  # the new name first: the line ending the old one redraws the bar
+            self._bar.set_description_str(f"ember: {name}...", refresh=False)
+        self._end_phase()
+        self.phases.append(name)
+        self._phase_began = time.monotonic()
+        if self.interactive:
+            self._bar.refresh()
+        else:
+            self._say(f"ember: {name}")
+
+    def start(self, total: int, workers: int, samples_per_step: int) -> None:
+        """The workers are starting: `total` samples to train on, `samples_per_step` per step
+        of each of the `workers`."""
+        self._bar.total = total
+        self.workers, self.samples_per_step = workers, samples_per_step
+
+    @property
+    def samples_per_second(self) -> float:
+        return sum(self.speed.values())
 
     def update(self, record: dict[str, Any]) -> None:
         kind, rank = record.get("kind"), record.get("rank", 0)
-        if kind == "worker":
+        if kind == "start":
+            self.started.add(rank)
+            if not self.training and len(self.started) == self.workers:
+                self.phase("waiting for the first step")
+        elif kind == "worker":
             self.speed[rank] = record["samples_per_second"]
             self.loss[rank] = record["loss"]
             self.epoch = max(self.epoch, record["epoch"])
+            self.seen[rank] = record["step"] * self.samples_per_step or record["samples"]
+            if not self.training:
+                self._bar.set_description_str("", refresh=False)
+                self._bar.bar_format = TRAINING_FORMAT
+                self._end_phase()
+                self.training = True
+            self._bar.n = min(self._bar.total or 0, sum(self.seen.values()))
         elif kind == "eval":
             self.accuracy = record["test_accuracy"]
-            if self.enabled and not self.interactive:
-                print(
+            if record["epoch"] > self._said_epoch:  # a retried or replayed epoch: said once
+                self._said_epoch = record["epoch"]
+                self.note(
                     f"epoch {record['epoch']}: test accuracy {self.accuracy:.4f} "
-                    f"(worker 0), {sum(self.speed.values()):,.0f} samples/s",
-                    file=sys.stderr,
-                    flush=True,
+                    f"(worker 0), {self.samples_per_second:,.0f} samples/s"
                 )
         elif kind in ("rejoin", "failure"):
-            self._bar.write(f"{kind}: {record}")
-        if kind == "worker" and "samples" in record:
-            self.seen[rank] = record["samples"]
-            self._bar.n = sum(self.seen.values())
-        if kind in ("worker", "eval"):
-            loss = sum(self.loss.values()) / max(1, len(self.loss))
-            self._bar.set_postfix(
-                epoch=self.epoch,
-                samples_s=f"{sum(self.speed.values()):,.0f}",
-                loss=f"{loss:.4f}",
-                acc=f"{self.accuracy:.4f}",
-                refresh=False,
-            )
+            self.note(f"{kind}: {record}")
+        if kind in ("worker", "eval") and self.training:
+            self._bar.set_postfix_str(self._postfix(), refresh=False)
             self._bar.refresh()
+
+    def _postfix(self) -> str:
+        loss = sum(self.loss.values()) / max(1, len(self.loss))
+        parts = [f"{self.samples_per_second:,.0f} samples/s"]
+        if self.samples_per_second > 0 and self._bar.total:
+            left = max(0, self._bar.total - self._bar.n) / self.samples_per_second
+            parts.append(f"{tqdm.format_interval(left)} left")
+        parts += [f"epoch {self.epoch}", f"loss {loss:.4f}"]
+        if self.accuracy == self.accuracy:  # not NaN: worker 0 has evaluated
+            parts.append(f"acc {self.accuracy:.4f}")
+        return ", ".join(parts)
 
     def set_completed(self, samples: int) -> None:
         """All workers together have trained on `samples` (at most the total) so far."""
-        self._bar.n = min(self._bar.total, samples)
+        self._bar.n = min(self._bar.total or 0, samples)
+        if self.training:
+            self._bar.set_postfix_str(self._postfix(), refresh=False)
         self._bar.refresh()
 
     def note(self, text: str) -> None:
-        """A line about the run (a restart, a failover) above the bar, or on its own."""
+        """A line about the run (an epoch, a restart, a failover) above the bar, or alone."""
         if self.interactive:
-            self._bar.write(text, file=sys.stderr)
-        elif self.enabled:
-            print(text, file=sys.stderr, flush=True)
+            self._bar.write(text, file=self.stream)
+        else:
+            self._say(text)
+
+    def _say(self, text: str) -> None:
+        if self.enabled:
+            print(text, file=self.stream, flush=True)
+
+    def _end_phase(self) -> None:
+        if self.interactive and self.phases and not self.training:
+            seconds = time.monotonic() - self._phase_began
+            self._bar.write(f"ember: {self.phases[-1]} ({seconds:.1f} s)", file=self.stream)
+
+    def __str__(self) -> str:
+        """The bar's line as a terminal shows it now."""
+        return str(self._bar)
+
+    def close(self) -> None:
+        self._bar.close()
 
     def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._bar.close()
+        self.close()

@@ -143,19 +143,21 @@ class Run:
     polls its workers, relays what they report, and calls `tick` between polls; leaving the
     `with` block reaps the servers, whatever happened."""
 
-    def __init__(self, setup: RunSetup, show_progress: bool = True) -> None:
+    def __init__(self, setup: RunSetup, progress: Progress) -> None:
         self.setup = setup
         self.config = setup.config
         self.servers = setup.server_group() if self.config.uses_server else None
-        self.show_progress = show_progress
+        self.progress = progress  # the engine's, open since its first phase
         self.done: dict[int, dict[str, Any]] = {}  # each rank's "done" record
         self.total = 0  # samples all workers train on, once `watching` knows their rows
-        self._bar: Progress | None = None
         self._reported = 0  # how many of the servers' events metrics.jsonl has
 
-    def start_servers(self) -> list[str]:
+    def start_servers(self, phase: str = "starting parameter servers") -> list[str]:
         """The servers' addresses once they listen (none for a strategy without them)."""
-        return self.servers.start() if self.servers is not None else []
+        if self.servers is None:
+            return []
+        self.progress.phase(phase)
+        return self.servers.start()
 
     @contextmanager
     def watching(self, rows_per_worker: int) -> Iterator[Progress]:
@@ -164,26 +166,23 @@ class Run:
         config = self.config
         batches = rows_per_worker // config.batch_size
         self.total = config.epochs * batches * config.batch_size * config.workers
-        with Progress(self.total, enabled=self.show_progress) as bar:
-            self._bar = bar
-            try:
-                yield bar
-            finally:
-                self._bar = None
+        self.progress.start(self.total, config.workers, config.batch_size)
+        try:
+            yield self.progress
+        finally:
+            self.progress.close()
 
     def relay(self, record: dict[str, Any]) -> None:
         """A worker's record: to metrics.jsonl and the bar; a "done" one is kept for the end."""
         self.setup.metrics.write(record)
-        if self._bar is not None:
-            self._bar.update(record)
+        self.progress.update(record)
         if record.get("kind") == "done":
             self.done[record["rank"]] = record
 
     def note(self, record: Record, text: str) -> None:
         """Something that happened to the run: a record in metrics.jsonl, a line for the user."""
         self.setup.metrics.write(record)
-        if self._bar is not None:
-            self._bar.note(text)
+        self.progress.note(text)
 
     def fail(self, record: Record, message: str) -> NoReturn:
         """End the run for a worker's failure: `record` to metrics.jsonl, `message` raised."""

@@ -127,6 +127,17 @@ class ClientConnection:
         for frame in chunk_frames(arrays):
             self._sock.send(frame, copy=False)
 
+    def notify(self, header: dict[str, Any], timeout: float) -> bool:
+        """Send a header that gets no reply, if the socket takes it within `timeout`; False
+        (and the header dropped) when it does not, as when the peer is gone or falls behind."""
+        if not self._sock.poll(max(0, int(timeout * 1000)), zmq.POLLOUT):
+            return False
+        try:
+            self._sock.send(seal(self._key, header), zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
     def recv(self, timeout: float | None = None) -> tuple[dict[str, Any], list[Any]]:
         """Next reply as (header, payload frames); payload views alias the frames, or the
         shared-memory region until the next send. The whole reply must arrive within the
@@ -166,7 +177,8 @@ class ClientConnection:
             return False
         return bool(self._monitor.poll(0, zmq.POLLIN))  # the one event it reports: disconnected
 
-    def close(self) -> None:
+    def close(self, linger: float = 0.0) -> None:
+        """Close; messages not yet sent get up to `linger` seconds to leave, in the background."""
         if self._closed:
             return
         self._closed = True
@@ -174,4 +186,4 @@ class ClientConnection:
         if self._monitor is not None:
             self._sock.disable_monitor()
             self._monitor.close(linger=0)
-        self._sock.close(linger=0)
+        self._sock.close(linger=int(linger * 1000))

@@ -14,10 +14,13 @@ from ember.config import RunConfig
 from ember.data import Dataset
 from ember.data.datasets import train_pixels
 from ember.data.spark import FrameFacts, dataframe_dataset, frame_from_arrays, frame_from_pixels
+from ember.engines.progress import Progress
 from ember.engines.run import Run, RunResult, RunSetup, prepare_run
 from ember.engines.servers import ServerGroup
 from ember.engines.spark.jobs import RECORDS, Job, python_error, start_warm_up, wait_for_warm_up
+from ember.engines.spark.records import RecordCollector
 from ember.engines.spark.session import (
+    active_session,
     check_before_start,
     check_cluster,
     check_supported,
@@ -40,22 +43,33 @@ def train_spark(config: RunConfig, show_progress: bool = True) -> RunResult:
     check_supported(config)
     check_before_start(config)
     began = time.perf_counter()
-    setup = prepare_run(config)  # bad data is refused before any JVM starts
-    data = setup.dataset
-    # the servers start (and import PyTorch) while the JVM does
-    run = Run(setup, show_progress)
-    with run, session(config, show_progress, run.start_servers) as (spark, session_seconds):
-        warm_up = start_warm_up(spark, config.workers)
-        pixels = train_pixels(data)
-        if pixels is not None:
-            frame = frame_from_pixels(spark, pixels, data.y_train, config.workers)
-        else:
-            frame = frame_from_arrays(spark, data.x_train, data.y_train, config.workers)
-        # load_dataset checked every row already: no Spark job is needed to learn the facts
-        rows, width = len(data.x_train), int(np.prod(data.input_shape))
-        facts = FrameFacts.local(rows, config.workers, width, data.num_classes - 1)
-        clock = (session_seconds, began)
-        return _train(run, spark, frame, facts, clock, warm_up)
+    with Progress(show_progress) as progress:
+        progress.phase("loading data")
+        setup = prepare_run(config)  # bad data is refused before any JVM starts
+        data = setup.dataset
+        run = Run(setup, progress)
+        starts_spark = active_session() is None
+
+        def meanwhile() -> None:  # the servers start (and import PyTorch) while the JVM does
+            if starts_spark:
+                run.start_servers("starting Spark and the parameter servers")
+                progress.phase("waiting for Spark to start")
+            else:
+                run.start_servers()
+
+        with run, session(config, show_progress, meanwhile) as (spark, session_seconds):
+            warm_up = start_warm_up(spark, config.workers)
+            progress.phase("handing the data to Spark")
+            pixels = train_pixels(data)
+            if pixels is not None:
+                frame = frame_from_pixels(spark, pixels, data.y_train, config.workers)
+            else:
+                frame = frame_from_arrays(spark, data.x_train, data.y_train, config.workers)
+            # load_dataset checked every row already: no Spark job is needed to learn the facts
+            rows, width = len(data.x_train), int(np.prod(data.input_shape))
+            facts = FrameFacts.local(rows, config.workers, width, data.num_classes - 1)
+            clock = (session_seconds, began)
+            return _train(run, spark, frame, facts, clock, warm_up)
 
 
 def train_dataframe(
@@ -72,10 +86,12 @@ def train_dataframe(
     check_cluster(config, df.sparkSession)
     began = time.perf_counter()
     warm_up = start_warm_up(df.sparkSession, config.workers)
-    frame, facts, data = dataframe_dataset(df, features_col, label_col, test_df, config.seed)
-    with Run(_prepare(config, data), show_progress) as run:
-        run.start_servers()
-        return _train(run, df.sparkSession, frame, facts, (0.0, began), warm_up)
+    with Progress(show_progress) as progress:
+        progress.phase("reading the DataFrame")
+        frame, facts, data = dataframe_dataset(df, features_col, label_col, test_df, config.seed)
+        with Run(_prepare(config, data), progress) as run:
+            run.start_servers()
+            return _train(run, df.sparkSession, frame, facts, (0.0, began), warm_up)
 
 
 def _train(
@@ -95,7 +111,7 @@ def _train(
     if repartition:
         frame = frame.repartition(config.workers)
     job: Job | None = None
-    with run.saving_on_failure():
+    with run.saving_on_failure(), RecordCollector(setup.secret) as collector:
         try:
             spec = WorkerSpec(
                 config,
@@ -109,14 +125,17 @@ def _train(
             )
             x_eval, y_eval = data.x_test[:EVAL_ROWS], data.y_test[:EVAL_ROWS]
             probe = replace(data, x_train=x_eval, y_train=y_eval, x_test=x_eval, y_test=y_eval)
+            run.progress.phase("warming up executors")
             wait_for_warm_up(warm_up, config.request_timeout)
             prepared = time.perf_counter()
-            task = partial(train_partition, spec, probe, None if repartition else rows)
+            rows_known = None if repartition else rows
+            task = partial(train_partition, spec, probe, rows_known, collector.address)
             # The shuffle after the barrier stage makes it a map stage, which Spark retries as
             # a whole when a task fails; a failed barrier result stage would end the job.
             training = frame.mapInArrow(task, RECORDS, barrier=True).repartition(1)
+            run.progress.phase("starting training tasks")
             job = Job(spark, lambda: training, "ember training")
-            _watch(run, job, rows)
+            _watch(run, job, rows, collector)
             seconds = time.perf_counter() - prepared
             # the session started while the driver prepared: what it added is the rest
             prepare = prepared - began - session_seconds
@@ -133,22 +152,26 @@ def _train(
             raise
 
 
-def _watch(run: Run, job: Job, rows: int) -> None:
-    """Until the job ends: the servers' ticks, the stage retries, and (tasks report only when
-    they end) the workers' steps as the servers know them; then the tasks' records."""
+def _watch(run: Run, job: Job, rows: int, collector: RecordCollector) -> None:
+    """Until the job ends: the records the tasks stream (to the bar and its epoch lines), the
+    servers' ticks and the stage retries; then the records the tasks return, which are those
+    of the attempt that finished, to metrics.jsonl."""
     config, servers = run.config, _servers(run)
     last_poll = started = time.monotonic()
     seen_attempt, workers_seen = 0, False
     with run.watching(rows) as bar:
         while job.thread.is_alive():
             job.thread.join(0.5)
+            for streamed in collector.drain():
+                bar.update(streamed)
             run.tick()
             attempt = job.attempt()
             if attempt > seen_attempt:
-                record = RunEvent(event="stage retry", details={"attempt": attempt})
-                run.note(record, f"Spark retries the training stage (attempt {attempt})")
+                retry = RunEvent(event="stage retry", details={"attempt": attempt})
+                run.note(retry, f"Spark retries the training stage (attempt {attempt})")
                 seen_attempt = attempt
-            if (bar.interactive or not workers_seen) and time.monotonic() - last_poll > 5:
+            workers_seen = workers_seen or bool(bar.started)
+            if not workers_seen and time.monotonic() - last_poll > 5:
                 # this fetches the parameters too, hence not more often
                 table = fetch_state(servers.primaries, run.setup.secret, config.request_timeout)[1]
                 workers, last_poll = table["workers"].values(), time.monotonic()
@@ -160,8 +183,6 @@ def _watch(run: Run, job: Job, rows: int) -> None:
                         f" {config.request_timeout:g} s of the training job's start; see the"
                         " Spark UI or driver log for why its tasks did not run"
                     )
-                if bar.interactive:
-                    bar.set_completed(sum(w["step"] for w in workers) * config.batch_size)
         if job.error is not None:
             _fail(run, job)
         attempt = job.attempt()

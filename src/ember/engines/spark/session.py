@@ -135,7 +135,8 @@ def session(
         yield active, 0.0
         return
     master = config.master or f"local[{config.workers}]"
-    builder = SparkSession.builder.master(master).appName("ember")
+    # WARN from the JVM's first line (Spark 3.5+), so its start-up INFO lines stay out too
+    builder = SparkSession.builder.master(master).appName("ember").config("spark.log.level", "WARN")
     archive = None
     if master.startswith("local"):  # only here do tasks share the driver's machine and Python
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

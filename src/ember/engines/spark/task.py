@@ -9,16 +9,22 @@ from typing import Any
 
 from ember.data import Dataset
 from ember.data.spark import partition_arrays
+from ember.engines.spark.records import RecordSender
 from ember.errors import EmberError
 from ember.worker import WorkerSpec, run_worker
 
 
 def train_partition(
-    spec: WorkerSpec, probe: Dataset, rows: int | None, batches: Iterator[Any]
+    spec: WorkerSpec,
+    probe: Dataset,
+    rows: int | None,
+    collector: str | None,
+    batches: Iterator[Any],
 ) -> Iterator[Any]:
     """One worker in a barrier task: its partition as NumPy, then the ordinary worker loop.
     `probe` holds the few test rows worker 0 evaluates on after each epoch; `rows` is how
-    many rows each worker trains on, when the driver knows every partition's size."""
+    many rows each worker trains on, when the driver knows every partition's size. Records
+    also stream to the driver's `collector` (an address) while the task runs."""
     import pyarrow as pa
     from pyspark import BarrierTaskContext
 
@@ -40,6 +46,17 @@ def train_partition(
     incarnation = int(context.taskAttemptId())
     spec = replace(spec, rank=context.partitionId(), incarnation=incarnation)
     records: list[dict[str, Any]] = []
-    records.append(run_worker(spec, records.append, dataset=data))
+    sender = RecordSender(collector, spec.secret) if collector is not None else None
+
+    def report(record: dict[str, Any]) -> None:
+        records.append(record)
+        if sender is not None:
+            sender.send({**record, "incarnation": incarnation})
+
+    try:
+        report(run_worker(spec, report, dataset=data))
+    finally:
+        if sender is not None:
+            sender.close()
     lines = [json.dumps({**r, "incarnation": incarnation}) for r in records]
     yield pa.RecordBatch.from_pydict({"record": lines})

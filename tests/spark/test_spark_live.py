@@ -1,0 +1,51 @@
+"""A Spark run reports while its training stage runs, not only when its tasks end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import ember.spark
+from ember.engines import progress as progress_module
+from ember.engines.spark import driver
+from ember.metrics import read_metrics
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_epoch_records_reach_the_driver_while_the_training_stage_still_runs(
+    spark, to_frame, digits, tmp_path, monkeypatch
+) -> None:
+    jobs: list[Any] = []
+
+    class Watched(driver.Job):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            jobs.append(self)
+
+    seen: list[tuple[str, int | None, bool]] = []  # (kind, epoch, training job still running)
+    update = progress_module.Progress.update
+
+    def spy(self: Any, record: dict[str, Any]) -> None:
+        running = bool(jobs) and jobs[-1].thread.is_alive()
+        seen.append((record.get("kind", ""), record.get("epoch"), running))
+        update(self, record)
+
+    monkeypatch.setattr(driver, "Job", Watched)
+    monkeypatch.setattr(progress_module.Progress, "update", spy)
+    ember.spark.fit(
+        model="mlp",
+        df=to_frame(digits.x_train, digits.y_train),
+        test_df=to_frame(digits.x_test, digits.y_test),
+        strategy="async",
+        workers=2,
+        epochs=3,
+        out=str(tmp_path / "run"),
+    )
+    live = [epoch for kind, epoch, running in seen if kind == "eval" and running]
+    assert 1 in live, seen
+    assert any(kind == "worker" and running for kind, _, running in seen)
+    # metrics.jsonl holds the records the tasks returned, each once, not the streamed copies
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["epoch"] for r in records if r.get("kind") == "eval"] == [1, 2, 3]

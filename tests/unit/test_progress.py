@@ -1,0 +1,72 @@
+"""What a user sees while a run runs: named start-up phases, one speed, a truthful estimate."""
+
+from __future__ import annotations
+
+import io
+import re
+
+from ember.engines.progress import Progress
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def worker(rank: int, step: int, speed: float, epoch: int = 1) -> dict:
+    return {
+        "kind": "worker",
+        "rank": rank,
+        "step": step,
+        "epoch": epoch,
+        "loss": 0.5,
+        "samples": step * 10,
+        "samples_per_second": speed,
+    }
+
+
+def test_a_non_terminal_gets_each_phase_in_order_then_one_line_per_epoch() -> None:
+    out = io.StringIO()
+    with Progress(stream=out) as progress:
+        progress.phase("loading data")
+        progress.phase("starting parameter servers")
+        progress.phase("starting workers")
+        progress.start(total=4000, workers=2, samples_per_step=10)
+        progress.update({"kind": "start", "rank": 0})
+        progress.update({"kind": "start", "rank": 1})
+        progress.update(worker(0, 50, 1000.0))
+        progress.update(worker(1, 50, 3000.0))
+        for _ in range(2):  # an epoch replayed (the rows of a finished Spark stage) is said once
+            progress.update({"kind": "eval", "rank": 0, "epoch": 1, "test_accuracy": 0.9})
+    assert out.getvalue().splitlines() == [
+        "ember: loading data",
+        "ember: starting parameter servers",
+        "ember: starting workers",
+        "ember: waiting for the first step",
+        "epoch 1: test accuracy 0.9000 (worker 0), 4,000 samples/s",
+    ]
+
+
+def test_the_bar_shows_one_speed_the_workers_summed_samples_per_second() -> None:
+    with Progress(stream=Terminal()) as progress:
+        progress.start(total=100_000, workers=2, samples_per_step=10)
+        progress.update(worker(0, 100, 30_000.0))
+        progress.update(worker(1, 100, 54_612.0))
+        line = str(progress)
+    assert len(re.findall(r"/s\b", line)) == 1, line
+    assert "84,612 samples/s" in line
+
+
+def test_no_time_left_is_estimated_before_the_workers_report_a_rate() -> None:
+    with Progress(stream=Terminal()) as progress:
+        progress.phase("starting workers")
+        progress.start(total=100_000, workers=2, samples_per_step=10)
+        progress.update({"kind": "start", "rank": 0})
+        progress.update({"kind": "start", "rank": 1})
+        waiting = str(progress)
+        progress.update(worker(0, 100, 1_000.0))
+        progress.update(worker(1, 100, 1_000.0))
+        training = str(progress)
+    assert waiting == "ember: waiting for the first step..."
+    # 98,000 samples left at the workers' 2,000 samples/s
+    assert "2,000 samples/s, 00:49 left" in training, training

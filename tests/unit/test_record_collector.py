@@ -1,0 +1,56 @@
+"""Records streamed from Spark tasks to the driver: authenticated, bounded, never in the way."""
+
+from __future__ import annotations
+
+import pytest
+
+from ember.engines.process import free_port
+from ember.engines.spark.records import RecordCollector, RecordSender
+from ember.errors import ProtocolError
+from ember.wire import ClientConnection
+from tests.conftest import SECRET
+from tests.processes import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_the_collector_refuses_a_peer_without_the_runs_secret() -> None:
+    with RecordCollector(SECRET) as collector:
+        with pytest.raises(ProtocolError, match="refused the run's secret"):
+            ClientConnection(collector.address, b"w" * 32, timeout=10.0)
+        sender = RecordSender(collector.address, b"w" * 32)
+        sender.send({"kind": "eval", "epoch": 1})
+        sender.close()
+        assert wait_for(lambda: collector.rejected["unauthenticated"] >= 2, 10)
+        assert collector.drain() == []
+
+
+def test_the_collector_bounds_records_per_connection_and_in_total() -> None:
+    with RecordCollector(SECRET, per_connection=3, queued=4) as collector:
+        first = ClientConnection(collector.address, SECRET, timeout=10.0)
+        for index in range(10):
+            assert first.notify({"op": "record", "record": {"index": index}}, 1.0)
+        assert wait_for(lambda: collector.dropped == 7, 10), collector.dropped
+        second = ClientConnection(collector.address, SECRET, timeout=10.0)
+        for index in range(10, 20):
+            assert second.notify({"op": "record", "record": {"index": index}}, 1.0)
+        assert wait_for(lambda: collector.dropped == 16, 10), collector.dropped
+        assert [r["index"] for r in collector.drain()] == [0, 1, 2, 10]
+        first.close()
+        second.close()
+
+
+def test_records_reach_the_collector_in_order_and_a_dead_one_fails_nothing() -> None:
+    with RecordCollector(SECRET) as collector:
+        sender = RecordSender(collector.address, SECRET)
+        for step in range(5):
+            sender.send({"kind": "worker", "step": step})
+        sender.close()
+        arrived: list[dict] = []
+        assert wait_for(lambda: len(arrived.extend(collector.drain()) or arrived) == 5, 10)
+        assert [r["step"] for r in arrived] == list(range(5))
+    nobody = RecordSender(f"tcp://127.0.0.1:{free_port()}", SECRET, queued=2)
+    for step in range(10):
+        nobody.send({"kind": "worker", "step": step})  # never raises, never waits
+    nobody.close(timeout=0.5)
+    assert nobody.dropped >= 8
