@@ -11,15 +11,19 @@ from pathlib import Path
 
 import psutil
 
+Pids = frozenset[int] | set[int]
 
-def kill_stray_children(keep: frozenset[int] | set[int] = frozenset()) -> list[int]:
-    """Kill this process's live descendants except `keep` (and multiprocessing's resource
-    tracker); return the pids that were still there."""
+
+def kill_stray_children(keep: Pids = frozenset(), keep_under: Pids = frozenset()) -> list[int]:
+    """Kill this process's live descendants except `keep`, those descended from `keep_under`
+    (looked up per process, so one forked after the caller listed the tree is kept too) and
+    multiprocessing's resource tracker; return the pids that were still there."""
     me = psutil.Process(os.getpid())
     stray = [
         p
         for p in me.children(recursive=True)
         if p.pid not in keep
+        and not _descends_from(p, keep_under)
         and p.is_running()
         and p.status() != psutil.STATUS_ZOMBIE
         and "resource_tracker" not in " ".join(command_line(p))
@@ -27,6 +31,13 @@ def kill_stray_children(keep: frozenset[int] | set[int] = frozenset()) -> list[i
     for process in stray:
         process.kill()
     return [p.pid for p in stray]
+
+
+def _descends_from(process: psutil.Process, ancestors: Pids) -> bool:
+    try:
+        return any(parent.pid in ancestors for parent in process.parents())
+    except psutil.Error:
+        return False
 
 
 def command_line(process: psutil.Process) -> list[str]:

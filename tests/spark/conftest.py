@@ -77,9 +77,11 @@ def no_stray_children(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if request.node is [i for i in request.session.items if HERE in i.path.parents][-1]:
         _end_jvm()
-    spark_tree: set[int] = set()
-    for child in psutil.Process(os.getpid()).children():
-        if "org.apache.spark" in " ".join(command_line(child)):
-            spark_tree |= {child.pid, *(p.pid for p in child.children(recursive=True))}
-    stray = kill_stray_children(keep=spark_tree)
+    # the JVM forks Python workers as jobs need them, a cancelled job's too: all are Spark's
+    jvms = {
+        child.pid
+        for child in psutil.Process(os.getpid()).children()
+        if "org.apache.spark" in " ".join(command_line(child))
+    }
+    stray = kill_stray_children(keep=jvms, keep_under=jvms)
     assert not stray, f"processes left behind: {stray}"
