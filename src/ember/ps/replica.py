@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from enum import StrEnum
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -36,9 +36,12 @@ CONNECT_TIMEOUT = 2.0  # a backup that is being restarted is retried at the next
 SEND_TIMEOUT = 30.0  # how long the primary waits for its backup to acknowledge a copy
 
 
-class Role(StrEnum):
+class Role(str, Enum):
     PRIMARY = "primary"  # serves workers, and ships copies to its backup if it has one
     BACKUP = "backup"  # takes copies from its primary until it is promoted
+
+    def __str__(self) -> str:  # stats and messages print the plain name, on any Python
+        return str(self.value)
 
 
 class Replicator:

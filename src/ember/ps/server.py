@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from enum import StrEnum
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -31,8 +31,12 @@ __all__ = ["Op", "ParameterServer", "Role", "ShardSpec", "UpdateRule", "shard_ra
 MAX_ERROR_CHARS = 1000
 
 
-class Op(StrEnum):
-    """The operations a server answers (a request header's `op`)."""
+class Op(str, Enum):
+    """The operations a server answers (a request header's `op`); equal to, hashed like and
+    printed as the name on the wire."""
+
+    def __str__(self) -> str:
+        return str(self.value)
 
     REGISTER = "register"
     PUSH = "push"
