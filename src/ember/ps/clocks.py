@@ -10,6 +10,12 @@ from typing import Any
 from ember.errors import ProtocolError
 
 NO_LIVE_WORKER = 1 << 62  # min_clock when nobody is live: every request is ready
+# How far past a worker's newest request a sequence number may be. A client numbers its
+# requests one by one and sends each to every shard, so a live worker is never more than a few
+# ahead of what its shard saw (a backup's copy lags by an interval's worth of requests); a
+# million ahead is a forged or corrupt number, which would otherwise make every later request
+# of the worker look like a duplicate, acknowledged and never applied.
+SEQ_WINDOW = 1 << 20
 
 
 @dataclass
@@ -23,6 +29,14 @@ class WorkerEntry:
     live: bool = True  # counts towards min_clock
     finished: bool = False  # said `done`; never revived
     pulled_at: int = 0  # server updates at this worker's last read, for staleness
+
+    def check_seq(self, worker: int, seq: int) -> None:
+        """Refuse a sequence number too far past this incarnation's newest (see SEQ_WINDOW)."""
+        if seq > self.last_seq + SEQ_WINDOW:
+            raise ProtocolError(
+                f"worker {worker} sequence number {seq} is more than {SEQ_WINDOW} past "
+                f"its last, {self.last_seq}"
+            )
 
 
 class ClockTable:

@@ -72,6 +72,11 @@ class PushPull:
         header = request.header
         worker = self._known_worker(header)
         seq = header_int(header, "seq")
+        try:
+            worker.check_seq(header["worker"], seq)
+        except ProtocolError:
+            self.rejected["seq"] += 1
+            raise
         if seq <= worker.last_seq:  # a repeated (worker, incarnation, seq): ack, never re-apply
             self._answer_duplicate(request, worker, seq)
             return
