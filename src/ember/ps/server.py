@@ -208,8 +208,8 @@ class ParameterServer:
     # ---- handlers ------------------------------------------------------------------------------
     def _register(self, request: Request) -> None:
         header = request.header
-        worker, seq = header_int(header, "worker"), header_int(header, "seq")
-        incarnation = header_int(header, "incarnation")
+        worker, seq = header_int(header, "worker", 0), header_int(header, "seq")
+        incarnation = header_int(header, "incarnation", 0)
         known = self.clocks.entries.get(worker)
         if known is not None and known.incarnation == incarnation and known.last_seq >= 0:
             try:  # the same incarnation again: its numbers go on from where they were
