@@ -103,14 +103,21 @@ def evaluate_checkpoint(
     A checkpoint is a user's file: a model factory it names is imported only when the caller
     names the same factory in `model`, never on the file's word alone."""
     from ember.algorithms import load_flat_parameters
-    from ember.checkpoint import load_checkpoint
+    from ember.checkpoint import load_checkpoint, verify_run_state
     from ember.errors import CheckpointError
     from ember.models import MODEL_NAMES
     from ember.worker import evaluate, load_data, make_model
 
-    loaded = load_checkpoint(Path(checkpoint))
-    saved = dict(loaded.meta.get("config", {}))
-    config = RunConfig(**{k: v for k, v in saved.items() if k in RunConfig.__dataclass_fields__})
+    loaded = verify_run_state(load_checkpoint(Path(checkpoint)))
+    saved = loaded.meta.get("config", {})
+    try:
+        fields = {k: v for k, v in saved.items() if k in RunConfig.__dataclass_fields__}
+        config = RunConfig(**{k: v for k, v in fields.items() if k not in ("out", "resume")})
+        config.validate()
+    except ConfigError as exc:
+        raise CheckpointError(
+            f"checkpoint {loaded.path / 'manifest.json'}: meta.config is invalid: {exc}"
+        ) from None
     if data is not None:
         config.data = data
     if model is not None:

@@ -12,9 +12,10 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -139,15 +140,20 @@ def load_checkpoint(path: Path | str) -> Checkpoint:
         raise CheckpointError(f"checkpoint {where}: format is {fmt!r}, expected {FORMAT!r}")
     try:
         step, meta, entry = manifest["step"], manifest["meta"], manifest["files"][STATE]
-        sha256, size = str(entry["sha256"]), int(entry["bytes"])
+        sha256, size = str(entry["sha256"]), entry["bytes"]
         specs = manifest["tensors"].items()
-        want = {k: (str(s["dtype"]), tuple(int(d) for d in s["shape"])) for k, s in specs}
+        want = {k: (str(s["dtype"]), tuple(s["shape"])) for k, s in specs}
         if not isinstance(step, int) or not isinstance(meta, dict):
             raise TypeError("'step' must be an int and 'meta' an object")
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CheckpointError(
             f"checkpoint {where}: malformed ({type(exc).__name__}: {exc})"
         ) from exc
+    # JSON numbers may be floats, 1e30 or Infinity: sizes must be counts, checked before use.
+    _check_count(where, f"files.{STATE}.bytes", size)
+    for name, (_, shape) in want.items():
+        for dim in shape:
+            _check_count(where, f"tensors.{name}.shape", dim)
 
     where = path / STATE
     # Reading at most size + 1 bytes bounds memory for a swapped-in huge file; parsing the very
@@ -168,8 +174,54 @@ def load_checkpoint(path: Path | str) -> Checkpoint:
     return Checkpoint(path=path, step=step, tensors=tensors, meta=meta)
 
 
-def latest_valid_checkpoint(root: Path | str) -> Checkpoint | None:
-    """The checkpoint `last` names if it verifies, else the newest step dir that does, else None."""
+def verify_run_state(checkpoint: Checkpoint) -> Checkpoint:
+    """Check what a training run reads of a checkpoint, before anything starts from it: the
+    flat float32 `params`, rule state of the same shape, and the meta's steps and clocks."""
+    where = checkpoint.path / MANIFEST
+    params = checkpoint.tensors.get("params")
+    if params is None or params.dtype != np.float32 or params.ndim != 1:
+        got = "nothing" if params is None else f"{params.dtype.name}{list(params.shape)}"
+        raise CheckpointError(f"checkpoint {where}: params must be float32[n], got {got}")
+    for name, value in checkpoint.tensors.items():
+        if value.dtype != np.float32 or value.shape != params.shape:
+            raise CheckpointError(
+                f"checkpoint {where}: tensor {name!r} must be float32{list(params.shape)} like "
+                f"params, got {value.dtype.name}{list(value.shape)}"
+            )
+    meta = checkpoint.meta
+    for field in ("step", "server_step"):
+        if field in meta:
+            _check_count(where, f"meta.{field}", meta[field])
+    if "config" in meta and not isinstance(meta["config"], dict):
+        raise CheckpointError(
+            f"checkpoint {where}: meta.config must be an object, got {meta['config']!r}"
+        )
+    workers = meta.get("workers", {})
+    if not isinstance(workers, dict):
+        raise CheckpointError(
+            f"checkpoint {where}: meta.workers must be an object, got {workers!r}"
+        )
+    for worker, entry in workers.items():
+        field = f"meta.workers[{worker!r}]"
+        if not (worker.isdecimal() and worker.isascii()) or not isinstance(entry, dict):
+            raise CheckpointError(
+                f"checkpoint {where}: {field} must map a worker id to its clocks, got {entry!r}"
+            )
+        for name in ("clock", "step"):
+            _check_count(where, f"{field}.{name}", entry.get(name))
+        if not isinstance(entry.get("finished", False), bool):
+            raise CheckpointError(
+                f"checkpoint {where}: {field}.finished must be true or false, "
+                f"got {entry['finished']!r}"
+            )
+    return checkpoint
+
+
+def latest_valid_checkpoint(
+    root: Path | str, verify: Callable[[Checkpoint], Checkpoint] | None = None
+) -> Checkpoint | None:
+    """The checkpoint `last` names if it verifies (and passes `verify`), else the newest step
+    dir that does, else None."""
     root = Path(root)
     order = list_checkpoints(root)
     try:
@@ -180,7 +232,8 @@ def latest_valid_checkpoint(root: Path | str) -> Checkpoint | None:
         warnings.warn(f"skipping: {exc}", stacklevel=2)
     for candidate in order:
         try:
-            return load_checkpoint(candidate)
+            loaded = load_checkpoint(candidate)
+            return loaded if verify is None else verify(loaded)
         except CheckpointError as exc:
             warnings.warn(f"skipping invalid checkpoint: {exc}", stacklevel=2)
     return None
@@ -212,9 +265,23 @@ def _contiguous_numeric(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarr
     return arrays
 
 
+def _check_count(where: Path, field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CheckpointError(f"checkpoint {where}: {field} must be an integer >= 0, got {value!r}")
+
+
 def _read(where: Path, limit: int = -1) -> bytes:
+    """Read a regular file; anything else (a FIFO, a device, a directory) is refused from its
+    stat, never opened, as opening a FIFO for reading would block until a writer comes."""
     try:
-        with open(where, "rb") as f:
+        mode = os.stat(where).st_mode
+        if not stat.S_ISREG(mode):
+            raise CheckpointError(f"checkpoint {where}: not a regular file")
+        # O_NONBLOCK: a FIFO swapped in after the stat cannot block the open; fstat refuses it.
+        fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise CheckpointError(f"checkpoint {where}: not a regular file")
             return f.read(limit)
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {where}: missing") from None

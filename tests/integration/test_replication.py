@@ -464,3 +464,55 @@ def test_a_backup_never_drops_workers_for_silence_once_copies_stop() -> None:
         assert not [e for e in stats["events"] if e["event"] == "drop"]
         for client in clients:
             client.close()
+
+
+MALFORMED_COPIES = [
+    ({"workers": []}, "workers must be a map of worker to entry, got []"),
+    ({"workers": None}, "workers must be a map of worker to entry, got None"),
+    ({"workers": 5}, "workers must be a map of worker to entry, got 5"),
+    (
+        {"workers": {"x": [0, 0, 0, 0, True, False]}},
+        "workers: worker id must be a decimal string, got 'x'",
+    ),
+    ({"workers": {"0": [0, 0, 0]}}, "workers['0'] must be a list of ['incarnation', 'clock', "),
+    ({"workers": {"0": 7}}, "workers['0'] must be a list of "),
+    ({"workers": {"0": [0, "1", 0, 0, True, False]}}, "workers['0'].clock must be int, got '1'"),
+    ({"workers": {"0": [0, 0, 0, 0, 1, False]}}, "workers['0'].live must be bool, got 1"),
+    ({"round": "12"}, "round must be [count, clock], got '12'"),
+    ({"round": [1.5, 0]}, "round must be [count, clock], got [1.5, 0]"),
+    ({"round": None}, "round must be [count, clock], got None"),
+    ({"step": True}, "step is True"),
+    ({"step": -1}, "step is -1"),
+]
+
+
+@pytest.mark.parametrize(("fields", "message"), MALFORMED_COPIES)
+def test_a_malformed_copy_is_refused_and_the_backup_then_takes_a_good_one(
+    fields: dict[str, Any], message: str
+) -> None:
+    params = np.zeros(6, F32)
+    good = {"op": "replicate", "seq": 0, "names": ["params"], "step": 3, "round": [0, 0]}
+    good["workers"] = {"0": [0, 2, 5, 4, True, False]}
+    with running_servers(params, SGDRule(lr=1.0), role="backup") as (backup,):
+        connection = ClientConnection(backup.address, SECRET, timeout=5)
+        connection.send({**good, **fields}, [np.full(6, 99.0, F32)])
+        with pytest.raises(ProtocolError) as refused:
+            connection.recv()
+        assert f"malformed copy of shard 0: {message}" in str(refused.value)
+        assert _state(backup.address)[1]["step"] == 0  # nothing of it was applied
+        connection.send(good, [np.full(6, 7.0, F32)])
+        assert connection.recv()[0] == {"op": "ok", "step": 3}
+        connection.close()
+        state, meta = _state(backup.address)
+    np.testing.assert_array_equal(state["params"], np.full(6, 7.0, F32))
+    assert meta["workers"]["0"] == {"clock": 2, "step": 5, "finished": False, "incarnation": 0}
+
+
+@pytest.mark.parametrize("backup", [5, ["tcp://x"], "nowhere"])
+def test_a_promotion_naming_a_malformed_backup_is_refused_and_the_server_serves_on(
+    backup: object,
+) -> None:
+    with running_servers(np.zeros(4, F32), SGDRule(lr=1.0), role="backup") as (server,):
+        with pytest.raises(ProtocolError, match=r"backup must be a tcp:// address, got "):
+            control([server.address], SECRET, "promote", fields={"backup": backup})
+        assert control([server.address], SECRET, "stats")[0]["role"] == "backup"

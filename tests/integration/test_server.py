@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -335,3 +336,58 @@ def test_a_chunk_of_the_wrong_size_ends_its_push_with_an_error_and_the_server_se
         client.pull(out)  # the connection and the server both carry on
         np.testing.assert_array_equal(out, params)  # a BSP push is applied only when complete
         client.close()
+
+
+def test_a_sequence_number_far_past_the_window_is_refused_and_later_pushes_still_apply() -> None:
+    params = np.zeros(10, dtype=np.float32)
+    with running_servers(params, SGDRule(lr=1.0)) as (server,):
+        client = PSClient([server.address], SECRET, worker=0, timeout=5)
+        client.register()
+        client.push(np.ones(10, np.float32))
+        forged = {"op": "pull", "worker": 0, "incarnation": 0, "seq": 1 << 62, "step": 1}
+        client.connections[0].send(forged)
+        message = f"worker 0 sequence number {1 << 62} is more than 1048576 past its last, 2"
+        with pytest.raises(ProtocolError, match=f"refused the request: {message}$"):
+            client.connections[0].recv()
+        for _ in range(5):
+            client.push(np.ones(10, np.float32))
+        client.close()
+        # a registration anchors a new incarnation's window wherever its numbers are (as a
+        # long-running worker's are at a server restarted from a checkpoint), and they apply
+        again = PSClient([server.address], SECRET, worker=0, incarnation=1, timeout=5)
+        again.seq = 3 << 20
+        again.register()
+        again.push(np.ones(10, np.float32))
+        again.close()
+        stats = control([server.address], SECRET, "stats")[0]
+        np.testing.assert_array_equal(_pull([server.address], 10), np.full(10, -7, np.float32))
+    assert stats["rejected"]["seq"] == 1
+    assert "duplicates" not in stats["counters"]
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ({"op": "register", "worker": -1}, "header field 'worker' must be >= 0, got -1"),
+        ({"op": "register", "incarnation": -1}, "header field 'incarnation' must be >= 0, got -1"),
+        ({"op": "register", "seq": "1"}, "header field 'seq' must be an integer, got '1'"),
+        ({"op": "pull", "pull": [1]}, "header field 'pull' must be true or false, got [1]"),
+        ({"op": "pull", "step": None}, "header field 'step' must be an integer, got None"),
+        ({"op": "done", "worker": [0]}, "header field 'worker' must be an integer, got [0]"),
+        ({"op": "nothing"}, "unknown op 'nothing'"),
+    ],
+)
+def test_a_request_with_a_malformed_field_is_refused_and_the_server_serves_on(
+    header: dict[str, object], message: str
+) -> None:
+    params = _params(10)
+    with running_servers(params, SGDRule(lr=1.0)) as (server,):
+        client = PSClient([server.address], SECRET, worker=0, timeout=5)
+        client.register()
+        fields = {"worker": 0, "incarnation": 0, "seq": 5, "step": 0, **header}
+        client.connections[0].send(fields)
+        with pytest.raises(ProtocolError, match=f"refused the request: {re.escape(message)}$"):
+            client.connections[0].recv()
+        client.push(np.ones(10, np.float32))
+        client.close()
+        np.testing.assert_array_equal(_pull([server.address], 10), params - 1)

@@ -338,3 +338,43 @@ def test_a_nan_or_inf_chunk_contributes_nothing_is_counted_and_the_server_serves
     assert stats["rejected"] == {"nonfinite": 2}  # one chunk per bad push, nothing else
     assert stats["step"] == 3  # every push, even one wholly refused, is a step that answers
     assert stats["counters"].get("streamed", 0) == (3 if consistency == "async" else 0)
+
+
+@pytest.mark.parametrize("consistency", ["async", "bsp"])  # streamed fold; held round
+@pytest.mark.parametrize(
+    "rule",
+    [SGDRule(lr=1.0), SGDRule(lr=1.0, momentum=0.5), EASGDRule(alpha=1.0)],
+    ids=["sgd", "momentum", "easgd"],
+)
+def test_finite_pushes_that_would_overflow_a_parameter_are_refused_and_leave_it_as_it_was(
+    consistency: str, rule: SGDRule | EASGDRule
+) -> None:
+    size = 2 * CHUNK + 300
+    params = np.zeros(size, np.float32)
+    # sgd: 3e38 twice drives a key past float32's max; easgd: two centers of 3e38 and -3e38.
+    pushes = [np.full(size, 1.0 + i, np.float32) for i in range(3)]
+    pushes[0][CHUNK + 7] = 3e38
+    pushes[1][CHUNK + 7] = 3e38 if isinstance(rule, SGDRule) else -3e38
+    with running_servers(params, rule, consistency) as (server,):
+        client = PSClient([server.address], SECRET, worker=0, timeout=10)
+        client.register()
+        held = []
+        for values in pushes:
+            reply = np.full(size, np.nan, np.float32)
+            client.push(values, reply_into=reply if isinstance(rule, EASGDRule) else None)
+            state, _ = fetch_state([server.address], SECRET)
+            held.append(state)
+            if isinstance(rule, EASGDRule) and values is pushes[1]:
+                middle = slice(CHUNK, 2 * CHUNK)
+                assert not reply[middle].any()  # the refused chunk's reply is a step not taken
+        stats = control([server.address], SECRET, "stats")[0]
+        client.close()
+    for state in held:
+        assert all(np.isfinite(value).all() for value in state.values())
+    middle = slice(CHUNK, 2 * CHUNK)
+    for name in held[0]:  # the refused push left its chunk, and only it, as it was
+        np.testing.assert_array_equal(held[1][name][middle], held[0][name][middle])
+        assert not np.array_equal(held[1][name][:CHUNK], held[0][name][:CHUNK])
+    # with momentum the buffer still carries 1.5e38 into the third push, which overflows too
+    overflows = 2 if isinstance(rule, SGDRule) and rule.momentum else 1
+    assert stats["rejected"] == {"nonfinite": overflows}

@@ -318,3 +318,149 @@ def test_free_step_names_grow_with_time_even_after_a_fall_back(tmp_path: Path) -
     assert free_step(tmp_path, 30) == 30
     assert free_step(tmp_path, 20) == 21  # taken
     assert free_step(tmp_path, 15) == 21  # free, but older than step-00000020
+
+
+def _run_checkpoint(root: Path, **tensors: np.ndarray) -> Path:
+    """A checkpoint as a run's servers save it: flat params and momentum, steps and clocks."""
+    config = {"model": "logreg", "data": "digits", "strategy": "async", "lr": 0.1}
+    meta = {
+        "step": 3,
+        "server_step": 3,
+        "config": config,
+        "workers": {"0": {"clock": 1, "step": 3, "finished": False, "incarnation": 0}},
+    }
+    flat = np.zeros(1000, np.float32)
+    return save_checkpoint(root, 3, {"params": flat, "momentum": flat, **tensors}, meta)
+
+
+def _edit(field: str, value: object) -> object:
+    def damage(path: Path) -> None:
+        manifest = json.loads((path / "manifest.json").read_text())
+        *parents, last = field.split(".")
+        node = manifest
+        for key in parents:
+            node = node[key.replace("/", ".")]
+        node[last] = value
+        (path / "manifest.json").write_text(json.dumps(manifest))
+
+    return damage
+
+
+def _resave(**tensors: np.ndarray) -> object:
+    def damage(path: Path) -> None:
+        _discard = checkpoint._discard
+        _discard(path)
+        _run_checkpoint(path.parent, **tensors)
+
+    return damage
+
+
+def _fifo(name: str) -> object:
+    def damage(path: Path) -> None:
+        (path / name).unlink()
+        os.mkfifo(path / name)
+
+    return damage
+
+
+RUN_DAMAGES = [
+    (
+        _edit("files.state/safetensors.bytes", float("inf")),
+        "m",
+        "files.state.safetensors.bytes must be an integer >= 0, got inf",
+    ),
+    (
+        _edit("files.state/safetensors.bytes", 1e30),
+        "m",
+        "files.state.safetensors.bytes must be an integer >= 0, got 1e+30",
+    ),
+    (
+        _edit("tensors.params.shape", [float("inf")]),
+        "m",
+        "tensors.params.shape must be an integer >= 0, got inf",
+    ),
+    (
+        _resave(params=np.zeros((10, 100), np.float32)),
+        "m",
+        "params must be float32[n], got float32[10, 100]",
+    ),
+    (
+        _resave(momentum=np.zeros(999, np.float32)),
+        "m",
+        "tensor 'momentum' must be float32[1000] like params, got float32[999]",
+    ),
+    (_edit("meta.config", 5), "m", "meta.config must be an object, got 5"),
+    (_edit("meta.step", "3"), "m", "meta.step must be an integer >= 0, got '3'"),
+    (_edit("meta.server_step", "3"), "m", "meta.server_step must be an integer >= 0, got '3'"),
+    (_edit("meta.workers", [1]), "m", "meta.workers must be an object, got [1]"),
+    (
+        _edit("meta.workers.0", 5),
+        "m",
+        "meta.workers['0'] must map a worker id to its clocks, got 5",
+    ),
+    (
+        _edit("meta.workers.0.clock", "1"),
+        "m",
+        "meta.workers['0'].clock must be an integer >= 0, got '1'",
+    ),
+    (
+        _edit("meta.workers.0.finished", "no"),
+        "m",
+        "meta.workers['0'].finished must be true or false, got 'no'",
+    ),
+    (_fifo("state.safetensors"), "s", "not a regular file"),
+    (_fifo("manifest.json"), "m", "not a regular file"),
+]
+
+
+@pytest.mark.parametrize("entry", ["evaluate", "resume"])
+@pytest.mark.parametrize(("damage", "file", "message"), RUN_DAMAGES)
+def test_a_damaged_run_checkpoint_is_one_error_naming_the_file_and_the_field(
+    tmp_path: Path, entry: str, damage, file: str, message: str
+) -> None:
+    from ember.api import evaluate_checkpoint, run_config
+
+    path = _run_checkpoint(tmp_path / "run" / "checkpoints")
+    damage(path)
+    name = {"m": "manifest.json", "s": "state.safetensors"}[file]
+    with pytest.raises(CheckpointError) as info:
+        if entry == "evaluate":
+            evaluate_checkpoint(path)
+        else:
+            run_config({"resume": str(path), "out": str(tmp_path / "run")})
+    assert str(info.value) == f"checkpoint {path / name}: {message}"
+
+
+@pytest.mark.parametrize("entry", ["evaluate", "resume"])
+def test_a_saved_config_with_a_field_of_the_wrong_type_is_a_checkpoint_error(
+    tmp_path: Path, entry: str
+) -> None:
+    from ember.api import evaluate_checkpoint, run_config
+
+    path = _run_checkpoint(tmp_path / "run" / "checkpoints")
+    _edit("meta.config.data", 5)(path)
+    with pytest.raises(CheckpointError) as info:
+        if entry == "evaluate":
+            evaluate_checkpoint(path)
+        else:
+            run_config({"resume": str(path), "out": str(tmp_path / "run")})
+    where = path / "manifest.json" if entry == "evaluate" else path
+    invalid = (
+        "meta.config is invalid" if entry == "evaluate" else "its manifest's config is invalid"
+    )
+    assert str(info.value) == f"checkpoint {where}: {invalid}: data must be str, got 5"
+
+
+def test_resume_auto_with_every_checkpoint_corrupt_says_so_naming_them(tmp_path: Path) -> None:
+    from ember.api import run_config
+
+    root = tmp_path / "run" / "checkpoints"
+    first = _run_checkpoint(root)
+    _edit("meta.step", "3")(first)
+    second = save_checkpoint(root, 4, {"params": np.zeros(5, np.float32)}, {"step": "x"})
+    with pytest.raises(CheckpointError) as info:
+        run_config({"resume": "auto", "out": str(tmp_path / "run")})
+    assert str(info.value) == (
+        f"--resume auto: every checkpoint in {root} is corrupt ({second.name}, {first.name});"
+        " pass --resume PATH to see why, or choose another --out"
+    )

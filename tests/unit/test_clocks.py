@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ember.errors import ProtocolError
 from ember.ps.clocks import ClockTable
@@ -52,3 +54,27 @@ def test_a_newer_incarnation_replaces_an_entry_and_an_older_one_is_refused() -> 
     assert table.entries[0] is new
     with pytest.raises(ProtocolError, match="is not newer"):
         table.register(0, 0, 0)
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 3)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=7) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_JSON, st.dictionaries(st.sampled_from(["0", "1", "x"]), _JSON, max_size=2)))
+def test_a_replica_table_of_any_shape_restores_or_is_refused_leaving_the_old_one(table) -> None:
+    clocks = _table(4, 2)
+    before = clocks.replica_table()
+    try:
+        clocks.restore(table)
+    except ProtocolError:
+        assert clocks.replica_table() == before

@@ -101,7 +101,9 @@ def test_run_config_reads_a_yaml_files_fields_as_explicit(tmp_path) -> None:
 
 
 def test_a_checkpoint_without_a_saved_config_is_a_checkpoint_error(tmp_path) -> None:
-    where = str(save_checkpoint(tmp_path / "checkpoints", 7, {"params": np.zeros(3)}, {}))
+    where = str(
+        save_checkpoint(tmp_path / "checkpoints", 7, {"params": np.zeros(3, np.float32)}, {})
+    )
     message = f"checkpoint {where}: its manifest's config must be a mapping of field: value"
     with pytest.raises(CheckpointError, match=re.escape(message)):
         run_config({"out": str(tmp_path), "resume": "auto"})

@@ -15,7 +15,13 @@ import torch
 
 from ember._version import __version__
 from ember.algorithms import flatten_parameters, load_flat_parameters
-from ember.checkpoint import Checkpoint, latest_valid_checkpoint, list_checkpoints, load_checkpoint
+from ember.checkpoint import (
+    Checkpoint,
+    latest_valid_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    verify_run_state,
+)
 from ember.config import RunConfig
 from ember.data import Dataset
 from ember.engines.process import reap
@@ -95,11 +101,18 @@ def _resolve_resume(config: RunConfig, checkpoints: Path) -> Checkpoint | None:
     if config.resume is None:
         return None
     if config.resume == "auto":
-        return latest_valid_checkpoint(checkpoints)
+        found = latest_valid_checkpoint(checkpoints, verify_run_state)
+        if found is None and (corrupt := list_checkpoints(checkpoints)):
+            names = ", ".join(p.name for p in corrupt)
+            raise CheckpointError(
+                f"--resume auto: every checkpoint in {checkpoints} is corrupt ({names});"
+                " pass --resume PATH to see why, or choose another --out"
+            )
+        return found
     path = Path(config.resume)
     if not path.exists():
         raise ConfigError(f"resume must be 'auto' or an existing checkpoint path; got {path}")
-    return load_checkpoint(path)
+    return verify_run_state(load_checkpoint(path))
 
 
 def finish_run(

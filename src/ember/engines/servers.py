@@ -20,7 +20,13 @@ import safetensors
 import safetensors.numpy
 
 from ember.algorithms import make_update_rule
-from ember.checkpoint import Checkpoint, free_step, latest_valid_checkpoint, save_checkpoint
+from ember.checkpoint import (
+    Checkpoint,
+    free_step,
+    latest_valid_checkpoint,
+    save_checkpoint,
+    verify_run_state,
+)
 from ember.config import RunConfig
 from ember.engines.process import reap, start_child, tail
 from ember.errors import CheckpointError, EmberError, ServerUnavailable
@@ -167,7 +173,7 @@ class ServerGroup:
     def _restart(
         self, index: int, dead: list[Slot], checkpoints: Path, primary_needed: bool
     ) -> None:
-        saved = latest_valid_checkpoint(checkpoints)
+        saved = latest_valid_checkpoint(checkpoints, verify_run_state)
         tensors = dict(saved.tensors) if saved is not None else {"params": self.initial}
         meta = saved.meta if saved is not None else {}
         state = self._state_file(f"restart-{index}", tensors)

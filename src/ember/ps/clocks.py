@@ -10,6 +10,12 @@ from typing import Any
 from ember.errors import ProtocolError
 
 NO_LIVE_WORKER = 1 << 62  # min_clock when nobody is live: every request is ready
+# How far past a worker's newest request a sequence number may be. A client numbers its
+# requests one by one and sends each to every shard, so a live worker is never more than a few
+# ahead of what its shard saw (a backup's copy lags by an interval's worth of requests); a
+# million ahead is a forged or corrupt number, which would otherwise make every later request
+# of the worker look like a duplicate, acknowledged and never applied.
+SEQ_WINDOW = 1 << 20
 
 
 @dataclass
@@ -23,6 +29,14 @@ class WorkerEntry:
     live: bool = True  # counts towards min_clock
     finished: bool = False  # said `done`; never revived
     pulled_at: int = 0  # server updates at this worker's last read, for staleness
+
+    def check_seq(self, worker: int, seq: int) -> None:
+        """Refuse a sequence number too far past this incarnation's newest (see SEQ_WINDOW)."""
+        if seq > self.last_seq + SEQ_WINDOW:
+            raise ProtocolError(
+                f"worker {worker} sequence number {seq} is more than {SEQ_WINDOW} past "
+                f"its last, {self.last_seq}"
+            )
 
 
 class ClockTable:
@@ -142,17 +156,41 @@ class ClockTable:
             for w, e in self.entries.items()
         }
 
-    def restore(self, table: dict[str, list[int]]) -> None:
+    def restore(self, table: object) -> None:
+        """Replace the table with a replica_table's; every entry is checked before any is used."""
+        if not isinstance(table, dict):
+            raise ProtocolError(f"workers must be a map of worker to entry, got {table!r}")
         now, entries = time.monotonic(), {}
-        for worker, (incarnation, clock, step, seq, live, finished) in table.items():
-            entries[int(worker)] = WorkerEntry(
-                int(incarnation),
-                clock=int(clock),
-                step=int(step),
-                last_seq=int(seq),
-                answered_seq=int(seq),
+        for worker, values in table.items():
+            worker_id = _worker_id(worker)
+            incarnation, clock, step, seq, live, finished = _replica_entry(worker, values)
+            entries[worker_id] = WorkerEntry(
+                incarnation,
+                clock=clock,
+                step=step,
+                last_seq=seq,
+                answered_seq=seq,
                 last_seen=now,
-                live=bool(live),
-                finished=bool(finished),
+                live=live,
+                finished=finished,
             )
         self.entries = entries
+
+
+def _worker_id(worker: object) -> int:
+    if not (isinstance(worker, str) and worker.isdecimal() and worker.isascii()):
+        raise ProtocolError(f"workers: worker id must be a decimal string, got {worker!r}")
+    return int(worker)
+
+
+def _replica_entry(worker: str, values: object) -> tuple[int, int, int, int, bool, bool]:
+    """[incarnation, clock, step, answered_seq, live, finished], as replica_table writes it."""
+    fields = ("incarnation", "clock", "step", "seq", "live", "finished")
+    if not isinstance(values, list) or len(values) != len(fields):
+        raise ProtocolError(f"workers[{worker!r}] must be a list of {list(fields)}, got {values!r}")
+    for name, value, kind in zip(fields, values, (int, int, int, int, bool, bool), strict=True):
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            kind_name = kind.__name__
+            raise ProtocolError(f"workers[{worker!r}].{name} must be {kind_name}, got {value!r}")
+    incarnation, clock, step, seq, live, finished = values
+    return incarnation, clock, step, seq, live, finished

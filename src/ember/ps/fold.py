@@ -9,6 +9,9 @@ import torch
 from ember.ps.clocks import ClockTable
 from ember.ps.replies import Replies
 from ember.ps.shard import ShardState, UpdateRule
+from ember.wire import CHUNK_BYTES
+
+SLICE = CHUNK_BYTES // 4  # keys a round commits (and checks) at a time: one payload chunk's worth
 
 
 class Fold:
@@ -27,6 +30,7 @@ class Fold:
     ) -> None:
         self.shard, self.rule, self.clocks, self.replies = shard, rule, clocks, replies
         self.counters, self.rejected = counters, rejected
+        self._before: dict[str, torch.Tensor] = {}  # scratch: a slice's values before its commit
 
     def chunk(self, keys: slice, values: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         """Fold one chunk of a push into `keys`, writing the rule's reply part into `out`; the
@@ -37,10 +41,18 @@ class Fold:
         contribution = self.rule.contribute(params, values, out)
         round_sum = self.shard.round_sum
         if round_sum is not None:
+            # Held for the round, but easgd's reply (the contribution) goes out now: refuse it
+            # if finite inputs made it overflow (a pass over the chunk just written).
+            if contribution is not values and not self._finite(contribution, out):
+                return params
             # BSP folds only clock == min_clock, so a round never mixes clocks.
-            round_sum[keys].add_(contribution)
-        else:
-            self.rule.commit(params, self.shard.state_at(keys), contribution, 1)
+            round_sum[keys].add_(contribution)  # an overflow here is refused at the round's commit
+        elif not self._commit(keys, contribution, 1) and out is not None:
+            # A refused chunk is a step the worker does not take: its part of the reply reads
+            # zero (easgd's x_i -= e moves nothing), like an input chunk refused by _finite.
+            # A streamed push's earlier chunks are already applied and answered, so the push
+            # as a whole is still acknowledged; only this chunk's keys are left as they were.
+            out.zero_()
         return params
 
     def payload(self, payload: list[torch.Tensor], clock: int) -> torch.Tensor | None:
@@ -75,13 +87,40 @@ class Fold:
             out.zero_()
         return False
 
+    def _commit(self, keys: slice, contribution: torch.Tensor, count: int) -> bool:
+        """Commit `contribution` to `keys` unless the result holds NaN or Inf: finite inputs can
+        still overflow (two pushes of 3e38). The check is a sum over the slice just written,
+        still in cache; a refused commit puts back the slice's parameters and rule state."""
+        params, state = self.shard.params[keys], self.shard.state_at(keys)
+        tensors = {"params": params, **state}
+        before = {name: self._scratch(name, params.numel()) for name in tensors}
+        for name, value in tensors.items():
+            before[name].copy_(value)
+        self.rule.commit(params, state, contribution, count)
+        if bool(torch.isfinite(params.sum())):
+            return True
+        for name, value in tensors.items():
+            value.copy_(before[name])
+        self.rejected["nonfinite"] += 1
+        return False
+
+    def _scratch(self, name: str, size: int) -> torch.Tensor:
+        buffer = self._before.get(name)
+        if buffer is None or buffer.numel() < size:
+            buffer = self._before[name] = torch.empty(max(size, SLICE))
+        return buffer[:size]
+
     def maybe_commit_round(self) -> None:
         shard = self.shard
         if shard.round_sum is None or shard.round_count == 0:
             return
         if self.clocks.min_clock() > shard.round_clock:  # every live worker folded this round
             self.replies.release_for_writing()
-            self.rule.commit(shard.params, shard.rule_state, shard.round_sum, shard.round_count)
+            # The rules are elementwise, so a round commits slice by slice; a slice whose result
+            # would not be finite keeps its parameters, and the round's sum of it is dropped.
+            for start in range(0, shard.params.numel(), SLICE):
+                keys = slice(start, start + SLICE)
+                self._commit(keys, shard.round_sum[keys], shard.round_count)
             shard.step += 1
             shard.round_sum.zero_()
             shard.round_count = 0

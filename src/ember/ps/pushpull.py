@@ -15,7 +15,7 @@ from ember.ps.clocks import ClockTable, WorkerEntry
 from ember.ps.consistency import Consistency
 from ember.ps.fold import Fold
 from ember.ps.replies import Replies
-from ember.ps.shard import ALL_KEYS, ShardSpec, ShardState, UpdateRule, header_int
+from ember.ps.shard import ALL_KEYS, ShardSpec, ShardState, UpdateRule, header_bool, header_int
 from ember.wire import Chunk, Request, SendTicket, ServerEndpoint
 
 # Payload views alias zmq's read-only receive buffers; the rules only ever read them.
@@ -72,11 +72,17 @@ class PushPull:
         header = request.header
         worker = self._known_worker(header)
         seq = header_int(header, "seq")
+        try:
+            worker.check_seq(header["worker"], seq)
+        except ProtocolError:
+            self.rejected["seq"] += 1
+            raise
         if seq <= worker.last_seq:  # a repeated (worker, incarnation, seq): ack, never re-apply
             self._answer_duplicate(request, worker, seq)
             return
-        worker.last_seq = seq
         header_int(header, "step")
+        header_bool(header, "pull")  # every field is checked before the request changes anything
+        worker.last_seq = seq
         if header["op"] == "pull":
             self.held.append(Held(request, worker, None))
             self.drain()

@@ -186,12 +186,19 @@ class Replication:
         header, spec = request.header, self.spec
         names = header["names"]
         tensors = tensors_from_frames(header["tensors"], request.frames, 4 * spec.size * len(names))
-        if not isinstance(header.get("step"), int):
-            raise ProtocolError(f"malformed copy of shard {spec.index}: no step")
-        try:
-            round_count, round_clock = (int(v) for v in header["round"])
-            self.clocks.restore(header["workers"])
-        except (TypeError, ValueError, KeyError) as exc:
+        step = header.get("step")
+        round_ = header.get("round")
+        if not _is_count(step):
+            raise ProtocolError(f"malformed copy of shard {spec.index}: step is {step!r}")
+        if not (isinstance(round_, list) and len(round_) == 2 and all(map(_is_count, round_))):
+            raise ProtocolError(
+                f"malformed copy of shard {spec.index}: round must be [count, clock], "
+                f"got {round_!r}"
+            )
+        round_count, round_clock = round_
+        try:  # restore checks every entry before it replaces the table
+            self.clocks.restore(header.get("workers"))
+        except ProtocolError as exc:
             raise ProtocolError(f"malformed copy of shard {spec.index}: {exc}") from None
         self.replies.release_for_writing()  # a snapshot in flight may still read the old state
         targets = self.shard.copied()
@@ -205,12 +212,14 @@ class Replication:
     def promote(self, request: Request) -> None:
         """The launcher saw this shard's primary die: serve workers from the last copy."""
         backup = request.header.get("backup")
+        if backup is not None and not (isinstance(backup, str) and backup.startswith("tcp://")):
+            raise ProtocolError(f"promote: backup must be a tcp:// address, got {backup!r}")
         self.copy_arriving = None  # a copy still on its way is older than what we now serve
         if self.role is not Role.PRIMARY:
             self.role = Role.PRIMARY
             self.clocks.touch_all()  # silence while we were a backup is not the workers' fault
             self.clocks.events.append({"event": "promoted", "step": self.shard.step})
-        if isinstance(backup, str) and self.replicator is None:
+        if backup is not None and self.replicator is None:
             self.replicator = self._replicator(backup)
         copies = self.counters["copies_applied"]  # 0: it serves the checkpoint it started from
         self.endpoint.reply(
@@ -223,3 +232,7 @@ class Replication:
     def close(self) -> None:
         if self.replicator is not None:
             self.replicator.close()
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

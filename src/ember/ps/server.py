@@ -212,8 +212,20 @@ class ParameterServer:
     # ---- handlers ------------------------------------------------------------------------------
     def _register(self, request: Request) -> None:
         header = request.header
-        worker = header_int(header, "worker")
-        entry = self.clocks.register(worker, header_int(header, "incarnation"), self.shard.step)
+        worker, seq = header_int(header, "worker", 0), header_int(header, "seq")
+        incarnation = header_int(header, "incarnation", 0)
+        known = self.clocks.entries.get(worker)
+        if known is not None and known.incarnation == incarnation and known.last_seq >= 0:
+            try:  # the same incarnation again: its numbers go on from where they were
+                known.check_seq(worker, seq)
+            except ProtocolError:
+                self.rejected["seq"] += 1
+                raise
+        entry = self.clocks.register(worker, incarnation, self.shard.step)
+        # A registration anchors the incarnation's window (a new one starts fresh, at -1): a
+        # server restarted from a checkpoint, which holds no numbers, takes the worker's own.
+        # The request a failover resends carries the register's number, so it still applies.
+        entry.last_seq = max(entry.last_seq, seq - 1)
         self.endpoint.reply(
             request,
             {

@@ -121,8 +121,18 @@ class ShardState:
         self.rule_state = {name: value.clone() for name, value in self.rule_state.items()}
 
 
-def header_int(header: dict[str, Any], key: str) -> int:
+def header_int(header: dict[str, Any], key: str, minimum: int | None = None) -> int:
     value = header.get(key)
     if not isinstance(value, int) or isinstance(value, bool):
         raise ProtocolError(f"header field {key!r} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ProtocolError(f"header field {key!r} must be >= {minimum}, got {value!r}")
+    return value
+
+
+def header_bool(header: dict[str, Any], key: str) -> bool:
+    """An optional flag: absent is False."""
+    value = header.get(key, False)
+    if not isinstance(value, bool):
+        raise ProtocolError(f"header field {key!r} must be true or false, got {value!r}")
     return value
