@@ -104,7 +104,6 @@ _AXES: dict[Strategy, tuple[AlgorithmKind, ConsistencyKind]] = {
 }
 STRATEGIES = tuple(s.value for s in Strategy)
 ENGINES = ("local", "spark")
-SERVER_STRATEGIES = tuple(s.value for s in Strategy if s.uses_server)
 
 
 @dataclass

@@ -19,8 +19,6 @@ from ember.algorithms import (
     WorkerContext,
     local_optimizer,
     make_algorithm,
-    ships_gradients,
-    uses_local_optimizer,
 )
 from ember.checkpoint import free_step, save_checkpoint
 from ember.config import RunConfig
@@ -131,12 +129,12 @@ class Worker:
         self.rows = len(self.labels)
         self.steps_per_epoch = self.rows // config.batch_size
         self.model = make_model(config, dataset)
-        self.flat = flat = FlatModel(self.model, flat_grads=ships_gradients(config))
+        self.flat = flat = FlatModel(self.model, flat_grads=config.mode.ships_gradients)
         if spec.initial is not None:
             flat.load(spec.initial)
         elif spec.initial_file is not None:
             flat.load(safetensors.numpy.load_file(spec.initial_file)["params"])
-        optimizer = local_optimizer(flat, config) if uses_local_optimizer(config) else None
+        optimizer = local_optimizer(flat, config) if config.mode.local_optimizer else None
         context = WorkerContext(
             config,
             spec.rank,

@@ -57,15 +57,6 @@ def make_update_rule(config: RunConfig) -> UpdateRule:
     raise ConfigError(f"strategy {config.strategy!r} uses no parameter server")
 
 
-def uses_local_optimizer(config: RunConfig) -> bool:
-    return config.mode.local_optimizer
-
-
-def ships_gradients(config: RunConfig) -> bool:
-    """Strategies whose exchange moves gradients need them in FlatModel's flat buffer."""
-    return config.mode.ships_gradients
-
-
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
@@ -84,6 +75,4 @@ __all__ = [
     "local_optimizer",
     "make_algorithm",
     "make_update_rule",
-    "ships_gradients",
-    "uses_local_optimizer",
 ]
