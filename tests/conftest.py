@@ -11,6 +11,7 @@ import pytest
 
 from ember.ps import ParameterServer, ShardSpec, control, make_consistency, shard_ranges
 from ember.ps.server import UpdateRule
+from ember.wire import curve
 from tests.processes import kill_stray_children
 
 SECRET = b"s" * 32
@@ -47,6 +48,25 @@ def running_servers(
             if thread.is_alive():
                 control([server.address], SECRET, "stop", timeout=5)
             thread.join(5)
+
+
+@contextmanager
+def transport(encrypt: bool) -> Iterator[None]:
+    """This process's endpoints and connections with CURVE or without, as a run's entry
+    points set it; the setting is restored afterwards."""
+    before = curve.encrypting()
+    curve.use_encryption(encrypt)
+    try:
+        yield
+    finally:
+        curve.use_encryption(before)
+
+
+@pytest.fixture
+def plain_transport() -> Iterator[None]:
+    """The transport of a run with --encrypt off (NULL: no CURVE), for this test."""
+    with transport(False):
+        yield
 
 
 @pytest.fixture(autouse=True)

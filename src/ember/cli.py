@@ -61,6 +61,9 @@ HELP = {
     " stop waiting for it",
     "request_timeout": "seconds to wait for a server's answer before failing; must exceed"
     " --worker-timeout",
+    "encrypt": "ZeroMQ CURVE on every connection: only the run's processes get in and nothing"
+    " travels in clear; off: plain TCP, for a trusted network (it warns when a server is"
+    " reachable beyond this host)",
     "log_every": "steps between a worker's records (loss, samples/s, T_comp, T_comm) in"
     " metrics.jsonl",
     "eval_every": "steps between worker 0's test-set evaluations; 0: only at each epoch's end",
@@ -103,6 +106,11 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         flag = "--" + name.replace("_", "-")
         default = getattr(defaults, name)
         text = HELP.get(name, "")  # a field without a line here fails a test, not the CLI
+        if "bool" in str(types[name]) and default is True:  # a switch that is on unless told
+            parser.add_argument(
+                flag, type=_on_off, default=None, metavar="on|off", help=f"{text} (default: on)"
+            )
+            continue
         if "bool" in str(types[name]):
             parser.add_argument(flag, action="store_true", default=None, help=text)
             continue
@@ -115,6 +123,12 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
             # an unset default is explained in the text itself
             help=text if default is None else f"{text} (default: {default})".strip(),
         )
+
+
+def _on_off(text: str) -> bool:
+    if text.lower() in ("on", "off"):
+        return text.lower() == "on"
+    raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
 
 
 def _parse_type(annotation: str) -> Any:

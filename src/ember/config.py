@@ -141,6 +141,7 @@ class RunConfig:
     max_restarts: int = 3  # times the engine restarts each dead worker or server process
     worker_timeout: float = 30.0  # a silent worker is dropped from the clock table after this
     request_timeout: float = 60.0  # a server that does not answer within this is an error
+    encrypt: bool = True  # CURVE on every connection; off: plain TCP, for a trusted network
     log_every: int = 50  # steps between metrics records
     eval_every: int = 0  # steps between worker 0's test evaluations (0: at each epoch's end)
     tensorboard: bool = False  # also write scalars as TensorBoard event files
@@ -326,6 +327,7 @@ RESUME_MAY_CHANGE = (
     "max_restarts",
     "worker_timeout",
     "request_timeout",
+    "encrypt",
     "log_every",
     "eval_every",
     "tensorboard",

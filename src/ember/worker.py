@@ -25,6 +25,7 @@ from ember.config import RunConfig
 from ember.data import Dataset, load_dataset, shard_indices
 from ember.metrics import Evaluation, WorkerDone, WorkerProgress, WorkerStart
 from ember.models import build_model
+from ember.wire import use_encryption
 
 Report = Callable[[dict[str, Any]], None]
 
@@ -92,6 +93,7 @@ def run_worker(
 ) -> dict[str, Any]:
     """Train this worker's shard for the configured epochs, or until `stop` is set; leave the
     servers cleanly either way and return its totals."""
+    use_encryption(spec.config.encrypt)  # this process's connections speak the run's transport
     config, worker = spec.config, Worker(spec, report, dataset)
     first_step, total_steps = worker.first_step, worker.total_steps
     steps_per_epoch = worker.steps_per_epoch

@@ -20,7 +20,7 @@ from ember.algorithms.rules import EASGDRule, SGDRule
 from ember.errors import ProtocolError, ServerUnavailable
 from ember.ps import PSClient, control, fetch_state
 from ember.ps.server import ParameterServer
-from ember.wire import CHUNK_BYTES, ClientConnection
+from ember.wire import CHUNK_BYTES, ClientConnection, curve
 from ember.wire.channel import CHALLENGE, DENIED, HELLO, NONCE_BYTES, PROOF, WELCOME
 from ember.wire.frames import DTYPES, frame_sizes, mac, seal, unseal
 from tests.conftest import SECRET, running_servers
@@ -95,6 +95,7 @@ def test_random_bytes_before_the_handshake_never_stop_the_server_or_touch_parame
         nonlocal sent
         sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        curve.secure_client(sock, SECRET)  # the run's transport keys: the fuzz meets HMAC
         try:
             sock.connect(server.address)
             if half_open:  # the fuzz then lands where the server awaits a PROOF

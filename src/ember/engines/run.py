@@ -29,6 +29,7 @@ from ember.engines.progress import Progress
 from ember.engines.servers import ServerGroup
 from ember.errors import CheckpointError, ConfigError, EmberError, WorkerFailed
 from ember.metrics import MetricsLog, Record, RunEvent, RunSummary, ServerEvent, write_json
+from ember.wire import use_encryption, warn_if_exposed
 from ember.worker import checkpoint_meta, evaluate, load_data, make_model
 
 
@@ -69,6 +70,7 @@ class RunSetup:
 def prepare_run(config: RunConfig, dataset: Dataset | None = None) -> RunSetup:
     """Load data (unless given, e.g. a DataFrame's test rows) and model, resolve --resume, and
     open the run directory (never clobbering one)."""
+    use_encryption(config.encrypt)  # the launcher's connections to its servers and collector
     dataset = dataset if dataset is not None else load_data(config)
     model = make_model(config, dataset)
     run_dir = config.run_dir()
@@ -170,7 +172,9 @@ class Run:
         if self.servers is None:
             return []
         self.progress.phase(phase)
-        return self.servers.start()
+        addresses = self.servers.start()
+        warn_if_exposed(addresses, self.config.encrypt)  # always, bar or not
+        return addresses
 
     @contextmanager
     def watching(self, rows_per_worker: int) -> Iterator[Progress]:
@@ -217,12 +221,14 @@ class Run:
         """The last checkpoint (the servers' state, else worker 0's own), the servers stopped,
         and the final evaluation of what the workers trained in `seconds`."""
         checkpoints, extra = self.setup.checkpoints, dict(extra)
-        params = None
+        params, final = None, []
         if self.servers is not None:
             params = self.servers.snapshot()["params"]
             self.servers.checkpoint(checkpoints, self._meta())
-            extra["server"] = _merge_server_stats(self.servers.stop())
+            final = self.servers.stop()
+            extra["server"] = _merge_server_stats(final)
             extra["server"]["failovers_and_restarts"] = self.servers.events
+        extra["wire"] = _wire_stats(final, self.config.encrypt and self.servers is not None)
         last = latest_valid_checkpoint(checkpoints)
         if params is None:
             if last is None:
@@ -273,6 +279,19 @@ class Run:
 def _describe(event: dict[str, Any]) -> str:
     details = ", ".join(f"{k}: {v}" for k, v in event.items() if k not in ("event", "server"))
     return f"{event.get('server', 'parameter servers')} {event['event']} ({details})"
+
+
+def _wire_stats(stats: list[dict[str, Any]], encrypt: bool) -> dict[str, Any]:
+    """Whether the servers' endpoints were encrypted (`encrypt` when none answered, and
+    false for a strategy without servers), and the payloads and replies that went through
+    shared memory rather than TCP, summed over the primaries."""
+    shared = [s.get("shared_memory", {}) for s in stats]
+    return {
+        "encrypted": all(bool(s.get("encrypted")) for s in stats) if stats else encrypt,
+        "shared_memory_payloads": sum(
+            int(m.get("payloads", 0)) + int(m.get("replies", 0)) for m in shared
+        ),
+    }
 
 
 def _merge_server_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from ember.ps import (
     make_consistency,
     shard_ranges,
 )
+from ember.wire import use_encryption
 
 ANY_PORT = "tcp://127.0.0.1:0"
 
@@ -300,6 +301,7 @@ def _serve(
     import torch
 
     shard, bind, role, backup = place
+    use_encryption(config.encrypt)  # this process's endpoint and replica connection
     with safetensors.safe_open(start_state, framework="np") as saved:
         params = saved.get_slice("params")[shard.start : shard.stop]
         state = {

@@ -280,4 +280,5 @@ class ParameterServer:
             "events": list(self.clocks.events),
             "live_workers": sorted(w for w, e in self.clocks.entries.items() if e.live),
             "shared_memory": self.endpoint.shared_memory,
+            "encrypted": self.endpoint.encrypted,
         }

@@ -6,6 +6,8 @@ Map:
 - ClientConnection  -> connection.py: authenticated DEALER connection with timeouts
 - CONNECTION_ERRORS -> connection.py: what a connection raises when its peer is down or misbehaves
 - ServerHandshake / open_session -> handshake.py: HMAC handshake and per-connection session key
+- use_encryption / warn_if_exposed -> curve.py: CURVE keys from the run's secret, the ZAP handler
+- endpoint_is_local -> hosts.py: whether an address stays on this host (loopback, ipc)
 - new_socket        -> sockets.py: socket options and the largest frame a socket accepts
 - seal / unseal     -> frames.py: HMAC-SHA256 + msgpack header frames
 - tensors_from_frames / gather -> frames.py: validated zero-copy tensor chunk views
@@ -16,8 +18,10 @@ Map:
 
 from ember.wire import shared
 from ember.wire.connection import CONNECTION_ERRORS, ClientConnection
+from ember.wire.curve import use_encryption, warn_if_exposed
 from ember.wire.endpoint import Chunk, Request, ServerEndpoint
 from ember.wire.frames import CHUNK_BYTES, gather, seal, tensors_from_frames, unseal
+from ember.wire.hosts import endpoint_is_local
 from ember.wire.ticket import SendTicket
 
 __all__ = [
@@ -28,9 +32,12 @@ __all__ = [
     "Request",
     "SendTicket",
     "ServerEndpoint",
+    "endpoint_is_local",
     "gather",
     "seal",
     "shared",
     "tensors_from_frames",
     "unseal",
+    "use_encryption",
+    "warn_if_exposed",
 ]

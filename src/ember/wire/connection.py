@@ -8,15 +8,28 @@ from typing import Any
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from ember.errors import EmberError, NotPrimary, ProtocolError, ServerGone, ServerUnavailable
+from ember.wire import curve
 from ember.wire.frames import MAX_REPLY_BYTES, chunk_frames, describe, frame_sizes, seal, unseal
 from ember.wire.handshake import open_session
+from ember.wire.hosts import endpoint_is_local
 from ember.wire.shared import Region, fits
 from ember.wire.sockets import new_socket
 
 # A watched connection looks for a broken TCP session this often while it waits for a reply.
 WATCH_SLICE = 0.25
+# What the connection's monitor reports: the server leaving, or refusing the transport.
+TRANSPORT_EVENTS = (
+    zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+# A CURVE server that cannot open a client's HELLO (another run's keys) just drops it, and
+# the client retries: that many drops in a row are a refusal, not a server going away.
+REFUSALS = 2
 # What a ClientConnection raises when its peer is down, restarting or misbehaving.
 CONNECTION_ERRORS = (EmberError, zmq.ZMQError)
 
@@ -32,15 +45,26 @@ class ClientConnection:
         context: zmq.Context | None = None,
         watch: bool = False,
         connect_timeout: float | None = None,
+        encrypt: bool | None = None,
     ) -> None:
         """With `watch`, a reply awaited from a server whose process died raises ServerGone
         within a fraction of a second instead of waiting out the timeout. The handshake waits
-        `connect_timeout` (default `timeout`): a server that is not there never disconnects."""
+        `connect_timeout` (default `timeout`): a server that is not there never disconnects.
+        With `encrypt` (default: the process's setting, see curve.py) the transport is CURVE;
+        a server that refuses this connection's keys or transport is a ProtocolError at once."""
         self.address = address
         self.timeout = timeout
+        self.encrypted = curve.encrypting(encrypt)
         self._context = context or zmq.Context.instance()
         self._sock = new_socket(self._context, zmq.DEALER)
-        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED) if watch else None
+        if self.encrypted:
+            curve.secure_client(self._sock, secret)
+        # Watched during the handshake whatever `watch` says: a refused transport handshake
+        # shows only here, and a peer that refuses it never answers.
+        self._monitor: zmq.Socket | None = self._sock.get_monitor_socket(TRANSPORT_EVENTS)
+        self._watch = watch
+        self._handshakes_failed = 0  # failed transport handshakes (each also disconnects)
+        self._disconnects = 0
         self._closed = False
         self._region: Region | None = None  # shared memory with a server on this host
         self._in_flight = 0  # requests sent and not yet answered
@@ -49,6 +73,8 @@ class ClientConnection:
             self.timeout = timeout if connect_timeout is None else connect_timeout
             self._key = open_session(address, secret, self._sock.send, self._handshake_reply)
             self.timeout = timeout
+            if not watch:
+                self._unwatch()
         except BaseException:
             self.close()
             raise
@@ -89,7 +115,11 @@ class ClientConnection:
     def share_memory(self, payload_bytes: int, owner: int | None = None) -> bool:
         """Offer the server a shared-memory region for payloads of up to `payload_bytes` each
         way; True if it mapped it (same host). `owner` (a worker id) lets the server release
-        the region of that worker's previous connection."""
+        the region of that worker's previous connection. Offered only to a server reached
+        through loopback: another host may share this one's /dev/shm (containers, emulated
+        hosts), and payloads meant for the network would then skip it."""
+        if not endpoint_is_local(self.address):
+            return False
         region = Region.create(payload_bytes)
         if region is None:
             return False
@@ -173,9 +203,41 @@ class ClientConnection:
         return header, frames
 
     def _disconnected(self) -> bool:
+        """Whether the server dropped the connection (only a watched one tells); a refused
+        transport handshake raises ProtocolError instead."""
         if self._monitor is None:
             return False
-        return bool(self._monitor.poll(0, zmq.POLLIN))  # the one event it reports: disconnected
+        while self._monitor.poll(0, zmq.POLLIN):
+            event = recv_monitor_message(self._monitor)
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._disconnects += 1
+                continue
+            self._handshakes_failed += 1
+            mismatch = event["value"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+            if mismatch or event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                raise ProtocolError(self._refusal(mismatch))
+            if self._handshakes_failed >= REFUSALS:
+                raise ProtocolError(self._refusal(False))
+        # a failed handshake disconnects too, but that is the server refusing, not leaving
+        return self._watch and self._disconnects > self._handshakes_failed
+
+    def _refusal(self, mismatch: bool) -> str:
+        if mismatch:
+            mine = "on" if self.encrypted else "off"
+            return (
+                f"server at {self.address} speaks another transport: this side runs"
+                f" --encrypt {mine}, the server the other; start both with the same setting"
+            )
+        return (
+            f"server at {self.address} refused the run's secret: its encrypted (CURVE)"
+            " handshake failed, so the keys this side holds are not the run's"
+        )
+
+    def _unwatch(self) -> None:
+        if self._monitor is not None:
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
 
     def close(self, linger: float = 0.0) -> None:
         """Close; messages not yet sent get up to `linger` seconds to leave, in the background."""
@@ -183,7 +245,5 @@ class ClientConnection:
             return
         self._closed = True
         self._region = None  # unmapped once no reply view refers to it
-        if self._monitor is not None:
-            self._sock.disable_monitor()
-            self._monitor.close(linger=0)
+        self._unwatch()
         self._sock.close(linger=int(linger * 1000))

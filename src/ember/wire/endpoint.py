@@ -11,8 +11,10 @@ import numpy as np
 import zmq
 
 from ember.errors import ProtocolError
+from ember.wire import curve
 from ember.wire.frames import MAX_REPLY_BYTES, chunk_frames, describe, frame_sizes, seal, unseal
 from ember.wire.handshake import ServerHandshake
+from ember.wire.hosts import LOCAL_TRANSPORTS, is_loopback
 from ember.wire.shared import ServerRegions
 from ember.wire.sockets import new_socket
 from ember.wire.ticket import COPIED, SendTicket
@@ -46,6 +48,8 @@ class Chunk:
 class ServerEndpoint:
     """A ROUTER socket that serves only peers that proved they hold the run's secret.
 
+    With `encrypt` (default: the process's setting, see curve.py) the transport is CURVE and
+    only the run's clients get through its handshake; the HMAC handshake runs either way.
     Every message is a single frame, so a request's payload streams: a sealed header, then one
     message per tensor chunk, and a server can work on chunk k while k + 1 is on the wire.
     A peer first completes the handshake of handshake.py; each header afterwards is sealed
@@ -58,10 +62,21 @@ class ServerEndpoint:
         bind: str = "tcp://127.0.0.1:0",
         context: zmq.Context | None = None,
         max_payload_bytes: int = 1 << 34,
+        encrypt: bool | None = None,
     ) -> None:
         self._context = context or zmq.Context.instance()
+        self.encrypted = curve.encrypting(encrypt)
         self._sock = new_socket(self._context, zmq.ROUTER)
-        self._sock.bind(bind)
+        self._domain: str | None = None
+        if self.encrypted:
+            self._domain = curve.secure_server(self._sock, secret, self._context)
+        try:
+            self._sock.bind(bind)
+        except zmq.ZMQError:
+            self._sock.close(linger=0)
+            if self._domain is not None:
+                curve.release_server(self._context, self._domain)
+            raise
         self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.max_payload_bytes = max_payload_bytes
         self._handshake = ServerHandshake(secret, self._sock)
@@ -112,7 +127,7 @@ class ServerEndpoint:
             return Chunk(stream, index)
         header = unseal(key, frame.buffer)
         if header["op"] == "attach":
-            answer = {"op": "ok", "seq": header.get("seq"), **self._regions.attach(peer, header)}
+            answer = {"op": "ok", "seq": header.get("seq"), **self._attach(peer, header, frame)}
             self._sock.send_multipart([peer, seal(key, answer)])
             return None
         sizes = frame_sizes(header.get("tensors", []), self.max_payload_bytes)
@@ -127,6 +142,15 @@ class ServerEndpoint:
         elif sizes:
             self._streams[peer] = request
         return request
+
+    def _attach(self, peer: bytes, header: dict[str, Any], frame: Any) -> dict[str, Any]:
+        """Map a peer's region only when the peer is on this host's loopback: hosts emulated
+        on one machine share /dev/shm, so being able to map the region proves nothing."""
+        where = peer_address(frame)
+        if not (self.address.startswith(LOCAL_TRANSPORTS) or is_loopback(where)):
+            self.rejected["remote_region"] += 1
+            return {"attached": False, "reason": f"peer {where or '(unknown)'} is not on loopback"}
+        return self._regions.attach(peer, header)
 
     def forget_stream(self, peer: bytes) -> None:
         """Drop the frames kept for a request whose payload will never complete."""
@@ -187,6 +211,18 @@ class ServerEndpoint:
     def close(self) -> None:
         self._regions.close()
         self._sock.close(linger=0)
+        if self._domain is not None:
+            curve.release_server(self._context, self._domain)
+            self._domain = None
+
+
+def peer_address(frame: Any) -> str:
+    """The IP address a frame came from (zmq's "Peer-Address"); "" when the transport has
+    none, as inproc."""
+    try:
+        return str(frame.get("Peer-Address"))
+    except (zmq.ZMQError, AttributeError):
+        return ""
 
 
 def _reason(exc: ProtocolError) -> str:

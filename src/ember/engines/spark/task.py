@@ -11,6 +11,7 @@ from ember.data import Dataset
 from ember.data.spark import partition_arrays
 from ember.engines.spark.records import RecordSender
 from ember.errors import EmberError
+from ember.wire import use_encryption
 from ember.worker import WorkerSpec, run_worker
 
 
@@ -46,6 +47,7 @@ def train_partition(
     incarnation = int(context.taskAttemptId())
     spec = replace(spec, rank=context.partitionId(), incarnation=incarnation)
     records: list[dict[str, Any]] = []
+    use_encryption(spec.config.encrypt)  # before the record sender's thread connects
     sender = RecordSender(collector, spec.secret) if collector is not None else None
 
     def report(record: dict[str, Any]) -> None:
