@@ -186,7 +186,7 @@ class ServerEndpoint:
 
     def close(self) -> None:
         self._regions.close()
-        self._sock.close(linger=0)
+        self._sock.close(linger=1000)  # bounded: the last reply (to `stop`) still goes out
 
 
 def _reason(exc: ProtocolError) -> str:
