@@ -16,6 +16,7 @@ import pytest
 from ember.algorithms.rules import EASGDRule, SGDRule
 from ember.errors import NotPrimary, ProtocolError, ServerUnavailable
 from ember.ps import PSClient, ShardSpec, control, fetch_state, make_consistency
+from ember.ps.clockrows import COLUMNS
 from ember.ps.server import ParameterServer
 from ember.wire import CHUNK_BYTES, ClientConnection
 from ember.wire.frames import chunk_frames, describe
@@ -119,7 +120,7 @@ def test_backup_converges_to_the_primary_params_rule_state_step_and_workers() ->
         assert sorted(state) == ["momentum", "params"] and meta["step"] == 5
         entry = {"clock": 5, "step": 5, "finished": False, "incarnation": client.incarnation}
         assert meta["workers"] == {"0": entry}
-        assert shard.backup.clocks.replica_table() == shard.primary.clocks.replica_table()
+        np.testing.assert_array_equal(shard.backup.clocks.rows(), shard.primary.clocks.rows())
         assert control([shard.backup.address], SECRET, "stats")[0]["counters"]["copies_applied"] > 0
         client.close()
 
@@ -314,12 +315,12 @@ def test_a_copy_whose_header_came_before_the_promotion_is_never_applied_after_it
         _await_copy(shard)
         shard.kill_primary()  # its own copies would take the backup's one pending slot
         applied = control([shard.backup.address], SECRET, "stats")[0]["counters"]["copies_applied"]
-        stale = [np.full(size, 99.0, F32)]
+        stale = [np.full(size, 99.0, F32), shard.backup.clocks.rows()]
         frames = list(chunk_frames(stale))
-        assert len(frames) == 2
+        assert len(frames) == 3  # two of parameters, one of the clock table
         copy = {"op": "replicate", "seq": 0, "names": ["params"], "step": 99, "round": [0, 0]}
         connection = ClientConnection(shard.backup.address, SECRET, timeout=5)
-        connection.send({**copy, "workers": {}, "tensors": describe(stale)})  # the header alone
+        connection.send({**copy, "workers": list(COLUMNS), "tensors": describe(stale)})  # header
         connection._sock.send(frames[0], copy=False)
         _until(lambda: (c := shard.backup._copy_arriving) is not None and len(c.frames) == 1)
         control([shard.backup.address], SECRET, "promote")
@@ -327,7 +328,8 @@ def test_a_copy_whose_header_came_before_the_promotion_is_never_applied_after_it
         client.register()
         client.push(np.full(size, 2.0, F32), reply_into=out, pull=True)  # applied and answered
         np.testing.assert_array_equal(out, np.full(size, -3.0, F32))
-        connection._sock.send(frames[1], copy=False)  # the rest of the copy, now stale
+        for frame in frames[1:]:  # the rest of the copy, now stale
+            connection._sock.send(frame, copy=False)
         connection.send({"op": "stats", "seq": 0})  # answered once the chunk is handled
         reply, _ = connection.recv()
         assert "counters" in reply, f"the stale copy was acknowledged: {reply}"
@@ -466,41 +468,42 @@ def test_a_backup_never_drops_workers_for_silence_once_copies_stop() -> None:
             client.close()
 
 
+_GOOD_ROWS = np.array([[0, 0, 2, 5, 4, 1, 0]], dtype=np.int64)  # see ember.ps.clockrows.COLUMNS
+
 MALFORMED_COPIES = [
-    ({"workers": []}, "workers must be a map of worker to entry, got []"),
-    ({"workers": None}, "workers must be a map of worker to entry, got None"),
-    ({"workers": 5}, "workers must be a map of worker to entry, got 5"),
-    (
-        {"workers": {"x": [0, 0, 0, 0, True, False]}},
-        "workers: worker id must be a decimal string, got 'x'",
-    ),
-    ({"workers": {"0": [0, 0, 0]}}, "workers['0'] must be a list of ['incarnation', 'clock', "),
-    ({"workers": {"0": 7}}, "workers['0'] must be a list of "),
-    ({"workers": {"0": [0, "1", 0, 0, True, False]}}, "workers['0'].clock must be int, got '1'"),
-    ({"workers": {"0": [0, 0, 0, 0, 1, False]}}, "workers['0'].live must be bool, got 1"),
-    ({"round": "12"}, "round must be [count, clock], got '12'"),
-    ({"round": [1.5, 0]}, "round must be [count, clock], got [1.5, 0]"),
-    ({"round": None}, "round must be [count, clock], got None"),
-    ({"step": True}, "step is True"),
-    ({"step": -1}, "step is -1"),
+    ({"workers": []}, None, "workers must name the clock table's columns ["),
+    ({"workers": None}, None, "workers must name the clock table's columns ["),
+    ({"workers": 5}, None, "workers must name the clock table's columns ["),
+    ({}, np.zeros((1, 5), np.int64), "workers must be a tensor ['int64', [64, 7]], got "),
+    ({}, _GOOD_ROWS.astype(np.float32), "workers must be a tensor ['int64', [64, 7]], got "),
+    ({}, np.zeros((65, 7), np.int64), "workers has 65 rows, more than the 64 allowed"),
+    ({}, np.repeat(_GOOD_ROWS, 2, axis=0), "workers: worker 0 has more than one row"),
+    ({}, _GOOD_ROWS * [1, 1, 1, 1, 1, 3, 1], "workers: live must be 0 or 1, got 3"),
+    ({}, _GOOD_ROWS - [5, 0, 0, 0, 0, 0, 0], "workers: worker -5 is outside [0, "),
+    ({"round": "12"}, None, "round must be [count, clock], got '12'"),
+    ({"round": [1.5, 0]}, None, "round must be [count, clock], got [1.5, 0]"),
+    ({"round": None}, None, "round must be [count, clock], got None"),
+    ({"step": True}, None, "step is True"),
+    ({"step": -1}, None, "step is -1"),
 ]
 
 
-@pytest.mark.parametrize(("fields", "message"), MALFORMED_COPIES)
+@pytest.mark.parametrize(("fields", "rows", "message"), MALFORMED_COPIES)
 def test_a_malformed_copy_is_refused_and_the_backup_then_takes_a_good_one(
-    fields: dict[str, Any], message: str
+    fields: dict[str, Any], rows: np.ndarray | None, message: str
 ) -> None:
     params = np.zeros(6, F32)
     good = {"op": "replicate", "seq": 0, "names": ["params"], "step": 3, "round": [0, 0]}
-    good["workers"] = {"0": [0, 2, 5, 4, True, False]}
-    with running_servers(params, SGDRule(lr=1.0), role="backup") as (backup,):
+    good["workers"] = list(COLUMNS)
+    with running_servers(params, SGDRule(lr=1.0), role="backup", max_workers=64) as (backup,):
         connection = ClientConnection(backup.address, SECRET, timeout=5)
-        connection.send({**good, **fields}, [np.full(6, 99.0, F32)])
+        table = _GOOD_ROWS if rows is None else rows
+        connection.send({**good, **fields}, [np.full(6, 99.0, F32), table])
         with pytest.raises(ProtocolError) as refused:
             connection.recv()
         assert f"malformed copy of shard 0: {message}" in str(refused.value)
         assert _state(backup.address)[1]["step"] == 0  # nothing of it was applied
-        connection.send(good, [np.full(6, 7.0, F32)])
+        connection.send(good, [np.full(6, 7.0, F32), _GOOD_ROWS])
         assert connection.recv()[0] == {"op": "ok", "step": 3}
         connection.close()
         state, meta = _state(backup.address)

@@ -12,7 +12,9 @@ Map:
   failing over to a shard's replica or restart
 - Replication, Replicator, Role -> replica.py: a primary's copies to its backup, their apply
   on the backup, and promotion
-- ClockTable -> clocks.py: per-worker clocks, incarnations and liveness of one shard
+- ClockTable -> clocks.py: per-worker clocks, incarnations and liveness of one shard, pruned
+  and bounded
+- clockrows.py: the clock table as int64 rows in a payload frame, and their checks
 - Consistency, BulkSynchronous, StaleSynchronous, Asynchronous, make_consistency -> consistency.py
 """
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ember.errors import NotPrimary, ProtocolError, ServerGone, ServerUnavailable
+from ember.ps.clockrows import COLUMNS, MAX_TABLE_ROWS, read_rows, rows_to_table
 from ember.wire import ClientConnection, gather, shared, tensors_from_frames
 
 CONNECT_TIMEOUT = 2.0  # per attempt while a shard fails over or restarts
@@ -251,16 +252,18 @@ def fetch_state(
     sizes = [_shard_size(h) for h, _ in parts]
     full = {name: np.empty(sum(sizes), dtype=np.float32) for name in names}
     offset = 0
+    workers: dict[str, dict[str, int]] = {}
     for (header, frames), size in zip(parts, sizes, strict=True):
-        tensors = tensors_from_frames(header["tensors"], frames, max_bytes=4 * size * len(names))
+        # the shard's tensors, then its clock table (see clockrows.py)
+        limit = 4 * size * len(names) + 8 * len(COLUMNS) * MAX_TABLE_ROWS
+        *tensors, table = tensors_from_frames(header["tensors"], frames, max_bytes=limit)
         for name, chunks in zip(names, tensors, strict=True):
             gather(chunks, full[name][offset : offset + size])
         offset += size
-    # Shards answer at slightly different moments; resuming from the least advanced clock and
-    # step of each worker over all shards never skips work.
-    workers: dict[str, dict[str, int]] = {}
-    for header, _ in parts:
-        for worker, entry in header["workers"].items():
+        rows = read_rows(header["tensors"][-1], table, MAX_TABLE_ROWS)
+        # Shards answer at slightly different moments; resuming from the least advanced clock
+        # and step of each worker over all shards never skips work.
+        for worker, entry in rows_to_table(rows).items():
             seen = workers.setdefault(worker, dict(entry))
             seen["clock"] = min(seen["clock"], entry["clock"])
             seen["step"] = min(seen["step"], entry["step"])

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ember.errors import ProtocolError
+from ember.ps.clockrows import COLUMNS, check_layout, read_rows
 from ember.ps.clocks import ClockTable
 from ember.ps.replies import Replies
 from ember.ps.shard import ShardSpec, ShardState
@@ -155,21 +156,36 @@ class Replication:
             "names": list(tensors),
             "step": shard.step,
             "round": [shard.round_count, shard.round_clock],
-            "workers": self.clocks.replica_table(),
+            "workers": list(COLUMNS),  # the table is the last payload tensor, of any size
         }
-        self.replicator.offer(header, [t.numpy().copy() for t in tensors.values()])
+        arrays = [t.numpy().copy() for t in tensors.values()] + [self.clocks.rows()]
+        self.replicator.offer(header, arrays)
         self._copied_at = time.monotonic()
 
     def accept_copy(self, request: Request) -> None:
         """A copy's header: its payload is taken only if it fits this shard as it is."""
         if self.role is Role.PRIMARY:
             raise ProtocolError(f"shard {self.spec.index} is a primary; it takes no copies")
-        names = list(self.shard.copied())
-        if request.header.get("names") != names or request.header.get("tensors") != [
-            ["float32", [self.spec.size]] for _ in names
-        ]:
+        names, header = list(self.shard.copied()), request.header
+        table = header.get("tensors")
+        if (
+            header.get("names") != names
+            or not isinstance(table, list)
+            or table[:-1] != [["float32", [self.spec.size]] for _ in names]
+        ):
             self.rejected["shape"] += 1
-            raise ProtocolError(f"a copy for shard {self.spec.index} must carry {names}")
+            raise ProtocolError(
+                f"a copy for shard {self.spec.index} must carry {names} and the clock table"
+            )
+        try:
+            if header.get("workers") != list(COLUMNS):
+                raise ProtocolError(
+                    f"workers must name the clock table's columns {list(COLUMNS)}, got "
+                    f"{header.get('workers')!r}"
+                )
+            check_layout(table[-1], self.clocks.max_workers)
+        except ProtocolError as exc:
+            raise ProtocolError(f"malformed copy of shard {self.spec.index}: {exc}") from None
         self.copy_arriving = request
 
     def on_chunk(self, chunk: Chunk) -> None:
@@ -184,8 +200,9 @@ class Replication:
 
     def _apply(self, request: Request) -> None:
         header, spec = request.header, self.spec
-        names = header["names"]
-        tensors = tensors_from_frames(header["tensors"], request.frames, 4 * spec.size * len(names))
+        names, max_rows = header["names"], self.clocks.max_workers
+        limit = 4 * spec.size * len(names) + 8 * len(COLUMNS) * max_rows
+        *tensors, table = tensors_from_frames(header["tensors"], request.frames, limit)
         step = header.get("step")
         round_ = header.get("round")
         if not _is_count(step):
@@ -196,8 +213,8 @@ class Replication:
                 f"got {round_!r}"
             )
         round_count, round_clock = round_
-        try:  # restore checks every entry before it replaces the table
-            self.clocks.restore(header.get("workers"))
+        try:  # every row is checked before the table is replaced
+            self.clocks.restore(read_rows(header["tensors"][-1], table, max_rows))
         except ProtocolError as exc:
             raise ProtocolError(f"malformed copy of shard {spec.index}: {exc}") from None
         self.replies.release_for_writing()  # a snapshot in flight may still read the old state

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ember.errors import ProtocolError
+from ember.ps.clockrows import COLUMNS
 from ember.ps.clocks import ClockTable
 from ember.ps.consistency import Consistency
 from ember.ps.pushpull import Held, PushPull
@@ -76,16 +77,23 @@ class ParameterServer:
         role: str = Role.PRIMARY,
         backup: str | None = None,
         replica_seconds: float = 0.25,
+        max_workers: int | None = None,
     ) -> None:
         """A `backup` server only takes copies from its primary until it is promoted; a
-        primary with a `backup` address ships it a copy of its state every replica_seconds."""
+        primary with a `backup` address ships it a copy of its state every replica_seconds.
+        At most `max_workers` workers are registered at once (default: a few times the
+        expected ones, plus room for joiners)."""
         self.spec, self.rule, self.consistency = shard, rule, consistency
         self.shard = ShardState.create(
             self.spec, params, rule.state_names, state, consistency.synchronous, step
         )
         # Slow process start-up (spawn, imports, data) must not count as silence.
         self.clocks = ClockTable(
-            expected_workers, workers, worker_timeout, startup_grace=max(120.0, worker_timeout)
+            expected_workers,
+            workers,
+            worker_timeout,
+            startup_grace=max(120.0, worker_timeout),
+            max_workers=max_workers,
         )
         self.endpoint = ServerEndpoint(secret, bind)
         self.address = self.endpoint.address
@@ -221,7 +229,11 @@ class ParameterServer:
             except ProtocolError:
                 self.rejected["seq"] += 1
                 raise
-        entry = self.clocks.register(worker, incarnation, self.shard.step)
+        try:
+            entry = self.clocks.register(worker, incarnation, self.shard.step)
+        except ProtocolError:
+            self.rejected["register"] += 1
+            raise
         # A registration anchors the incarnation's window (a new one starts fresh, at -1): a
         # server restarted from a checkpoint, which holds no numbers, takes the worker's own.
         # The request a failover resends carries the register's number, so it still applies.
@@ -242,22 +254,25 @@ class ParameterServer:
         """`done` is idempotent: a worker re-sending it after a failover, to a backup whose
         copy already saw it leave (or never saw it join), has nothing more to do."""
         header = request.header
-        entry = self.clocks.entries.get(header_int(header, "worker"))
+        worker = header_int(header, "worker")
+        entry = self.clocks.entries.get(worker)
         if entry is not None and entry.incarnation == header_int(header, "incarnation"):
-            self.clocks.finish(entry)
+            self.clocks.finish(worker)
         self.endpoint.reply(request, {"op": "ok"})
         self.pushes.fold.maybe_commit_round()  # the leaver may have been the last a round awaited
         self.pushes.drain()
 
     def _snapshot(self, request: Request) -> None:
+        """The shard's tensors, then its clock table as the last payload tensor (see
+        clockrows.COLUMNS): a table of any size fits a payload, not a header."""
         tensors = self.shard.saved()
         header = {
             "op": "ok",
             "names": list(tensors),
             "step": self.shard.step,
-            "workers": self.clocks.table(),
+            "workers": list(COLUMNS),
         }
-        arrays = [t.numpy() for t in tensors.values()]
+        arrays = [t.numpy() for t in tensors.values()] + [self.clocks.rows(resume_only=True)]
         ticket = self.endpoint.reply(request, header, arrays, track=True)
         if ticket is not None:
             self.replies.reading(ALL_KEYS, ticket)
@@ -278,7 +293,8 @@ class ParameterServer:
             "counters": dict(self.counters),
             "rejected": dict(self.rejected + self.endpoint.rejected),
             "events": list(self.clocks.events),
-            "live_workers": sorted(w for w, e in self.clocks.entries.items() if e.live),
+            "workers": self.clocks.summary(),
+            "live_workers": self.clocks.live_sample(),  # the lowest ids only: bounded
             "shared_memory": self.endpoint.shared_memory,
             "encrypted": self.endpoint.encrypted,
         }

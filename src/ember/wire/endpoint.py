@@ -210,7 +210,7 @@ class ServerEndpoint:
 
     def close(self) -> None:
         self._regions.close()
-        self._sock.close(linger=0)
+        self._sock.close(linger=1000)  # bounded: the last reply (to `stop`) still goes out
         if self._domain is not None:
             curve.release_server(self._context, self._domain)
             self._domain = None
