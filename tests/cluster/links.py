@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,16 @@ PORT = 5201  # iperf's; nothing else listens on the emulated hosts' own addresse
 TIMEOUT = 120.0
 
 
-def transfer(cluster: Cluster, sender: int, receiver: int, size: int) -> dict[str, Any]:
-    """Move `size` bytes over TCP from host `sender` to host `receiver`; the sender's figures."""
+def block(seed: int | None) -> bytes:
+    """The 1 MiB block scripts/tcp_transfer.py repeats for a seed (the same code)."""
+    return bytes(1 << 20) if seed is None else random.Random(seed).randbytes(1 << 20)
+
+
+def transfer(
+    cluster: Cluster, sender: int, receiver: int, size: int, seed: int | None = None
+) -> dict[str, Any]:
+    """Move `size` bytes over TCP from host `sender` to host `receiver` (zeros, or a random
+    block from `seed` repeated); the sender's figures."""
     command = [sys.executable, str(SCRIPT)]
     server = cluster.popen(
         receiver,
@@ -28,7 +37,10 @@ def transfer(cluster: Cluster, sender: int, receiver: int, size: int) -> dict[st
         if server.stdout.readline().strip() != "listening":
             raise RuntimeError(f"the transfer server on host {receiver} did not start")
         done = cluster.run(
-            sender, [*command, "send", address(receiver), str(PORT), str(size)], timeout=TIMEOUT
+            sender,
+            [*command, "send", address(receiver), str(PORT), str(size)]
+            + ([] if seed is None else [str(seed)]),
+            timeout=TIMEOUT,
         )
         if done.returncode != 0:
             raise RuntimeError(f"the transfer from host {sender} failed: {done.stderr[-2000:]}")

@@ -1,11 +1,12 @@
 """A bounded TCP bulk transfer between two hosts, like iperf: `serve` takes one connection and
-reads BYTES; `send` writes BYTES and prints one JSON line with the seconds until the server
-acknowledged the last byte, and the rate.
+reads BYTES; `send` writes BYTES (a 1 MiB block repeated: zeros, or random from SEED) and prints
+one JSON line with the seconds until the server acknowledged the last byte, and the rate.
 
 Usage: python tcp_transfer.py serve ADDRESS PORT BYTES
-       python tcp_transfer.py send ADDRESS PORT BYTES"""
+       python tcp_transfer.py send ADDRESS PORT BYTES [SEED]"""
 
 import json
+import random
 import socket
 import sys
 import time
@@ -32,9 +33,13 @@ def serve(address: str, port: int, size: int) -> None:
     listener.close()
 
 
-def send(address: str, port: int, size: int) -> None:
+def block(seed: int | None) -> bytes:
+    return bytes(CHUNK) if seed is None else random.Random(seed).randbytes(CHUNK)
+
+
+def send(address: str, port: int, size: int, seed: int | None = None) -> None:
     peer = socket.create_connection((address, port), timeout=TIMEOUT)
-    payload = memoryview(bytes(CHUNK))
+    payload = memoryview(block(seed))
     started = time.perf_counter()
     left = size
     while left:
@@ -50,4 +55,7 @@ def send(address: str, port: int, size: int) -> None:
 
 if __name__ == "__main__":
     role, address, port, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    {"serve": serve, "send": send}[role](address, port, size)
+    if role == "serve":
+        serve(address, port, size)
+    else:
+        send(address, port, size, int(sys.argv[5]) if len(sys.argv) > 5 else None)
