@@ -7,11 +7,9 @@ EMBER_REQUIRE_CLUSTER=1 (as .ci/run sets) a missing prerequisite fails them inst
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests.cluster import netns
@@ -49,14 +47,24 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[netns.Cluster]
     if reason:
         missing(reason)
     logs = tmp_path_factory.mktemp("cluster")
-    with netns.Cluster(HOSTS, logs, worker_cores=1, worker_memory="2g") as running:
+    running = netns.Cluster(HOSTS, logs, worker_cores=1, worker_memory="2g")
+    with running:
         _cluster.append(running)
         yield running
-    _cluster.clear()
+    _end_cluster()
+
+
+def _end_cluster() -> None:
+    """Tear the cluster down and check that nothing of it is left: the tests after these
+    (tests/integration, tests/unit) let no child process outlive a test."""
+    if not _cluster:
+        return
+    running = _cluster.pop()
+    running.close()
     left = netns.namespaces()
     assert not left, f"namespaces left behind by the cluster: {left}"
-    stray = [p.pid for p in running.processes if psutil.pid_exists(p.pid) and p.poll() is None]
-    assert not stray, f"cluster processes left behind: {stray}"
+    alive = [p.pid for p in running.processes if p.poll() is None]
+    assert not alive, f"cluster processes left behind: {alive}"
 
 
 @pytest.fixture
@@ -70,14 +78,13 @@ def spark_env(cluster: netns.Cluster) -> dict[str, str]:
 
 
 @pytest.fixture(autouse=True)
-def no_stray_children() -> Iterator[None]:
+def no_stray_children(request: pytest.FixtureRequest) -> Iterator[None]:
     """As in tests/conftest.py, but the cluster's processes (the Spark daemons and the executors
-    they launch) are the session's to keep; a test's own commands must be gone at its end."""
+    they launch) are the session's to keep; a test's own commands must be gone at its end.
+    After the last test here, the cluster goes too."""
     yield
+    if request.node is [i for i in request.session.items if HERE in i.path.parents][-1]:
+        _end_cluster()
     keep = {p.pid for p in _cluster[0].daemons} if _cluster else set()
     stray = kill_stray_children(keep=keep, keep_under=keep)
     assert not stray, f"processes left behind: {stray}"
-
-
-def python(*argv: str) -> list[str]:
-    return [sys.executable, *argv]

@@ -356,15 +356,19 @@ class Cluster:
         argv: Sequence[str],
         env: Mapping[str, str] | None = None,
         timeout: float = 600.0,
+        input: str | None = None,
         **kwargs: Any,
     ) -> subprocess.CompletedProcess[str]:
-        """Run a command inside a host's namespace to its end (its output captured as text);
-        past `timeout` it is killed with its tree and subprocess.TimeoutExpired raised."""
+        """Run a command inside a host's namespace to its end (`input` on its stdin, its output
+        captured as text); past `timeout` it is killed with its tree and
+        subprocess.TimeoutExpired raised."""
         kwargs.setdefault("stdout", subprocess.PIPE)
         kwargs.setdefault("stderr", subprocess.PIPE)
+        if input is not None:
+            kwargs["stdin"] = subprocess.PIPE
         process = self.popen(host, argv, env, text=True, **kwargs)
         try:
-            out, err = process.communicate(timeout=timeout)
+            out, err = process.communicate(input, timeout=timeout)
         except BaseException:
             kill_tree([process.pid])
             process.communicate(timeout=KILL_TIMEOUT)
