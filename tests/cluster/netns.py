@@ -215,7 +215,8 @@ class Cluster:
             return
         self._closed = True
         try:
-            kill_tree([p.pid for p in self.processes])
+            # only unreaped ones: a reaped pid may belong to another process by now
+            kill_tree([p.pid for p in self.processes if p.poll() is None])
             for name in namespaces():  # what escaped the trees (a daemon that re-parented)
                 kill_tree(pids_in(name))
             for process in self.processes:

@@ -13,9 +13,11 @@ import numpy as np
 import psutil
 
 from tests.cluster.netns import Cluster, namespace
-from tests.processes import wait_for
+from tests.processes import has_progress, wait_for
 
 RUN_TIMEOUT = 600.0  # seconds one training run may take on two shared cores
+# for runs that something happens to mid-training: checkpoints often, so progress shows early
+WATCHED = ("--checkpoint-steps", "20")
 
 
 def train_argv(cluster: Cluster, out: Path, *flags: str) -> list[str]:
@@ -34,10 +36,11 @@ def train(
 def start_training(
     cluster: Cluster, env: dict[str, str], out: Path, *flags: str
 ) -> subprocess.Popen[Any]:
-    """A run in the background; its output goes to out.log."""
+    """A run in the background (checkpointing often, see wait_for_steps); its output goes to
+    out.log."""
     out.parent.mkdir(parents=True, exist_ok=True)
     log = out.with_suffix(".log")
-    return cluster.popen(0, train_argv(cluster, out, *flags), env=env, log=log)
+    return cluster.popen(0, train_argv(cluster, out, *WATCHED, *flags), env=env, log=log)
 
 
 def summary(out: Path) -> dict[str, Any]:
@@ -46,13 +49,20 @@ def summary(out: Path) -> dict[str, Any]:
 
 
 def wait_for_steps(out: Path, process: subprocess.Popen[Any], seconds: float = 300.0) -> None:
-    """Until metrics.jsonl holds a worker's progress record (bounded), or the run ended."""
+    """Until the run shows that workers are taking steps (bounded): a progress record in
+    metrics.jsonl, or a checkpoint of workers past step 0 (runs started with TRAINING flags
+    checkpoint every few server steps, which does not depend on the records' stream)."""
 
     def progressed() -> bool:
         metrics = out / "metrics.jsonl"
-        return process.poll() is not None or (
-            metrics.exists() and '"kind": "worker"' in metrics.read_text()
-        )
+        if process.poll() is not None:
+            return True
+        if metrics.exists() and '"kind": "worker"' in metrics.read_text():
+            return True
+        try:
+            return has_progress(out)
+        except (OSError, ValueError, KeyError):  # a checkpoint being replaced right now
+            return False
 
     assert wait_for(progressed, seconds), f"no worker progress in {seconds:g}s; see {out}"
     assert process.poll() is None, f"the run ended before training was seen: {out}.log"

@@ -117,8 +117,9 @@ def test_every_listening_port_of_a_run_is_in_its_range(cluster, spark_env, tmp_p
         for where, port, pid in listening(0)
         if pid in tree and is_python(tree[pid]) and not where.startswith("127.")
     ]
+    everything = [(*entry, _name(entry[2])) for entry in listening(0)]
     assert run.wait(600) == 0, out.with_suffix(".log").read_text()[-4000:]
-    assert len({port for _, port, _ in ours}) >= 3, ours  # 2 servers and the collector
+    assert len({port for _, port, _ in ours}) >= 3, everything  # 2 servers and the collector
     outside = [entry for entry in ours if not low <= entry[1] <= high]
     assert not outside, f"listening outside {low}-{high}: {outside}"
 
@@ -135,6 +136,13 @@ def test_a_port_range_too_small_is_refused_before_anything_starts(
     after = _state()
     assert len(after["completedapps"]) + len(after["activeapps"]) == apps  # no Spark app ran
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def _name(pid: int) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline()[:4])
+    except psutil.Error:
+        return "?"
 
 
 def _state() -> dict[str, list[object]]:

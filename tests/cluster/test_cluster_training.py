@@ -18,6 +18,7 @@ import pytest
 from ember.metrics import read_metrics
 from tests.cluster import netns
 from tests.cluster.runs import RUN_TIMEOUT, start_training, summary, train, wait_for_steps
+from tests.processes import wait_for
 
 pytestmark = pytest.mark.timeout(900)
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -85,9 +86,10 @@ def test_a_lost_executor_is_relaunched_and_the_retry_resumes_from_the_servers(
     victim = executor_on(cluster, 1)
     assert victim is not None, "no executor JVM on host 1 while the stage runs"
     os.kill(victim, signal.SIGKILL)
+    # the worker launches a new executor for the app (and kills it when the app ends)
+    relaunched = lambda: executor_on(cluster, 1) not in (None, victim)  # noqa: E731
+    assert wait_for(relaunched, 120), "host 1's worker launched no new executor in 120 s"
     assert run.wait(RUN_TIMEOUT) == 0, (out.with_suffix(".log")).read_text()[-4000:]
-    relaunched = executor_on(cluster, 1)
-    assert relaunched is not None and relaunched != victim  # the worker launched a new one
     result = summary(out)
     assert result["test_accuracy"] >= ACCURACY
     assert result["spark"]["stage_attempts"] >= 2
@@ -97,8 +99,8 @@ def test_a_lost_executor_is_relaunched_and_the_retry_resumes_from_the_servers(
     assert {r["rank"] for r in retried} == {0, 1}
     # the retried workers continued from their pushed steps and the servers' center...
     assert max(r["first_step"] for r in retried) > 0
-    # ...so their first losses are those of a trained model, not of the initial weights
-    progress = [r for r in records if r.get("kind") == "worker"]
-    first = [r["loss"] for r in progress if r["attempt"] == 0][:2]
-    again = [r["loss"] for r in progress if r["attempt"] >= 1][:2]
-    assert first and again and max(again) < min(first), (first, again)
+    # ...so their first losses are a trained model's, not the initial weights' (about ln 10 =
+    # 2.3 on MNIST's 10 classes; the failed attempt's own records may never reach the driver)
+    progress = [r for r in records if r.get("kind") == "worker" and r["attempt"] >= 1]
+    first = {r["rank"]: r["loss"] for r in reversed(progress)}
+    assert set(first) == {0, 1} and max(first.values()) < 0.5, first
