@@ -1,0 +1,91 @@
+"""A Spark standalone cluster on the emulated hosts: the master in host 0, one worker in every
+other host, each JVM run by `ip netns exec` with SPARK_LOCAL_IP its host's address, so it binds
+and advertises that address. Their logs, and the workers' work dirs (where executors log), go to
+the cluster's log_dir."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from tests.cluster.netns import (
+    COMMAND_TIMEOUT,
+    MASTER_PORT,
+    MASTER_UI_PORT,
+    SPARK_TIMEOUT,
+    ClusterError,
+    address,
+    namespace,
+    spark_class,
+)
+
+if TYPE_CHECKING:
+    from tests.cluster.netns import Cluster
+
+MASTER = "org.apache.spark.deploy.master.Master"
+WORKER = "org.apache.spark.deploy.worker.Worker"
+
+
+def start_standalone(cluster: Cluster) -> list[subprocess.Popen[Any]]:
+    """Start the master and the workers; return once all workers are ALIVE (bounded)."""
+    logs = cluster.log_dir
+    work = logs / "spark-work"
+    work.mkdir(exist_ok=True)
+    daemon = {"SPARK_LOG_DIR": str(logs), "SPARK_WORKER_DIR": str(work)}
+    ports = f"--port {MASTER_PORT} --webui-port {MASTER_UI_PORT}".split()
+    jvms = {
+        "master": cluster.popen(
+            0,
+            [spark_class(), MASTER, "--host", address(0), *ports],
+            env=cluster.env(0, daemon),
+            log=logs / "master.log",
+        )
+    }
+    for host in range(1, cluster.hosts):
+        size = f"--cores {cluster.worker_cores} --memory {cluster.worker_memory}".split()
+        command = [spark_class(), WORKER, "--host", address(host), *size]
+        command += ["--work-dir", str(work / f"h{host}"), cluster.master_url]
+        jvms[f"worker on host {host}"] = cluster.popen(
+            host, command, env=cluster.env(host, daemon), log=logs / f"worker-h{host}.log"
+        )
+    deadline = time.monotonic() + SPARK_TIMEOUT
+    while (alive := alive_workers()) < cluster.hosts - 1:
+        for what, process in jvms.items():
+            if process.poll() is not None:
+                raise ClusterError(f"the Spark {what} exited with {process.returncode}; see {logs}")
+        if time.monotonic() > deadline:
+            raise ClusterError(
+                f"{alive} of {cluster.hosts - 1} Spark workers ALIVE after {SPARK_TIMEOUT:g}s;"
+                f" see {logs}"
+            )
+        time.sleep(1.0)
+    return list(jvms.values())
+
+
+def master_state() -> dict[str, Any] | None:
+    """The master's /json status, fetched from inside host 0; None while it does not answer."""
+    url = f"http://{address(0)}:{MASTER_UI_PORT}/json/"
+    fetch = (
+        "import sys, urllib.request\n"
+        f"sys.stdout.write(urllib.request.urlopen({url!r}, timeout=3).read().decode())"
+    )
+    done = subprocess.run(
+        ["ip", "netns", "exec", namespace(0), sys.executable, "-c", fetch],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT,
+    )
+    if done.returncode != 0:
+        return None
+    state: dict[str, Any] = json.loads(done.stdout)
+    return state
+
+
+def alive_workers() -> int:
+    state = master_state()
+    if state is None:
+        return 0
+    return sum(1 for worker in state.get("workers", []) if worker.get("state") == "ALIVE")
