@@ -13,20 +13,13 @@ from pathlib import Path
 import numpy as np
 
 from ember.data.cache import cached_idx
-from ember.data.datasets import _SIGNAL, _bernoulli_labels, load_dataset
+from ember.data.datasets import _SIGNAL, load_dataset
 from ember.data.idx import MNIST_DIR, find_idx_files
-from ember.data.store import (
-    DataFiles,
-    NpyWriter,
-    scratch_root,
-    write_array,
-    write_files,
-    write_meta,
-)
+from ember.data.store import DataFiles, NpyWriter, scratch_root, write_files, write_meta
 from ember.errors import ConfigError
 
 _IDX_NAMED = {"mnist": (None, None), "digits": (10_000, 2_000)}  # rows, as load_dataset has them
-_BLOCK_ROWS = 65536
+_BLOCK_BYTES = 4 << 20  # what synthetic-lr is written in: a few MB at a time
 _SCRATCH_PREFIX = "ember-data-"
 
 
@@ -92,11 +85,7 @@ def _scratch(needed: int) -> Path:
 
 def _write_synthetic(folder: Path, seed: int, samples: int, features: int) -> DataFiles:
     """load_dataset("synthetic-lr", ...)'s very arrays (the same draws in the same order),
-    written block by block: the training matrix is never whole in this process's memory."""
-    from ember.data.datasets import _synthetic_lr
-
-    if samples * features <= _BLOCK_ROWS * 8:  # small: the plain way is quicker
-        return write_files(_synthetic_lr(seed, samples, features), folder)
+    written block by block: no matrix is ever whole in this process's memory."""
     for name, value in (("synthetic_samples", samples), ("synthetic_features", features)):
         if value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
@@ -104,22 +93,25 @@ def _write_synthetic(folder: Path, seed: int, samples: int, features: int) -> Da
     g = rng.standard_normal(features)
     w = (_SIGNAL * g / np.linalg.norm(g)).astype(np.float32)
     b = float(rng.normal(0.0, 0.5))
-    block = np.empty((min(_BLOCK_ROWS, samples), features), dtype=np.float32)
-    writer = NpyWriter(folder / "x_train.npy", np.dtype(np.float32), (samples, features))
-    logits = np.empty(samples, dtype=np.float64)
-    for start in range(0, samples, _BLOCK_ROWS):
-        rows = block[: min(_BLOCK_ROWS, samples - start)]
-        rng.standard_normal(out=rows, dtype=np.float32)
-        logits[start : start + len(rows)] = rows @ w
-        writer.write(rows)
-    writer.close()
-    x_test = np.empty((max(1000, samples // 10), features), dtype=np.float32)
-    rng.standard_normal(out=x_test, dtype=np.float32)
-    # as _bernoulli_labels draws them: the training labels' uniforms, then the test labels'
-    p = 1.0 / (1.0 + np.exp(-logits - b))
-    write_array(folder / "y_train.npy", (p > rng.random(samples)).astype(np.int64))
-    write_array(folder / "y_test.npy", _bernoulli_labels(rng, x_test, w, b))
-    write_array(folder / "x_test.npy", x_test)
+    block_rows = max(1, _BLOCK_BYTES // (4 * features))
+    logits = {}
+    for split, rows in (("train", samples), ("test", max(1000, samples // 10))):
+        writer = NpyWriter(folder / f"x_{split}.npy", np.dtype(np.float32), (rows, features))
+        block = np.empty((min(block_rows, rows), features), dtype=np.float32)
+        logits[split] = np.empty(rows, dtype=np.float32)  # x @ w, as _bernoulli_labels has it
+        for start in range(0, rows, block_rows):
+            part = block[: min(block_rows, rows - start)]
+            rng.standard_normal(out=part, dtype=np.float32)
+            logits[split][start : start + len(part)] = part @ w
+            writer.write(part)
+        writer.close()
+    for split, logit in logits.items():  # the uniforms of the training labels, then the test's
+        writer = NpyWriter(folder / f"y_{split}.npy", np.dtype(np.int64), (len(logit),))
+        for start in range(0, len(logit), _BLOCK_BYTES // 8):
+            part = logit[start : start + _BLOCK_BYTES // 8].astype(np.float64)
+            p = 1.0 / (1.0 + np.exp(-part - b))
+            writer.write((p > rng.random(len(part))).astype(np.int64))
+        writer.close()
     write_meta(folder, "synthetic-lr", 2, (features,))
     return DataFiles.open(folder)
 
