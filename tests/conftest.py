@@ -69,6 +69,14 @@ def plain_transport() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Decoded datasets go to a cache of the session's own, not the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("EMBER_CACHE_DIR", str(tmp_path_factory.mktemp("ember-cache")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def no_stray_children() -> Iterator[None]:
     """Every test must reap what it started; survivors are killed and fail the test."""

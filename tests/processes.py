@@ -72,8 +72,9 @@ def has_progress(out: Path) -> bool:
 
 
 def log_of(process: psutil.Process) -> str:
-    """Which child a process is, from the log file it writes to."""
+    """Which child a process is, from the log file it writes to (its other open files, such
+    as the data files a worker maps, left out)."""
     try:
-        return " ".join(f.path for f in process.open_files())
+        return " ".join(f.path for f in process.open_files() if f.path.endswith(".log"))
     except psutil.Error:
         return ""

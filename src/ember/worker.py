@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,19 +266,21 @@ class Worker:
 
 
 def _shard(spec: WorkerSpec, dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
-    """This worker's training rows as contiguous tensors, at least one batch of them."""
-    rows = (
-        np.arange(len(dataset.x_train), dtype=np.int64)
-        if spec.own_rows
-        else shard_indices(len(dataset.x_train), spec.rank, spec.world)
-    )
-    if len(rows) < spec.config.batch_size:
+    """This worker's training rows as contiguous tensors, at least one batch of them: its
+    own rows in place (a mapped shard stays mapped, never copied), else a copy of its shard."""
+    x, y = dataset.x_train, dataset.y_train
+    if not spec.own_rows:
+        rows = shard_indices(len(x), spec.rank, spec.world)
+        x, y = x[rows[0] : rows[-1] + 1], y[rows[0] : rows[-1] + 1]
+    if len(y) < spec.config.batch_size:
         raise ValueError(
-            f"worker {spec.rank}: shard of {len(rows)} rows is smaller than one "
+            f"worker {spec.rank}: shard of {len(y)} rows is smaller than one "
             f"batch of {spec.config.batch_size}"
         )
-    features = torch.from_numpy(np.ascontiguousarray(dataset.x_train[rows]))
-    return features, torch.from_numpy(np.ascontiguousarray(dataset.y_train[rows]))
+    with warnings.catch_warnings():  # a read-only mapping is read only: nothing writes to it
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        features = torch.from_numpy(np.ascontiguousarray(x))
+        return features, torch.from_numpy(np.ascontiguousarray(y))
 
 
 def _save_local(spec: WorkerSpec, flat: FlatModel, step: int) -> None:

@@ -5,6 +5,9 @@ load_dataset   datasets.py  mnist, digits, synthetic-lr or a .npz/.parquet/IDX p
 shard_indices  datasets.py  the contiguous, equal-size rows worker `rank` of `world` trains on
 DATASET_NAMES  datasets.py  the names load_dataset accepts besides paths
 read_idx       idx.py       one IDX file, gzipped or raw, checked and read into a NumPy array
+cached_idx     cache.py     an IDX folder decoded once per machine into .npy files
+DataFiles      store.py     a dataset as .npy files every process maps; a worker its shard alone
+host_data      host.py      a run's one copy of its data on this host, laid out by the launcher
 """
 
 from ember.data.datasets import DATASET_NAMES, Dataset, load_dataset, shard_indices

@@ -152,6 +152,11 @@ def _digits(seed: int, samples: int, features: int) -> Dataset:
 
 
 def _from_idx(name: str, folder: Path, train_rows: int | None, test_rows: int | None) -> Dataset:
+    from ember.data.cache import cached_idx  # lazily: the cache's module builds on this one
+
+    cached = cached_idx(folder)
+    if cached is not None:  # mapped copy-on-write: the caller may still write to the arrays
+        return cached.limited(name, train_rows, test_rows).dataset(mode="c")
     raw = load_idx_folder(folder)
     x_train, x_test = (
         normalize_images(raw[k][:n]) for k, n in (("x_train", train_rows), ("x_test", test_rows))

@@ -11,6 +11,8 @@ Map:
   directory, resume, servers kept alive and checkpointed, events relayed, final evaluation)
 - start_child, reap -> process.py: spawned children tied to the launcher's life
 - Progress -> progress.py: the live progress bar
+- Timeline, PeakMemory -> phases.py: the summary's phase timings and the processes' peak memory
+- forkserver.py: imported by the workers' fork server alone, which then dies with the launcher
 """
 
 from __future__ import annotations

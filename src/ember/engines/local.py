@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import multiprocessing as mp
+import multiprocessing.forkserver
+import os
 import queue
+import signal
 import time
 import traceback
 from pathlib import Path
@@ -12,30 +17,76 @@ from typing import Any, NoReturn
 import safetensors.numpy
 
 from ember.config import RunConfig
+from ember.data.host import host_data
+from ember.data.store import DataFiles
 from ember.engines.join import JOIN_FILE, write_join_file
-from ember.engines.process import SPAWN, free_port, reap, start_child, tail
+from ember.engines.phases import PeakMemory, Timeline, pids_of
+from ember.engines.process import _child_main, free_port, reap, tail
 from ember.engines.progress import Progress
 from ember.engines.run import Run, RunResult, RunSetup, prepare_run
-from ember.metrics import WorkerError, WorkerFailure, WorkerRestart
+from ember.metrics import WorkerError, WorkerFailure, WorkerRestart, write_json
 from ember.worker import WorkerSpec, run_worker
+
+# Workers are forked from a server process that has imported torch and ember already (and
+# only that: no threads, no run state), rather than each spawned to import them again; it
+# starts before the data loads, so its imports overlap with the launcher's work.
+FORKSERVER = mp.get_context("forkserver")
+FORKSERVER.set_forkserver_preload(
+    # torch._dynamo: the first optimizer a worker builds imports it, for seconds
+    ["ember.engines.forkserver", "torch", "torch._dynamo", "ember.engines.local"]
+)
 
 
 def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
     """Run servers and workers as children of this process; every child is reaped on return,
     error or Ctrl-C, and a failure saves what the servers hold before they stop."""
-    with Progress(show_progress) as progress:
-        progress.phase("loading data")
-        return _train(prepare_run(config), progress)
+    timeline, memory = Timeline(), PeakMemory()
+    multiprocessing.forkserver.ensure_running()
+    try:
+        with Progress(show_progress) as progress:
+            progress.phase("loading data")
+            timeline.mark("data")
+            host = host_data(
+                config.data,
+                seed=config.seed,
+                synthetic_samples=config.synthetic_samples,
+                synthetic_features=config.synthetic_features,
+            )
+            try:
+                setup = prepare_run(config, host.files.dataset())
+                result = _train(setup, progress, (timeline, memory), host.files)
+            finally:
+                host.close()
+    finally:
+        _stop_forkserver()
+    # summary.json once more, now that the teardown's seconds are known
+    result.summary.update(timeline.summary(), peak_memory_bytes=memory.total())
+    write_json(result.run_dir / "summary.json", result.summary)
+    return result
 
 
-def _train(setup: RunSetup, progress: Progress) -> RunResult:
-    config, processes = setup.config, list[Any]()
-    with Run(setup, progress) as run, run.saving_on_failure():
+def _stop_forkserver() -> None:
+    """The fork server goes with the run that started it: nothing outlives `train_local`.
+    It holds no state and its children are gone by now, so it is killed: let to exit, it
+    would spend seconds unloading torch while the launcher waits."""
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    pid, stop = getattr(server, "_forkserver_pid", None), getattr(server, "_stop", None)
+    if pid is not None and stop is not None:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        stop()  # reaps it and forgets it, so that the next run starts a new one
+
+
+def _train(
+    setup: RunSetup, progress: Progress, clocks: tuple[Timeline, PeakMemory], files: DataFiles
+) -> RunResult:
+    config, processes, (timeline, memory) = setup.config, list[Any](), clocks
+    with Run(setup, progress, timeline, memory) as run, run.saving_on_failure():
         try:
             addresses = run.start_servers()
             if config.mode.joinable:
                 write_join_file(setup.run_dir, config, addresses, setup.secret)
-            records = SPAWN.Queue()
+            records = FORKSERVER.Queue()
             started = time.perf_counter()
             initial_file = None
             if not config.uses_server and setup.resume is not None:  # small spawn arguments
@@ -51,11 +102,14 @@ def _train(setup: RunSetup, progress: Progress) -> RunResult:
                 str(setup.run_dir),
                 initial_file=initial_file,
                 initial_step=setup.resumed_step,
+                own_rows=True,  # each is handed its shard alone
             )
             progress.phase("starting workers")
+            timeline.mark("workers")
             for rank in range(config.workers):
-                processes.append(_start_worker(dataclasses.replace(base, rank=rank), records))
-            restarts = _watch(run, processes, records, base)
+                spec = dataclasses.replace(base, rank=rank)
+                processes.append(_start_worker(spec, records, files))
+            restarts = _watch(run, processes, records, base, files)
             seconds = time.perf_counter() - started
             return run.finish(seconds, {"worker_restarts": restarts})
         finally:
@@ -64,12 +118,19 @@ def _train(setup: RunSetup, progress: Progress) -> RunResult:
             reap(processes)
 
 
-def _start_worker(spec: WorkerSpec, records: Any) -> Any:
+def _start_worker(spec: WorkerSpec, records: Any, files: DataFiles) -> Any:
     log = Path(spec.run_dir) / "logs" / f"worker-{spec.rank}.log"
-    return start_child(_work, (spec, records), f"ember-worker-{spec.rank}", log)
+    process = FORKSERVER.Process(
+        target=_child_main,
+        args=(_work, (spec, records, files), str(log)),
+        name=f"ember-worker-{spec.rank}",
+        daemon=False,
+    )
+    process.start()
+    return process
 
 
-def _watch(run: Run, processes: list[Any], records: Any, base: WorkerSpec) -> int:
+def _watch(run: Run, processes: list[Any], records: Any, base: WorkerSpec, files: DataFiles) -> int:
     """Relay progress and restart a child that dies (up to max_restarts times each) or fail
     fast when it may not be restarted; returns how many restarts there were."""
     config, done = run.config, run.done
@@ -83,6 +144,8 @@ def _watch(run: Run, processes: list[Any], records: Any, base: WorkerSpec) -> in
             if record.get("incarnation", incarnations[rank]) == incarnations[rank]:
                 if record.get("kind") == "error":
                     failed[rank] = (None, record.get("error", ""))
+                elif record.get("kind") == "done":  # its peak, before it exits
+                    run.sample_memory(_pids(processes))
                 run.relay(record)
             record = _next(records, 0.0)
 
@@ -101,10 +164,16 @@ def _watch(run: Run, processes: list[Any], records: Any, base: WorkerSpec) -> in
                 incarnations[rank] += 1
                 _note_restart(run, rank, incarnations[rank], exitcode, error)
                 spec = dataclasses.replace(base, rank=rank, incarnation=incarnations[rank])
-                processes[rank] = _start_worker(spec, records)
+                processes[rank] = _start_worker(spec, records, files)
             failed.clear()
-            run.tick()
+            run.tick(_pids(processes))
     return sum(incarnations)
+
+
+def _pids(workers: list[Any]) -> list[int | None]:
+    """The workers' pids and the fork server's, whose memory is the run's too."""
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    return [*pids_of(workers), getattr(server, "_forkserver_pid", None)]
 
 
 def _note_restart(run: Run, rank: int, incarnation: int, exitcode: int | None, error: str) -> None:
@@ -134,9 +203,13 @@ def _next(records: Any, timeout: float) -> dict[str, Any] | None:
         return None
 
 
-def _work(spec: WorkerSpec, records: Any) -> None:
+def _work(spec: WorkerSpec, records: Any, files: DataFiles) -> None:
     try:
-        records.put(run_worker(spec, records.put))
+        import time as _t
+
+        print("T0", _t.time(), flush=True)
+        dataset = files.shard(spec.rank, spec.world)  # mapped: its rows only, read-only
+        records.put(run_worker(spec, records.put, dataset))
     except BaseException as exc:
         text = traceback.format_exc()
         print(text, flush=True)

@@ -71,6 +71,9 @@ class Progress:
             self.started.add(rank)
             if not self.training and len(self.started) == self.workers:
                 self.phase("waiting for the first step")
+            elif not self.training and self.interactive and self.phases:  # whom it waits for
+                ready = f"{len(self.started)} of {self.workers} ready"
+                self._bar.set_description_str(f"ember: {self.phases[-1]} ({ready})...")
         elif kind == "worker":
             self.speed[rank] = record["samples_per_second"]
             self.loss[rank] = record["loss"]

@@ -4,7 +4,8 @@ and checkpointed while workers train, what they hold saved on failure, the final
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from ember.checkpoint import (
 )
 from ember.config import RunConfig
 from ember.data import Dataset
+from ember.engines.phases import PeakMemory, Timeline, pids_of
 from ember.engines.process import reap
 from ember.engines.progress import Progress
 from ember.engines.servers import ServerGroup
@@ -158,8 +160,17 @@ class Run:
     polls its workers, relays what they report, and calls `tick` between polls; leaving the
     `with` block reaps the servers, whatever happened."""
 
-    def __init__(self, setup: RunSetup, progress: Progress) -> None:
+    def __init__(
+        self,
+        setup: RunSetup,
+        progress: Progress,
+        timeline: Timeline | None = None,
+        memory: PeakMemory | None = None,
+    ) -> None:
         self.setup = setup
+        self.timeline = timeline  # the engine's, when it times the run's phases
+        self.memory = memory if memory is not None else PeakMemory()
+        self._sampled = 0.0  # perf_counter() of the last memory sample
         self.config = setup.config
         self.servers = setup.server_group() if self.config.uses_server else None
         self.progress = progress  # the engine's, open since its first phase
@@ -172,6 +183,8 @@ class Run:
         if self.servers is None:
             return []
         self.progress.phase(phase)
+        if self.timeline is not None:
+            self.timeline.mark("servers")
         addresses = self.servers.start()
         warn_if_exposed(addresses, self.config.encrypt)  # always, bar or not
         return addresses
@@ -195,6 +208,9 @@ class Run:
         self.progress.update(record)
         if record.get("kind") == "done":
             self.done[record["rank"]] = record
+        all_started = len(self.progress.started) >= self.config.workers  # at their first step
+        if record.get("kind") == "start" and all_started and self.timeline is not None:
+            self.timeline.mark_once("training")
 
     def note(self, record: Record, text: str) -> None:
         """Something that happened to the run: a record in metrics.jsonl, a line for the user."""
@@ -206,9 +222,17 @@ class Run:
         self.setup.metrics.write(record)
         raise WorkerFailed(message)
 
-    def tick(self) -> None:
-        """Between polls of the workers: replace a dead server, checkpoint when due, and
-        tell what the servers went through."""
+    def sample_memory(self, pids: Iterable[int | None] = ()) -> None:
+        """Note the peak memory of the servers and the engine's other processes `pids`."""
+        servers = pids_of(self.servers.processes) if self.servers is not None else []
+        self.memory.sample([*pids, *servers])
+        self._sampled = time.perf_counter()
+
+    def tick(self, pids: Iterable[int | None] = ()) -> None:
+        """Between polls of the workers: sample memory (of the servers and `pids`), replace a
+        dead server, checkpoint when due, and tell what the servers went through."""
+        if time.perf_counter() - self._sampled > 0.1:  # /proc is cheap, not free
+            self.sample_memory(pids)
         if self.servers is None:
             return
         self.servers.keep_alive(self.setup.checkpoints)
@@ -222,6 +246,9 @@ class Run:
         and the final evaluation of what the workers trained in `seconds`."""
         checkpoints, extra = self.setup.checkpoints, dict(extra)
         params, final = None, []
+        self.sample_memory()
+        if self.timeline is not None:
+            self.timeline.mark("checkpoint")
         if self.servers is not None:
             params = self.servers.snapshot()["params"]
             self.servers.checkpoint(checkpoints, self._meta())
@@ -236,7 +263,13 @@ class Run:
             params = last.tensors["params"]
         extra["checkpoint"] = str(last.path) if last else None
         workers = [self.done[rank] for rank in sorted(self.done)]
-        return finish_run(self.setup, params, workers, seconds, extra)
+        if self.timeline is not None:  # the engine's own figures, its processes all known
+            self.timeline.mark("evaluation")
+            extra.update(self.timeline.summary(), peak_memory_bytes=self.memory.total())
+        result = finish_run(self.setup, params, workers, seconds, extra)
+        if self.timeline is not None:
+            self.timeline.mark("teardown")
+        return result
 
     @contextmanager
     def saving_on_failure(self) -> Iterator[None]:
