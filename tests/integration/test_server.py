@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import zmq
 
-from ember.algorithms.rules import SGDRule
+from ember.algorithms.rules import EASGDRule, SGDRule
 from ember.errors import ProtocolError, ServerUnavailable
 from ember.ps import PSClient, control, fetch_state
 from ember.wire import (
@@ -311,6 +311,54 @@ def test_a_multi_chunk_push_is_folded_and_answered_chunk_by_chunk_exactly() -> N
         np.testing.assert_allclose(out, params - 0.5 * grad, rtol=1e-6, atol=1e-6)
         assert control([server.address], SECRET, "stats")[0]["counters"]["streamed"] == 1
         client.close()
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [SGDRule(lr=0.5), SGDRule(lr=0.5, momentum=0.5), EASGDRule(alpha=0.5)],
+    ids=["sgd", "momentum", "easgd"],
+)
+def test_over_the_socket_each_streamed_reply_chunk_is_the_folds_result(monkeypatch, rule) -> None:
+    """Chunk k's reply leaves while chunk k + 1 is still arriving, and lands straight in the
+    caller's array: it must be exactly what the fold made of chunk k, a refused chunk included."""
+    monkeypatch.setenv(shared.DISABLE_VARIABLE, "0")  # every payload and reply on the socket
+    chunk = CHUNK_BYTES // 4
+    size = 2 * chunk + 777  # three chunks
+    params = np.linspace(-1, 1, size, dtype=np.float32)
+    easgd = isinstance(rule, EASGDRule)
+    with running_servers(params, rule, "async") as (server,):
+        client = PSClient([server.address], SECRET, worker=0, timeout=10)
+        client.register()
+        assert not client.connections[0].shared
+        model, momentum = params.copy(), np.zeros(size, np.float32)
+        for step in range(3):
+            values = np.linspace(2, -2, size, dtype=np.float32) * np.float32(step + 1)
+            if step == 1:
+                values[chunk + 5] = np.nan  # the middle chunk is refused, the others apply
+            out = np.full(size, np.inf, np.float32)
+            client.push(values, reply_into=out, pull=not easgd)
+            expected = np.zeros(size, np.float32) if easgd else model
+            for start in range(0, size, chunk):
+                keys = slice(start, start + chunk)
+                if not np.isfinite(values[keys]).all():
+                    if not easgd:
+                        expected[keys] = model[keys]
+                    continue
+                if easgd:
+                    expected[keys] = np.float32(0.5) * (values[keys] - model[keys])
+                    model[keys] += expected[keys]
+                else:
+                    momentum[keys] = np.float32(rule.momentum) * momentum[keys] + values[keys]
+                    model[keys] -= np.float32(0.5) * momentum[keys]
+            np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+            state, _ = fetch_state([server.address], SECRET)
+            np.testing.assert_allclose(state["params"], model, rtol=1e-6, atol=1e-6)
+            if not easgd:  # the pulled parameters are the fold's result itself
+                np.testing.assert_array_equal(out, state["params"])
+        stats = control([server.address], SECRET, "stats")[0]
+        client.close()
+    assert stats["counters"]["streamed"] == 3
+    assert stats["rejected"] == {"nonfinite": 1}
 
 
 def test_a_chunk_of_the_wrong_size_ends_its_push_with_an_error_and_the_server_serves_on() -> None:

@@ -90,7 +90,8 @@ class PSClient:
         """
         started = time.perf_counter()
         parts: list[np.ndarray | None] = [values[a:b] for a, b in self.ranges]
-        replies = self._round_trip("push", parts, {"pull": pull})
+        into = None if reply_into is None else [reply_into[a:b] for a, b in self.ranges]
+        replies = self._round_trip("push", parts, {"pull": pull}, into)
         self.clock += 1
         pulled = self._scatter(replies, reply_into)
         return ExchangeResult(
@@ -102,7 +103,8 @@ class PSClient:
 
     def pull(self, out: np.ndarray) -> ExchangeResult:
         started = time.perf_counter()
-        replies = self._round_trip("pull", [None] * len(self.connections), {})
+        into = [out[a:b] for a, b in self.ranges]
+        replies = self._round_trip("pull", [None] * len(self.connections), {}, into)
         pulled = self._scatter(replies, out)
         return ExchangeResult(time.perf_counter() - started, 0, pulled, 0)
 
@@ -115,8 +117,14 @@ class PSClient:
             connection.close()
 
     def _round_trip(
-        self, op: str, parts: list[np.ndarray | None], extra: dict[str, Any]
+        self,
+        op: str,
+        parts: list[np.ndarray | None],
+        extra: dict[str, Any],
+        into: list[np.ndarray] | None = None,
     ) -> list[tuple[dict[str, Any], list[Any]]]:
+        """Send to every shard, then collect the replies; with `into`, shard i's reply lands
+        in into[i] as it arrives (_scatter then finds it in place)."""
         self.seq += 1
         for index, (connection, part) in enumerate(zip(self.connections, parts, strict=True)):
             header = self._header(op, index, part, extra)
@@ -125,7 +133,7 @@ class PSClient:
         for index, part in enumerate(parts):
             connection = self.connections[index]
             try:
-                header, frames = connection.recv()
+                header, frames = connection.recv(into=None if into is None else into[index])
             except (ServerGone, NotPrimary):
                 header, frames = self._recover(index, op, part, extra)
                 connection = self.connections[index]

@@ -36,10 +36,13 @@ class Fold:
         """Fold one chunk of a push into `keys`, writing the rule's reply part into `out`; the
         caller has released `keys` for writing. Returns the parameters at `keys` (a view)."""
         params = self.shard.params[keys]
-        if not self._finite(values, out):
+        round_sum = self.shard.round_sum
+        # Committed at once, a chunk is checked once, after its commit: the rules' results are
+        # sums and scalings of their input, so NaN or Inf in it leaves them non-finite and the
+        # commit is refused. A pass over the input first would only repeat that verdict.
+        if round_sum is not None and not self._finite(values, out):
             return params
         contribution = self.rule.contribute(params, values, out)
-        round_sum = self.shard.round_sum
         if round_sum is not None:
             # Held for the round, but easgd's reply (the contribution) goes out now: refuse it
             # if finite inputs made it overflow (a pass over the chunk just written).

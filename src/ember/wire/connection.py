@@ -15,7 +15,7 @@ from ember.wire import curve
 from ember.wire.frames import MAX_REPLY_BYTES, chunk_frames, describe, frame_sizes, seal, unseal
 from ember.wire.handshake import open_session
 from ember.wire.hosts import endpoint_is_local
-from ember.wire.shared import Region, fits
+from ember.wire.shared import Region, SharedFrame, fits
 from ember.wire.sockets import new_socket
 
 # A watched connection looks for a broken TCP session this often while it waits for a reply.
@@ -168,10 +168,14 @@ class ClientConnection:
             return False
         return True
 
-    def recv(self, timeout: float | None = None) -> tuple[dict[str, Any], list[Any]]:
+    def recv(
+        self, timeout: float | None = None, into: np.ndarray | None = None
+    ) -> tuple[dict[str, Any], list[Any]]:
         """Next reply as (header, payload frames); payload views alias the frames, or the
         shared-memory region until the next send. The whole reply must arrive within the
-        timeout."""
+        timeout. With `into` (a contiguous array), a reply over the socket that is one tensor
+        of its dtype and size is copied there frame by frame as it arrives, and the frames
+        returned are views of `into`."""
         wait = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + wait
         header = unseal(self._key, self._next_frame(wait).buffer)
@@ -191,7 +195,11 @@ class ClientConnection:
                     "this connection does not have"
                 )
             return header, list(self._region.frames(True, sizes))
-        frames = []
+        # Copying each frame while it is still in cache, then dropping it, keeps one frame
+        # alive instead of the whole reply: zmq's receive buffers are reused, not new pages.
+        target = _landing(header, into)
+        frames: list[Any] = []
+        offset = 0
         for size in sizes:
             frame = self._next_frame(deadline - time.monotonic())
             if len(frame) != size:
@@ -199,7 +207,13 @@ class ClientConnection:
                     f"server at {self.address} sent a {len(frame)}-byte frame, its header "
                     f"declares {size}"
                 )
-            frames.append(frame)
+            if target is None:
+                frames.append(frame)
+                continue
+            view = target[offset : offset + size]
+            view[...] = np.frombuffer(frame.buffer, dtype=np.uint8)
+            frames.append(SharedFrame(view.data))
+            offset += size
         return header, frames
 
     def _disconnected(self) -> bool:
@@ -247,3 +261,13 @@ class ClientConnection:
         self._region = None  # unmapped once no reply view refers to it
         self._unwatch()
         self._sock.close(linger=int(linger * 1000))
+
+
+def _landing(header: dict[str, Any], into: np.ndarray | None) -> np.ndarray | None:
+    """`into` as bytes when the reply is exactly one tensor of its dtype and size, else None
+    (the frames are returned as they came, for the caller's checks to judge)."""
+    if into is None or not into.flags.c_contiguous:
+        return None
+    if header.get("tensors") != [[into.dtype.name, [into.size]]]:
+        return None
+    return into.reshape(-1).view(np.uint8)

@@ -16,7 +16,10 @@ from ember.errors import ProtocolError
 MAC_BYTES = 32  # HMAC-SHA256 digest length
 MAX_HEADER_BYTES = 64 * 1024
 MAX_REPLY_BYTES = 1 << 36  # replies come from an authenticated server; this only bounds a bug
-CHUNK_BYTES = 2 << 20  # tensors travel in frames of at most 2 MiB: bounded allocations, pipelining
+# Tensors travel in frames of at most 8 MiB: bounded allocations, still several frames to
+# pipeline a large push, and a quarter of the per-frame costs (Python, zmq, fresh receive
+# buffers) that 2 MiB frames paid.
+CHUNK_BYTES = 8 << 20
 DTYPES: dict[str, np.dtype] = {
     "float32": np.dtype(np.float32),
     "float64": np.dtype(np.float64),
