@@ -5,8 +5,10 @@ Each system moves the same bytes per round trip: N float32 to a peer process and
   HMAC-authenticated) in a child process; a PSClient here does `push(grad, reply_into=params,
   pull=True)`, so every round trip also authenticates headers and applies an SGD update. On one
   host the payloads go through shared memory, as they do in training.
-- ember socket: the same with EMBER_SHARED_MEMORY=0, every payload over the TCP socket, as
-  between hosts.
+  Encrypted (CURVE) as a run is by default; with shared memory CURVE wraps only the headers.
+- ember socket: the same with EMBER_SHARED_MEMORY=0 and `--encrypt off`, every payload over the
+  plain TCP socket, as between hosts on a trusted network.
+- ember socket curve: the socket path encrypted with CURVE, as between hosts by default.
 - raw pyzmq: a ROUTER child echoes a same-size reply; DEALER client; ember's frame size,
   copy=False both ways, received into preallocated arrays; no auth, no header, no update.
 - gloo: two child processes, rank 0 sends N floats then receives N, rank 1 the reverse.
@@ -48,7 +50,7 @@ WARMUP = 2  # untimed round trips before each timed batch
 TIMEOUT_MS = 120_000  # a peer that does not answer within this is an error, not a hang
 TARGET = 0.8  # ember / max(raw, gloo) should reach this at every size
 SOCKET_TARGET = 1.0  # ember socket / gloo: ember's TCP path against the best TCP peer
-SYSTEMS = ("ember", "ember socket", "raw pyzmq", "gloo")
+SYSTEMS = ("ember", "ember socket", "ember socket curve", "raw pyzmq", "gloo")
 BASELINES = ("raw pyzmq", "gloo")
 
 
@@ -101,10 +103,13 @@ def _receive_address(receiver: Any, what: str) -> Any:
 
 
 # ---- ember --------------------------------------------------------------------------------------
-def _ember_server(size: int, secret: bytes, address_pipe: Any) -> None:
+def _ember_server(size: int, secret: bytes, encrypt: bool, address_pipe: Any) -> None:
     set_threads()
     from ember.algorithms.rules import SGDRule
     from ember.ps import ParameterServer, ShardSpec, make_consistency
+    from ember.wire import use_encryption
+
+    use_encryption(encrypt)
 
     # The client idles while the other systems are timed: keep it in the clock table meanwhile.
     server = ParameterServer(
@@ -122,14 +127,16 @@ def _ember_server(size: int, secret: bytes, address_pipe: Any) -> None:
 class EmberPeer:
     """A ParameterServer child and a registered PSClient pushing gradients and pulling params."""
 
-    def __init__(self, size: int, shared_memory: bool = True) -> None:
+    def __init__(self, size: int, shared_memory: bool = True, encrypt: bool = True) -> None:
         from ember.ps import PSClient
-        from ember.wire import shared
+        from ember.wire import shared, use_encryption
 
         self.secret = os.urandom(32)
         receiver, sender = SPAWN.Pipe(duplex=False)
-        self.process = start(_ember_server, size, self.secret, sender)
+        self.process = start(_ember_server, size, self.secret, encrypt, sender)
         self.address = _receive_address(receiver, "the ember parameter server")
+        self.encrypt = encrypt
+        use_encryption(encrypt)  # the client's connections take the process's setting
         self.client = PSClient([self.address], self.secret, worker=0, timeout=TIMEOUT_MS / 1000)
         chosen = os.environ.get(shared.DISABLE_VARIABLE)
         os.environ[shared.DISABLE_VARIABLE] = "1" if shared_memory else "0"
@@ -152,8 +159,10 @@ class EmberPeer:
 
     def close(self) -> None:
         from ember.ps import control
+        from ember.wire import use_encryption
 
         self.client.close()
+        use_encryption(self.encrypt)  # the stop request's connection speaks its server's transport
         control([self.address], self.secret, "stop")
         finish([self.process])
 
@@ -285,7 +294,8 @@ class GlooPeer:
 
 PEERS: dict[str, Callable[[int], Any]] = {
     "ember": EmberPeer,
-    "ember socket": lambda size: EmberPeer(size, shared_memory=False),
+    "ember socket": lambda size: EmberPeer(size, shared_memory=False, encrypt=False),
+    "ember socket curve": lambda size: EmberPeer(size, shared_memory=False, encrypt=True),
     "raw pyzmq": RawZmqPeer,
     "gloo": GlooPeer,
 }
@@ -318,6 +328,9 @@ def measure_size(size: int, repeat: int, iterations: int) -> dict[str, Any]:
         "socket_vs_gloo": spread(
             [e / g for e, g in zip(gbps["ember socket"], gbps["gloo"], strict=True)]
         ),
+        "curve_vs_plain": spread(
+            [c / p for c, p in zip(gbps["ember socket curve"], gbps["ember socket"], strict=True)]
+        ),
     }
 
 
@@ -331,6 +344,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         "ember socket / max(raw, gloo)",
         "ember socket / gloo",
         f">= {SOCKET_TARGET}",
+        "socket curve / plain",
     ]
     rows = []
     for label, result in results.items():
@@ -345,6 +359,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
                 fmt(result["socket_vs_best"]),
                 fmt(result["socket_vs_gloo"]),
                 check(result["socket_vs_gloo"], SOCKET_TARGET),
+                fmt(result["curve_vs_plain"]),
             ]
         )
     return markdown_table(headers, rows)
