@@ -1,5 +1,5 @@
 """Validated run configuration and the strategies it names: the one place for defaults, error
-messages and what a strategy implies (leaf module: imports only ember.errors)."""
+messages and what a strategy implies (imports only ember.errors and ember.network)."""
 
 from __future__ import annotations
 

@@ -113,17 +113,19 @@ class Interpreter:
         """The child's one-line answer; None when it exits or closes its stdout first, or
         says nothing within `timeout` seconds."""
         fd, line, deadline = self._answer.fileno(), b"", time.monotonic() + timeout
-        while b"\n" not in line:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], min(left, 0.5))[0]:
-                if left <= 0 or not self.is_alive():
+        try:
+            while b"\n" not in line:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], min(left, 0.5))[0]:
+                    if left <= 0 or not self.is_alive():
+                        return None
+                    continue
+                chunk = os.read(fd, 4096)
+                if not chunk:
                     return None
-                continue
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                return None
-            line += chunk
-        self._answer.close()
+                line += chunk
+        finally:
+            self._answer.close()  # one line is all it says here
         return line.decode(errors="replace").strip()
 
 
