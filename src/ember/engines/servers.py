@@ -168,7 +168,7 @@ class ServerGroup:
 
     def _promote(self, index: int, survivor: Slot, dead: Slot) -> None:
         fields = {"backup": dead.local}
-        reply = control([survivor.address], self.secret, "promote", fields=fields)[0]
+        reply = control([survivor.local], self.secret, "promote", fields=fields)[0]
         self.primary[index] = survivor.replica
         copies = reply.get("copies_applied", 0)  # 0: it holds its start checkpoint, no copy
         self._event("promoted", survivor, died=_name(dead), step=reply["step"], copies=copies)
