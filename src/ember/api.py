@@ -18,8 +18,9 @@ def fit(config_file: str | None = None, show_progress: bool = False, **fields: A
     workers=4); returns a RunResult with `.summary`, `.model` and `.run_dir`."""
     from ember.engines import train
 
-    require_main_guard("ember.fit", "its workers")
     config = run_config({k.replace("-", "_"): v for k, v in fields.items()}, config_file)
+    if config.engine == "local":  # Spark's workers and ember's servers never import __main__
+        require_main_guard("ember.fit", "its workers")
     return train(config, show_progress)
 
 

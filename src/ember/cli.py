@@ -41,6 +41,12 @@ HELP = {
     "engine": "local (processes on this machine) | spark (barrier tasks on --master)",
     "master": "--engine spark: Spark master URL, e.g. local[4], spark://host:7077, yarn or"
     " k8s://https://host:443; unset: local[WORKERS]",
+    "bind_address": "host or IPv4 address the parameter servers (and the Spark record collector)"
+    " listen on; unset: 127.0.0.1, or on a cluster master spark.driver.bindAddress, else 0.0.0.0",
+    "advertise_address": "host or IPv4 address workers connect to the servers at; unset:"
+    " 127.0.0.1, or on a cluster master spark.driver.host",
+    "ports": "LO-HI: every port the run listens on (server processes, their replicas, the Spark"
+    " record collector) is taken from this range, for firewalls; unset: any free port",
     "out": "run directory for summary.json, metrics.jsonl and checkpoints/; unset:"
     " runs/<timestamp>-<strategy>-<pid>",
     "resume": "auto (the newest valid checkpoint in --out) or a checkpoint path, continuing with"

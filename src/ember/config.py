@@ -1,5 +1,5 @@
 """Validated run configuration and the strategies it names: the one place for defaults, error
-messages and what a strategy implies (leaf module: imports only ember.errors)."""
+messages and what a strategy implies (imports only ember.errors and ember.network)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from ember.errors import CheckpointError, ConfigError
+from ember.network import check_host, port_range
 
 
 class _Name(str, enum.Enum):
@@ -127,6 +128,9 @@ class RunConfig:
     n_fetch: int = 1  # sgd: pull parameters every n_fetch steps
     engine: str = "local"  # local | spark
     master: str | None = None  # spark master URL; default local[workers]
+    bind_address: str | None = None  # servers listen here; unset: see engines/addresses.py
+    advertise_address: str | None = None  # and workers are told this address of theirs
+    ports: str | None = None  # LO-HI: every port the run listens on is in this range
     out: str | None = None  # run directory; default runs/<timestamp>-<strategy>
     resume: str | None = None  # auto | path to a checkpoint directory
     seed: int = 0  # seeds model init, data shuffling and synthetic data
@@ -221,6 +225,11 @@ class RunConfig:
             )
         if self.mode is Strategy.SINGLE and self.workers != 1:
             raise ConfigError(f"workers must be 1 for strategy 'single', got {self.workers}")
+        check_host("bind_address", self.bind_address)
+        check_host("advertise_address", self.advertise_address)
+        if self.ports is not None:  # each server slot listens, and on Spark the record collector
+            slots = self.servers * self.replicas if self.uses_server else 0
+            port_range(self.ports, slots, collector=self.engine == "spark")
         return self
 
     def _check_types(self) -> None:
@@ -318,6 +327,9 @@ def _read_yaml(path: str) -> dict[str, Any]:
 RESUME_MAY_CHANGE = (
     "epochs",
     "master",
+    "bind_address",
+    "advertise_address",
+    "ports",
     "threads",
     "checkpoint_seconds",
     "checkpoint_steps",

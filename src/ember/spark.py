@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ember.api import require_main_guard, run_config
+from ember.api import run_config
 from ember.errors import ConfigError
 
 
@@ -27,8 +27,10 @@ def fit(
     is collected to the driver for the final evaluation, the training rows never are. Other
     fields are those of `ember.fit` (strategy, workers, epochs, ...). Without `df`, trains on
     `data=` like `ember.fit(engine="spark")`. Returns a RunResult (.summary, .model, .run_dir).
+
+    It may be called from a script's top-level code (a spark-submit script): the parameter
+    servers are fresh interpreters that never import the script, and Spark runs the workers.
     """
-    require_main_guard("ember.spark.fit", "its parameter servers")
     fields = {k.replace("-", "_"): v for k, v in fields.items()}
     if fields.setdefault("engine", "spark") != "spark":
         raise ConfigError(f"ember.spark.fit runs on engine 'spark', got {fields['engine']!r}")

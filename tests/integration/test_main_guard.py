@@ -1,4 +1,5 @@
-"""A script that calls ember.fit outside `if __name__ == "__main__":` stops before it starts."""
+"""A script that calls ember.fit outside `if __name__ == "__main__":` stops before it starts
+(ember.spark.fit needs no guard: tests/spark/test_spark_script.py)."""
 
 from __future__ import annotations
 
@@ -86,27 +87,6 @@ def test_a_call_in_a_function_run_under_the_main_guard_trains(tmp_path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert float(done.stdout.split()[-1]) > 0.8
-
-
-def test_spark_fit_at_the_top_level_fails_before_pyspark_is_imported(tmp_path) -> None:
-    done = run_script(
-        tmp_path,
-        """
-        import sys
-
-        import ember
-
-        try:
-            ember.spark.fit(data="digits", epochs=1, workers=2, out=OUT)
-        finally:
-            print("pyspark" in sys.modules)
-        """,
-    )
-    assert done.returncode == 1
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.endswith(unguarded("ember.spark.fit", 7, "its parameter servers"))
-    assert done.stdout == "False\n"
-    assert not (tmp_path / "run").exists()
 
 
 def test_the_reversed_main_guard_is_accepted_too(tmp_path) -> None:

@@ -98,3 +98,64 @@ def test_cli_names_a_model_factory_that_cannot_be_imported(capsys, tmp_path) -> 
 def test_run_config_round_trips_through_a_dict() -> None:
     config = RunConfig(strategy="ssp", staleness=3).validate()
     assert RunConfig(**config.to_dict()) == config
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"bind_address": "tcp://0.0.0.0"},
+            "bind_address must be a host name or an IPv4 address, without a scheme or a port"
+            r" \(ports go in --ports\); got 'tcp://0.0.0.0'",
+        ),
+        (
+            {"advertise_address": "10.0.0.5:7100"},
+            "advertise_address must be a host name or an IPv4 address, without a scheme or a"
+            r" port \(ports go in --ports\); got '10.0.0.5:7100'",
+        ),
+        ({"advertise_address": ""}, "advertise_address must be a host name or an IPv4 address"),
+        ({"ports": "7100"}, "ports must be LO-HI with 1 <= LO <= HI <= 65535, e.g. 7100-7199;"),
+        ({"ports": "7199-7100"}, "ports must be LO-HI with 1 <= LO <= HI <= 65535"),
+        ({"ports": "0-10"}, "ports must be LO-HI with 1 <= LO <= HI <= 65535"),
+        ({"ports": "65535-65536"}, "ports must be LO-HI with 1 <= LO <= HI <= 65535"),
+        ({"ports": 7100}, "ports must be str, got 7100"),
+        (
+            {"servers": 2, "replicas": 2, "ports": "7100-7102"},
+            r"ports 7100-7102 holds 3 port\(s\), but the run listens on 4: 4 parameter-server"
+            r" process\(es\) \(servers x replicas\); widen the range",
+        ),
+        (
+            {"engine": "spark", "servers": 2, "ports": "7100-7101"},
+            r"ports 7100-7101 holds 2 port\(s\), but the run listens on 3: 2 parameter-server"
+            r" process\(es\) \(servers x replicas\) and the Spark record collector; widen",
+        ),
+    ],
+)
+def test_addresses_and_port_ranges_are_checked_naming_the_field(fields, message) -> None:
+    with pytest.raises(ConfigError, match=f"^{message}"):
+        make_config(fields)
+
+
+def test_addresses_and_a_port_range_that_fits_are_accepted() -> None:
+    config = make_config(
+        {
+            "engine": "spark",
+            "servers": 2,
+            "replicas": 2,
+            "bind_address": "0.0.0.0",
+            "advertise_address": "driver-1.cluster.example",
+            "ports": "7100-7104",
+        }
+    )
+    assert config.ports == "7100-7104" and config.advertise_address == "driver-1.cluster.example"
+    assert make_config({"strategy": "allreduce", "ports": "7100-7100"}).ports == "7100-7100"
+
+
+def test_cli_takes_the_address_flags_and_refuses_a_small_range_before_starting(
+    capsys, tmp_path
+) -> None:
+    flags = ["--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1"]
+    code = main(["train", *flags, "--servers", "2", "--ports", "7100-7100", "--out", str(tmp_path)])
+    assert code == 2
+    assert "ember: error: ports 7100-7100 holds 1 port(s)" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

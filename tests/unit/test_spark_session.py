@@ -1,8 +1,9 @@
 """Spark engine helpers that need no JVM: a stopped SparkContext, a frame's partitions, the
-Java options of a local session."""
+Java options of a local session, the masters and task slots accepted, where servers listen."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import subprocess
@@ -13,9 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from ember.config import RunConfig
 from ember.data.spark import FrameFacts
+from ember.engines.addresses import Placement, bind_first, local_address, placement, port_of
 from ember.engines.spark import jvm as spark_jvm
-from ember.engines.spark.session import stopped
+from ember.engines.spark import session as spark_session
+from ember.engines.spark.session import check_master, executor_slots, stopped
+from ember.errors import ConfigError, EmberError
 
 
 def _context(is_stopped: Callable[[], bool]) -> SimpleNamespace:
@@ -151,3 +156,142 @@ def test_the_writer_moves_a_whole_archive_into_place_or_marks_the_failure(
     else:
         assert code == 0 and archive.path.read_text() == "archived\n"
         assert not archive.failed.exists()
+
+
+# ---- masters, executors' task slots and where the servers listen ------------------------------
+
+
+class _Seq:
+    """A Scala Seq as py4j hands it over: size() and apply(i), not iteration."""
+
+    def __init__(self, items: list) -> None:
+        self.items = items
+
+    def size(self) -> int:
+        return len(self.items)
+
+    def apply(self, index: int):
+        return self.items[index]
+
+
+def _executor(name: str, cores: int) -> SimpleNamespace:
+    return SimpleNamespace(id=lambda: name, totalCores=lambda: cores)
+
+
+def _cluster(executors: Callable[[], list], parallelism: int = 2) -> SimpleNamespace:
+    """A SparkContext whose status store lists what `executors()` returns when asked."""
+    store = SimpleNamespace(executorList=lambda active: _Seq(executors()))
+    jsc = SimpleNamespace(sc=lambda: SimpleNamespace(statusStore=lambda: store))
+    return SimpleNamespace(_jsc=jsc, defaultParallelism=parallelism)
+
+
+def _config(**fields) -> RunConfig:
+    return RunConfig(engine="spark", **fields).validate()
+
+
+def _no_setting(key: str, default):
+    return default
+
+
+@pytest.mark.parametrize(
+    "master", ["spark://host0:7077", "spark://a:7077,b:7077", "yarn", "k8s://https://api:443"]
+)
+def test_a_cluster_master_is_accepted_before_its_executors_can_be_counted(master) -> None:
+    check_master(_config(workers=64), master, _no_setting)
+
+
+def test_an_unknown_master_is_refused_naming_the_ones_ember_knows() -> None:
+    with pytest.raises(ConfigError) as error:
+        check_master(_config(), "mesos://host:5050", _no_setting)
+    assert str(error.value) == (
+        "master 'mesos://host:5050' is not a Spark master URL ember knows: use local[N],"
+        " local-cluster[N, CORES, MB], spark://HOST:PORT, yarn or k8s://https://HOST"
+    )
+
+
+def test_executor_slots_count_each_executors_cores_and_leave_out_the_driver() -> None:
+    context = _cluster(lambda: [_executor("driver", 0), _executor("0", 3), _executor("1", 1)])
+    assert executor_slots(context, 1) == (4, "2 executor(s)")
+    assert executor_slots(context, 2) == (1, "2 executor(s)")  # 3 cores hold one 2-cpu task
+
+
+def test_without_the_status_store_slots_come_from_executor_cores_or_parallelism() -> None:
+    memory = SimpleNamespace(size=lambda: 4)  # three executors and the driver
+    jsc = SimpleNamespace(sc=lambda: SimpleNamespace(getExecutorMemoryStatus=lambda: memory))
+    context = SimpleNamespace(_jsc=jsc, defaultParallelism=12)
+    conf = {"spark.executor.cores": "2"}
+    assert executor_slots(context, 1, lambda k, d: conf.get(k, d)) == (
+        6,
+        "3 executor(s) of spark.executor.cores 2",
+    )
+    assert executor_slots(context, 2) == (6, "defaultParallelism 12")
+    assert executor_slots(SimpleNamespace(), 1) == (0, "Spark reports no executors")
+
+
+def test_a_cluster_waits_for_executors_to_register_then_refuses_too_few(monkeypatch) -> None:
+    monkeypatch.setattr(spark_session, "EXECUTOR_WAIT_SECONDS", 3.0)
+    registered: list = [_executor("driver", 0)]
+
+    def late() -> list:  # one executor of 2 cores registers on each look, up to two
+        if len(registered) < 3:
+            registered.append(_executor(str(len(registered)), 2))
+        return list(registered)
+
+    check_master(_config(workers=4), "spark://h:7077", _no_setting, _cluster(late))
+    started = time.monotonic()
+    small = _cluster(lambda: [_executor("driver", 0), _executor("0", 1)])
+    with pytest.raises(ConfigError) as error:
+        check_master(_config(workers=2), "spark://h:7077", _no_setting, small)
+    assert time.monotonic() - started >= 3.0  # it waited for more before refusing
+    assert str(error.value) == (
+        "master 'spark://h:7077' runs 1 task(s) at once (1 executor(s), after waiting 3s for"
+        " executors to register), but the barrier stage needs one per worker: 2; lower workers"
+        " or give the application more executors or cores (spark.executor.instances,"
+        " spark.executor.cores, spark.cores.max)"
+    )
+
+
+def test_servers_listen_on_loopback_here_and_where_spark_says_on_a_cluster() -> None:
+    conf = {"spark.driver.host": "driver-0.example", "spark.driver.bindAddress": "10.1.2.3"}
+    assert placement(_config()) == Placement("127.0.0.1", "127.0.0.1", None)
+    assert placement(_config(), True, conf.get) == Placement("10.1.2.3", "driver-0.example")
+    only_host = {"spark.driver.host": "10.0.0.9"}
+    assert placement(_config(ports="7100-7109"), True, only_host.get) == Placement(
+        "0.0.0.0", "10.0.0.9", (7100, 7109)
+    )
+    explicit = _config(bind_address="198.18.0.2", advertise_address="198.18.0.2")
+    assert placement(explicit, True, conf.get) == Placement("198.18.0.2", "198.18.0.2")
+    with pytest.raises(ConfigError, match=r"driver\.host is unset; pass --advertise-address"):
+        placement(_config(), True, {}.get)
+
+
+def test_listeners_bound_at_one_address_are_reached_and_advertised_at_others() -> None:
+    where = Placement("0.0.0.0", "driver-0.example", (7100, 7103))
+    assert where.advertised("tcp://0.0.0.0:7101") == "tcp://driver-0.example:7101"
+    assert local_address("tcp://0.0.0.0:7101") == "tcp://127.0.0.1:7101"
+    assert local_address("tcp://198.18.0.2:7101") == "tcp://198.18.0.2:7101"
+    assert where.candidates() == [7100, 7101, 7102, 7103]
+    assert where.candidates(first=3) == [7103, 7100, 7101, 7102]
+    assert Placement().candidates(first=3) == [0]
+
+
+def test_a_listener_takes_the_first_free_port_and_a_full_range_is_named() -> None:
+    taken = {7100, 7101}
+    tried: list[str] = []
+
+    def open_at(address: str) -> str:
+        tried.append(address)
+        if port_of(address) in taken:
+            raise OSError(errno.EADDRINUSE, "Address already in use")
+        return address
+
+    assert bind_first(open_at, "0.0.0.0", [7100, 7101, 7102], "server 0") == "tcp://0.0.0.0:7102"
+    assert tried == ["tcp://0.0.0.0:7100", "tcp://0.0.0.0:7101", "tcp://0.0.0.0:7102"]
+    with pytest.raises(EmberError) as error:
+        bind_first(open_at, "0.0.0.0", [7101, 7100], "server 1")
+    assert str(error.value) == (
+        "server 1: every port of --ports 7100-7101 on 0.0.0.0 is in use; widen the range or"
+        " free some"
+    )
+    with pytest.raises(OSError, match="Address already in use"):  # a restart keeps its port
+        bind_first(open_at, "0.0.0.0", [7100], "server 0")

@@ -9,7 +9,11 @@ Map:
 - join_run, write_join_file -> join.py: `ember join`, a worker added to a running async run
 - Run, RunResult, prepare_run, finish_run -> run.py: one run lifecycle for both engines (run
   directory, resume, servers kept alive and checkpointed, events relayed, final evaluation)
-- start_child, reap -> process.py: spawned children tied to the launcher's life
+- start_child, Interpreter, reap -> process.py: children (spawned workers, servers as fresh
+  interpreters) tied to the launcher's life
+- server_main.py: `python -m ember.engines.server_main`, one parameter-server process
+- Placement, placement, bind_first -> addresses.py: where listeners bind (--bind-address,
+  --ports) and what workers are told (--advertise-address)
 - Progress -> progress.py: the live progress bar
 - Timeline, PeakMemory -> phases.py: the summary's phase timings and the processes' peak memory
 - forkserver.py: imported by the workers' fork server alone, which then dies with the launcher

@@ -1,4 +1,5 @@
-"""Child processes of a launcher: spawned, logged to a file, tied to the parent's life, reaped."""
+"""Child processes of a launcher: spawned (workers) or fresh interpreters (servers), logged to
+a file, tied to the parent's life, reaped."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import contextlib
 import ctypes
 import multiprocessing as mp
 import os
+import select
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -40,14 +43,105 @@ def _child_main(target: Callable[..., Any], args: tuple[Any, ...], log_path: str
     target(*args)
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int | None = None) -> None:
     """Ask Linux to SIGKILL this child when the launcher dies, even by SIGKILL."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         PR_SET_PDEATHSIG = 1
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:  # the parent died before prctl took effect
-        os._exit(1)
+    if os.getppid() == 1 or (parent is not None and os.getppid() != parent):
+        os._exit(1)  # the parent died before prctl took effect
+
+
+class Interpreter:
+    """A child that is a fresh interpreter, `python -m module`, so it never imports the user's
+    `__main__` (spawn does, which a top-level spark-submit script cannot survive). Its input
+    (`message`: the secret among it) goes on its stdin, never on its command line; it answers
+    one line on its stdout; its output goes to `log_path`. It offers what reap and ServerGroup
+    use of a multiprocessing.Process: pid, exitcode, is_alive, terminate, kill, join."""
+
+    def __init__(self, module: str, message: bytes, name: str, log_path: Path) -> None:
+        self.name = name
+        here = str(Path(__file__).resolve().parents[2])  # the ember this launcher runs
+        path = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": here if not path else os.pathsep.join([here, path])}
+        safe_path = ["-P"] if sys.version_info >= (3, 11) else []  # not the cwd's modules
+        with open(log_path, "ab", buffering=0) as log:
+            self._popen = subprocess.Popen(
+                [sys.executable, *safe_path, "-m", module],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
+                # a session of its own: the terminal's Ctrl-C reaches the launcher alone, which
+                # decides how children stop (a last checkpoint first)
+                start_new_session=True,
+            )
+        assert self._popen.stdin is not None and self._popen.stdout is not None
+        self._answer = self._popen.stdout
+        try:
+            _write_within(self._popen.stdin.fileno(), message, INPUT_SECONDS)
+        except (BrokenPipeError, TimeoutError):
+            pass  # it died at start-up, or hangs: readline says so, naming it
+        finally:
+            self._popen.stdin.close()
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._popen.poll()  # negative for a signal, as multiprocessing's
+
+    def is_alive(self) -> bool:
+        return self._popen.poll() is None
+
+    def terminate(self) -> None:
+        if self.is_alive():
+            self._popen.terminate()
+
+    def kill(self) -> None:
+        if self.is_alive():
+            self._popen.kill()
+
+    def join(self, timeout: float | None = None) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._popen.wait(timeout)
+
+    def readline(self, timeout: float) -> str | None:
+        """The child's one-line answer; None when it exits or closes its stdout first, or
+        says nothing within `timeout` seconds."""
+        fd, line, deadline = self._answer.fileno(), b"", time.monotonic() + timeout
+        try:
+            while b"\n" not in line:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], min(left, 0.5))[0]:
+                    if left <= 0 or not self.is_alive():
+                        return None
+                    continue
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    return None
+                line += chunk
+        finally:
+            self._answer.close()  # one line is all it says here
+        return line.decode(errors="replace").strip()
+
+
+INPUT_SECONDS = 10.0  # a child that has not read its input by then is not going to
+
+
+def _write_within(fd: int, data: bytes, seconds: float) -> None:
+    os.set_blocking(fd, False)
+    deadline = time.monotonic() + seconds
+    view = memoryview(data)
+    while view:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        if select.select([], [fd], [], left)[1]:
+            view = view[os.write(fd, view) :]
 
 
 def reap(processes: Iterable[Any], grace: float = 3.0) -> None:
@@ -70,13 +164,13 @@ EMPTY_LOG_HINT = (
 )
 
 
-def tail(path: Path, lines: int = 20) -> str:
+def tail(path: Path, lines: int = 20, hint: str = EMPTY_LOG_HINT) -> str:
     """The last lines of a child's log, or a hint at the usual cause when it wrote nothing."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
         text = ""
-    return "\n".join(text.splitlines()[-lines:]) or EMPTY_LOG_HINT
+    return "\n".join(text.splitlines()[-lines:]) or hint
 
 
 def free_port() -> int:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
-import safetensors
 import safetensors.numpy
 
 from ember.algorithms import make_update_rule
@@ -28,19 +28,14 @@ from ember.checkpoint import (
     verify_run_state,
 )
 from ember.config import RunConfig
-from ember.engines.process import reap, start_child, tail
+from ember.engines.addresses import Placement, local_address, placement, port_of
+from ember.engines.process import Interpreter, reap, tail
 from ember.errors import CheckpointError, EmberError, ServerUnavailable
-from ember.ps import (
-    ParameterServer,
-    ShardSpec,
-    control,
-    fetch_state,
-    make_consistency,
-    shard_ranges,
-)
-from ember.wire import use_encryption
+from ember.ps import ShardSpec, control, fetch_state, shard_ranges
 
-ANY_PORT = "tcp://127.0.0.1:0"
+SERVER_MODULE = "ember.engines.server_main"  # what each server process runs
+START_SECONDS = 60.0  # a server that has not bound its socket by then is not going to
+NO_LOG_HINT = "(the log is empty: the server process died before Python could write to it)"
 
 
 @dataclass
@@ -48,7 +43,9 @@ class Slot:
     shard: ShardSpec
     replica: int
     process: Any = None
-    address: str = ANY_PORT  # fixed once the first process of the slot binds
+    port: int | None = None  # fixed once the first process of the slot binds: restarts keep it
+    address: str = ""  # what workers are told: tcp://<advertise>:<port>
+    local: str = ""  # how this machine reaches it: the launcher's requests, its peer replica
     restarts: int = 0
 
 
@@ -66,6 +63,7 @@ class ServerGroup:
         self.config, self.secret, self.log_dir = config, secret, log_dir
         self.initial, self.resume = initial, resume
         self.rule = make_update_rule(config)
+        self.where: Placement = placement(config)  # the Spark driver sets a cluster's
         self.slots: list[list[Slot]] = []
         self.primary: list[int] = []  # per shard, the replica serving workers
         self.events: list[dict[str, Any]] = []  # promotions and restarts, for the summary
@@ -89,7 +87,8 @@ class ServerGroup:
 
     @property
     def primaries(self) -> list[str]:
-        return [slot.address for slot in self.primary_slots]
+        """Where this machine reaches each shard's primary."""
+        return [slot.local for slot in self.primary_slots]
 
     def start(self) -> list[str]:
         ranges = shard_ranges(self.initial.size, self.config.servers)
@@ -115,32 +114,35 @@ class ServerGroup:
     ) -> None:
         """Start processes in parallel, then wait for each to say where it listens."""
         workers, step = meta.get("workers", {}), int(meta.get("server_step", 0))
-        pipes = []
         for slot, role, backup in plan:
-            receiver, sender = _pipe()
-            place = (slot.shard, slot.address, role, backup)
-            args = (place, str(state), self.rule, self.config, self.secret, workers, step, sender)
-            slot.process = start_child(_serve, args, _name(slot), self._log(slot))
-            sender.close()  # the child holds the only write end, so its death closes the pipe
-            pipes.append((slot, receiver))
-        for slot, receiver in pipes:
-            slot.address = self._address_of(slot, receiver)
+            first = slot.shard.index * self.config.replicas + slot.replica
+            message = {
+                "parent": os.getpid(),
+                "config": self.config.to_dict(),
+                "secret": self.secret,
+                "shard": asdict(slot.shard),
+                "role": role,
+                "backup": backup,
+                "bind": self.where.bind,
+                "ports": [slot.port] if slot.port is not None else self.where.candidates(first),
+                "state": str(state),
+                "workers": workers,
+                "step": step,
+            }
+            packed = msgpack.packb(message)
+            slot.process = Interpreter(SERVER_MODULE, packed, _name(slot), self._log(slot))
+        for slot, _, _ in plan:
+            self._bound(slot, slot.process.readline(START_SECONDS))
 
-    def _address_of(self, slot: Slot, receiver: Any) -> str:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if receiver.poll(0.5):
-                try:
-                    return str(receiver.recv())
-                except EOFError:
-                    break  # the server died before it could say where it listens
-            if slot.process.exitcode is not None:
-                break
-        self.stop()
-        raise ServerUnavailable(
-            f"parameter server {_name(slot)} did not start (exit code {slot.process.exitcode});"
-            f" its log ends:\n{tail(self._log(slot))}"
-        )
+    def _bound(self, slot: Slot, answer: str | None) -> None:
+        if answer is None or not answer.startswith("tcp://"):
+            self.stop()
+            raise ServerUnavailable(
+                f"parameter server {_name(slot)} did not start (exit code"
+                f" {slot.process.exitcode}); its log ends:\n{self._tail(slot)}"
+            )
+        slot.port, slot.local = port_of(answer), local_address(answer)
+        slot.address = self.where.advertised(answer)
 
     def keep_alive(self, checkpoints: Path) -> None:
         """Promote the backup of a dead primary and start every dead slot again, up to
@@ -152,7 +154,7 @@ class ServerGroup:
                     raise EmberError(
                         f"parameter server {_name(slot)} exited with code {slot.process.exitcode}"
                         f" ({slot.restarts} restarts allowed by max_restarts used);"
-                        f" its log ends:\n{tail(self._log(slot))}"
+                        f" its log ends:\n{self._tail(slot)}"
                     )
             live = [slot for slot in shard if slot not in dead]
             if not dead:
@@ -165,8 +167,8 @@ class ServerGroup:
             self._restart(index, dead, checkpoints, primary_needed=not live)
 
     def _promote(self, index: int, survivor: Slot, dead: Slot) -> None:
-        fields = {"backup": dead.address}
-        reply = control([survivor.address], self.secret, "promote", fields=fields)[0]
+        fields = {"backup": dead.local}
+        reply = control([survivor.local], self.secret, "promote", fields=fields)[0]
         self.primary[index] = survivor.replica
         copies = reply.get("copies_applied", 0)  # 0: it holds its start checkpoint, no copy
         self._event("promoted", survivor, died=_name(dead), step=reply["step"], copies=copies)
@@ -247,7 +249,7 @@ class ServerGroup:
         """Stop every process; return the primaries' final statistics."""
         final: list[dict[str, Any]] = []
         try:
-            if self.slots and ANY_PORT not in self.primaries:
+            if self.slots and all(self.primaries):
                 final = control(self.primaries, self.secret, "stop", timeout=5.0)
         except EmberError:
             pass  # a dead server is reaped below either way
@@ -262,6 +264,9 @@ class ServerGroup:
         safetensors.numpy.save_file(keep, str(path))
         return path
 
+    def _tail(self, slot: Slot) -> str:
+        return tail(self._log(slot), hint=NO_LOG_HINT)
+
     def _log(self, slot: Slot) -> Path:
         return self.log_dir / f"{_name(slot).removeprefix('ember-')}.log"
 
@@ -272,7 +277,8 @@ def _name(slot: Slot) -> str:
 
 
 def _peer(shard: list[Slot], replica: int) -> str | None:
-    others = [slot.address for slot in shard if slot.replica != replica]
+    """Where a primary ships copies of its state: its backup, on this machine."""
+    others = [slot.local for slot in shard if slot.replica != replica]
     return others[0] if others else None
 
 
@@ -280,57 +286,3 @@ def _primary_first(group: ServerGroup, index: int) -> list[Slot]:
     shard = group.slots[index]
     primary = shard[group.primary[index]]
     return [primary] + [slot for slot in shard if slot is not primary]
-
-
-def _pipe() -> Any:
-    from ember.engines.process import SPAWN
-
-    return SPAWN.Pipe(duplex=False)
-
-
-def _serve(
-    place: tuple[ShardSpec, str, str, str | None],
-    start_state: str,
-    rule: Any,
-    config: RunConfig,
-    secret: bytes,
-    workers: dict[str, Any],
-    step: int,
-    address_pipe: Any,
-) -> None:
-    import torch
-
-    shard, bind, role, backup = place
-    use_encryption(config.encrypt)  # this process's endpoint and replica connection
-    with safetensors.safe_open(start_state, framework="np") as saved:
-        params = saved.get_slice("params")[shard.start : shard.stop]
-        state = {
-            k: saved.get_slice(k)[shard.start : shard.stop]
-            for k in saved.keys()  # noqa: SIM118 - safe_open is not iterable
-            if k in rule.state_names
-        }
-    torch.set_num_threads(1)
-    server = ParameterServer(
-        shard,
-        params,
-        rule,
-        make_consistency(config.consistency, config.staleness),
-        secret,
-        bind=bind,
-        state=state,
-        expected_workers=config.workers,
-        workers={int(k): v for k, v in workers.items()},
-        step=step,
-        worker_timeout=config.worker_timeout,
-        role=role,
-        backup=backup,
-        replica_seconds=config.replica_seconds,
-    )
-    address_pipe.send(server.address)
-    print(
-        f"server {shard.index} ({role}) pid {os.getpid()} serving keys"
-        f" [{shard.start}, {shard.stop}) at {server.address}",
-        flush=True,
-    )
-    server.serve()
-    print(f"server {shard.index} stopped: {server.stats()}", flush=True)

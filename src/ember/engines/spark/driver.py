@@ -25,10 +25,12 @@ from ember.engines.spark.session import (
     check_cluster,
     check_supported,
     driver_memory,
+    is_local,
+    run_placement,
     session,
     stopped,
 )
-from ember.engines.spark.task import train_partition
+from ember.engines.spark.task import UNREACHABLE, train_partition
 from ember.errors import WorkerFailed
 from ember.metrics import JobFailure, RunEvent
 from ember.ps import fetch_state
@@ -48,16 +50,19 @@ def train_spark(config: RunConfig, show_progress: bool = True) -> RunResult:
         setup = prepare_run(config)  # bad data is refused before any JVM starts
         data = setup.dataset
         run = Run(setup, progress)
-        starts_spark = active_session() is None
+        # On this machine the servers start (and import PyTorch) while the JVM does; a
+        # cluster's addresses come from the session's configuration (spark.driver.host).
+        early = active_session() is None and is_local(config.master or "local")
 
-        def meanwhile() -> None:  # the servers start (and import PyTorch) while the JVM does
-            if starts_spark:
+        def meanwhile() -> None:
+            if early:
                 run.start_servers("starting Spark and the parameter servers")
                 progress.phase("waiting for Spark to start")
-            else:
-                run.start_servers()
 
         with run, session(config, show_progress, meanwhile) as (spark, session_seconds):
+            if not early:
+                _servers(run).where = run_placement(config, spark)
+                run.start_servers()
             warm_up = start_warm_up(spark, config.workers)
             progress.phase("handing the data to Spark")
             pixels = train_pixels(data)
@@ -90,6 +95,7 @@ def train_dataframe(
         progress.phase("reading the DataFrame")
         frame, facts, data = dataframe_dataset(df, features_col, label_col, test_df, config.seed)
         with Run(_prepare(config, data), progress) as run:
+            _servers(run).where = run_placement(config, df.sparkSession)
             run.start_servers()
             return _train(run, df.sparkSession, frame, facts, (0.0, began), warm_up)
 
@@ -111,7 +117,8 @@ def _train(
     if repartition:
         frame = frame.repartition(config.workers)
     job: Job | None = None
-    with run.saving_on_failure(), RecordCollector(setup.secret) as collector:
+    where, slots = _servers(run).where, config.servers * config.replicas
+    with run.saving_on_failure(), RecordCollector(setup.secret, where, slots=slots) as collector:
         try:
             spec = WorkerSpec(
                 config,
@@ -143,6 +150,8 @@ def _train(
             about_spark = {
                 "master": spark.sparkContext.master,
                 "stage_attempts": job.attempt() + 1,
+                **where.describe(),
+                "record_collector": collector.address,
                 **{f"{name}_seconds": value for name, value in timings.items()},
             }
             return run.finish(seconds, {"spark": about_spark})
@@ -185,9 +194,14 @@ def _watch(run: Run, job: Job, rows: int, collector: RecordCollector) -> None:
                     )
         if job.error is not None:
             _fail(run, job)
+        records = [json.loads(line) for line in job.rows]
+        unreachable = [r["error"] for r in records if r.get("kind") == UNREACHABLE]
+        if unreachable:  # the tasks' one line says it all
+            message = f"the Spark training job failed ({job.attempt() + 1} attempt(s)):"
+            run.fail(JobFailure(error=unreachable[0]), f"{message}\n{unreachable[0]}")
         attempt = job.attempt()
-        for line in job.rows:
-            run.relay({**json.loads(line), "attempt": attempt})
+        for record in records:
+            run.relay({**record, "attempt": attempt})
         bar.set_completed(run.total)  # every worker finished, whatever the last replay says
 
 

@@ -15,9 +15,9 @@ import threading
 from collections import Counter
 from typing import Any
 
+from ember.engines.addresses import Placement, bind_first
 from ember.wire import CONNECTION_ERRORS, ClientConnection, Request, ServerEndpoint
 
-BIND = "tcp://127.0.0.1:0"  # as the parameter servers bind
 RECORDS_PER_CONNECTION = 100_000  # a task's records past this are dropped
 QUEUED_RECORDS = 10_000  # records waiting for the driver past this are dropped
 CONNECT_SECONDS = 10.0  # a task gives up streaming when the collector does not answer by then
@@ -27,17 +27,25 @@ POLL_SECONDS = 0.2
 
 class RecordCollector:
     """The driver's side: on a thread of its own, takes the records authenticated tasks send
-    and queues them for `drain`; a peer without the secret is never heard."""
+    and queues them for `drain`; a peer without the secret is never heard. It listens where
+    the parameter servers do (`where`), and `address` is what tasks are told."""
 
     def __init__(
         self,
         secret: bytes,
-        bind: str = BIND,
+        where: Placement | None = None,
         per_connection: int = RECORDS_PER_CONNECTION,
         queued: int = QUEUED_RECORDS,
+        slots: int = 0,
     ) -> None:
-        self._endpoint = ServerEndpoint(secret, bind, max_payload_bytes=0)  # headers only
-        self.address = self._endpoint.address
+        def listen(bind: str) -> ServerEndpoint:
+            return ServerEndpoint(secret, bind, max_payload_bytes=0)  # headers only
+
+        where = where or Placement()
+        # after the ports the server slots start at (see ServerGroup._launch)
+        ports = where.candidates(first=slots)
+        self._endpoint = bind_first(listen, where.bind, ports, "the Spark record collector")
+        self.address = where.advertised(self._endpoint.address)
         self.per_connection = per_connection
         self._queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=queued)
         self._taken: Counter[bytes] = Counter()  # records queued per connection

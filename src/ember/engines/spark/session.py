@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ember.config import RunConfig
+from ember.engines.addresses import Placement, placement
 from ember.engines.spark.jvm import (
     LOCAL_DRIVER_MEMORY,
     ClassArchive,
@@ -22,6 +23,8 @@ from ember.engines.spark.jvm import (
 from ember.errors import ConfigError, EmberError
 
 SESSION_START_TIMEOUT = 300.0  # a JVM that has not started by then is not going to
+EXECUTOR_WAIT_SECONDS = 10.0  # how long a cluster's executors may take to register
+_CLUSTER = re.compile(r"spark://\S+|yarn|k8s://\S+")
 _LOCAL = re.compile(
     r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?|local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,.*\]"
 )
@@ -46,34 +49,104 @@ def check_cluster(config: RunConfig, spark: Any) -> None:
         context = spark.sparkContext
     except Exception as exc:  # Spark Connect sessions have no SparkContext
         raise ConfigError(f"engine 'spark' needs a classic SparkSession, not {spark!r}") from exc
-    check_master(config, context.master, context.getConf().get)
+    check_master(config, context.master, context.getConf().get, context)
 
 
-def check_master(config: RunConfig, master: str, setting: Callable[[str, str], Any]) -> None:
-    """check_cluster for a master URL and a lookup of its settings (key, default) -> value."""
+def is_local(master: str) -> bool:
+    """Whether every executor of `master` runs on the driver's machine."""
+    return _LOCAL.fullmatch(master) is not None
+
+
+def check_master(
+    config: RunConfig, master: str, setting: Callable[[str, str], Any], context: Any = None
+) -> None:
+    """check_cluster for a master URL and a lookup of its settings (key, default) -> value.
+    A local master's task slots follow from its URL; a cluster's are counted on the running
+    `context`'s executors, and not at all before a session exists (context None)."""
     if str(setting("spark.dynamicAllocation.enabled", "false")).strip().lower() == "true":
         raise ConfigError(
             "spark.dynamicAllocation.enabled is true, but barrier stages (all workers at once)"
             " do not support dynamic allocation; set it to false"
         )
+    task_cpus = max(1, int(setting("spark.task.cpus", "1")))
     match = _LOCAL.fullmatch(master)
     if match is None:
-        raise ConfigError(
-            f"master {master!r} is not local: the parameter servers listen on 127.0.0.1 of the"
-            " driver, which executors on other machines cannot reach; use local[N] or"
-            " local-cluster[...] (a routable bind address is future work)"
-        )
+        if context is None and not _CLUSTER.fullmatch(master):
+            raise ConfigError(
+                f"master {master!r} is not a Spark master URL ember knows: use local[N],"
+                " local-cluster[N, CORES, MB], spark://HOST:PORT, yarn or k8s://https://HOST"
+            )
+        if context is not None:
+            _check_executors(config, master, context, task_cpus, setting)
+        return
     threads, executors, cores = match.groups()
     if executors is not None:
         slots = int(executors) * int(cores)
     else:
         slots = (os.cpu_count() or 1) if threads == "*" else int(threads or 1)
-    slots //= max(1, int(setting("spark.task.cpus", "1")))
+    slots //= task_cpus
     if slots < config.workers:
         raise ConfigError(
             f"master {master!r} runs {slots} task(s) at once, but the barrier stage needs one"
             f" per worker: {config.workers}; lower workers or use local[{config.workers}]"
         )
+
+
+def _check_executors(
+    config: RunConfig, master: str, context: Any, task_cpus: int, setting: Callable[..., Any]
+) -> None:
+    """Executors register a moment after the session starts: wait for enough task slots, up
+    to EXECUTOR_WAIT_SECONDS, before refusing."""
+    deadline = time.monotonic() + EXECUTOR_WAIT_SECONDS
+    while True:
+        slots, counted = executor_slots(context, task_cpus, setting)
+        if slots >= config.workers:
+            return
+        if time.monotonic() >= deadline:
+            raise ConfigError(
+                f"master {master!r} runs {slots} task(s) at once ({counted}, after waiting"
+                f" {EXECUTOR_WAIT_SECONDS:g}s for executors to register), but the barrier stage"
+                f" needs one per worker: {config.workers}; lower workers or give the"
+                " application more executors or cores (spark.executor.instances,"
+                " spark.executor.cores, spark.cores.max)"
+            )
+        time.sleep(0.25)
+
+
+def executor_slots(
+    context: Any, task_cpus: int, setting: Callable[..., Any] = lambda _, d: d
+) -> tuple[int, str]:
+    """The running application's barrier task slots, and how they were counted: each
+    executor's cores from Spark's status store (the driver is no executor on a cluster);
+    else the executors Spark reports times spark.executor.cores; else defaultParallelism
+    (all executors' cores together, but at least 2, or spark.default.parallelism if set)."""
+    try:
+        executors = context._jsc.sc().statusStore().executorList(True)
+        cores = [executors.apply(i) for i in range(executors.size())]
+        cores = [int(e.totalCores()) for e in cores if str(e.id()) != "driver"]
+        return sum(c // task_cpus for c in cores), f"{len(cores)} executor(s)"
+    except Exception:  # an API private to Spark: it may change or be missing
+        pass
+    per_executor = setting("spark.executor.cores", None)
+    try:
+        if per_executor is not None:
+            executors = int(context._jsc.sc().getExecutorMemoryStatus().size()) - 1
+            slots = executors * (int(per_executor) // task_cpus)
+            return slots, f"{executors} executor(s) of spark.executor.cores {per_executor}"
+    except Exception:
+        pass
+    try:
+        parallelism = int(context.defaultParallelism)
+    except Exception:
+        return 0, "Spark reports no executors"
+    return parallelism // task_cpus, f"defaultParallelism {parallelism}"
+
+
+def run_placement(config: RunConfig, spark: Any) -> Placement:
+    """Where the servers listen and what tasks are told, for the session's master."""
+    context = spark.sparkContext
+    conf = context.getConf()
+    return placement(config, not is_local(context.master), lambda key: conf.get(key, None))
 
 
 def active_session() -> Any:
@@ -97,6 +170,7 @@ def check_before_start(config: RunConfig) -> None:
         return
     check_java()
     check_master(config, config.master or f"local[{config.workers}]", lambda _, value: value)
+    # a cluster's executors cannot be counted before its session starts: session() does
 
 
 def _check_same_master(config: RunConfig, active: Any) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -11,8 +13,11 @@ from ember.data import Dataset
 from ember.data.spark import partition_arrays
 from ember.engines.spark.records import RecordSender
 from ember.errors import EmberError
-from ember.wire import use_encryption
+from ember.wire import CONNECTION_ERRORS, ClientConnection, use_encryption
 from ember.worker import WorkerSpec, run_worker
+
+PROBE_SECONDS = 5.0  # a server this task cannot reach within this is not going to answer
+UNREACHABLE = "unreachable"  # the kind of the record a task returns when a server is not
 
 
 def train_partition(
@@ -33,12 +38,24 @@ def train_partition(
     world = len(context.getTaskInfos())
     if world != spec.world:
         raise EmberError(f"the barrier stage has {world} tasks for {spec.world} workers")
+    use_encryption(spec.config.encrypt)  # before the probe's and the record sender's sockets
     x, y = partition_arrays(batches, probe.input_shape)
+    # Each task connects to every server before its first step and all hear every verdict
+    # (allGather costs about a second): when one cannot, every task returns that one line
+    # and the stage ends once. Raising instead would have Spark retry the stage, up to
+    # spark.stage.maxConsecutiveAttempts times, to the same end.
+    verdict = {"rows": len(x), "unreachable": probe_servers(spec.servers, spec.secret)}
+    verdicts = [json.loads(v) for v in context.allGather(json.dumps(verdict))]
+    failures = [v["unreachable"] for v in verdicts if v["unreachable"]]
+    if failures:
+        unreachable = {"kind": UNREACHABLE, "rank": context.partitionId(), "error": failures[0]}
+        yield pa.RecordBatch.from_pydict({"record": [json.dumps(unreachable)]})
+        return
     # Every worker trains on as many rows as the smallest partition holds, so synchronous
     # strategies take the same number of steps everywhere (as shard_indices does locally).
-    # After a repartition only the tasks know their sizes; allGather costs about a second.
+    # After a repartition only the tasks know their sizes.
     if rows is None:
-        rows = min(int(n) for n in context.allGather(str(len(x))))
+        rows = min(int(v["rows"]) for v in verdicts)
     elif len(x) < rows:
         raise EmberError(f"partition {context.partitionId()} holds {len(x)} rows, not {rows}")
     data = replace(probe, name="partition", x_train=x[:rows], y_train=y[:rows])
@@ -47,7 +64,6 @@ def train_partition(
     incarnation = int(context.taskAttemptId())
     spec = replace(spec, rank=context.partitionId(), incarnation=incarnation)
     records: list[dict[str, Any]] = []
-    use_encryption(spec.config.encrypt)  # before the record sender's thread connects
     sender = RecordSender(collector, spec.secret) if collector is not None else None
 
     def report(record: dict[str, Any]) -> None:
@@ -62,3 +78,42 @@ def train_partition(
             sender.close()
     lines = [json.dumps({**r, "incarnation": incarnation}) for r in records]
     yield pa.RecordBatch.from_pydict({"record": lines})
+
+
+def probe_servers(servers: list[str], secret: bytes, seconds: float = PROBE_SECONDS) -> str | None:
+    """Connect to every server (each shard's replicas too), all at once: None when each
+    answers as a server of this run within `seconds`, else the one line saying which did
+    not, from where and what to check."""
+    addresses = [a for shard in servers for a in shard.split(",")]
+    with ThreadPoolExecutor(len(addresses)) as pool:
+        failures = list(pool.map(lambda a: _probe(a, secret, seconds), addresses))
+    return next((f for f in failures if f is not None), None)
+
+
+def _probe(address: str, secret: bytes, seconds: float) -> str | None:
+    """None when `address` answers as a server of this run; else the one line saying why."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    try:  # a bare TCP connection first: it tells a refusal from silence, and fast
+        socket.create_connection((host, int(port)), timeout=seconds).close()
+        ClientConnection(address, secret, timeout=seconds).close()
+        return None
+    except (OSError, *CONNECTION_ERRORS) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if isinstance(exc, TimeoutError | socket.timeout):
+            reason = f"no answer within {seconds:g}s"
+    return (
+        f"the training task on {socket.gethostname()} ({_own_address(host, int(port))}) cannot"
+        f" reach the parameter server at {host} port {port}: {reason}. Check --advertise-address"
+        " (what tasks are told the driver is at), that no firewall between this host and the"
+        " driver drops the port, and --ports"
+    )
+
+
+def _own_address(host: str, port: int) -> str:
+    """This host's address on the route towards `host` (a UDP connect sends nothing)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, port))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return "address unknown"

@@ -1,0 +1,89 @@
+"""`python -m ember.engines.server_main`: one parameter-server process, as ServerGroup starts
+it. A fresh interpreter rather than a spawned child, so it never imports the user's
+`__main__`: a top-level spark-submit script works. Its input is one msgpack map on stdin
+(never the command line: the run's secret is in it); it answers the address it bound, one
+line on stdout, then serves; what it prints goes to its log, the stderr it was given."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import safetensors
+
+from ember.algorithms import make_update_rule
+from ember.config import RunConfig
+from ember.engines.addresses import bind_first
+from ember.engines.process import _die_with_parent
+from ember.ps import ParameterServer, ShardSpec, make_consistency
+from ember.wire import use_encryption
+
+
+def main() -> None:
+    # Ctrl-C is the launcher's to handle (a last checkpoint first); it stops servers itself
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    message = msgpack.unpackb(sys.stdin.buffer.read())  # until the launcher closes the pipe
+    _die_with_parent(message["parent"])
+    answer = os.dup(1)
+    os.dup2(2, 1)  # from here on what the server prints goes to its log
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the process's own
+
+    def tell(address: str) -> None:
+        os.write(answer, f"{address}\n".encode())
+        os.close(answer)
+
+    serve(message, tell)
+
+
+def serve(message: dict[str, Any], tell: Callable[[str], None]) -> None:
+    import torch  # already imported by ember.ps; one thread, as the server's work is small
+
+    config = RunConfig(**message["config"]).validate()
+    use_encryption(config.encrypt)  # every socket of this process, before the first opens
+    shard, role = ShardSpec(**message["shard"]), message["role"]
+    rule = make_update_rule(config)  # rebuilt here: ps never imports the algorithms
+    with safetensors.safe_open(message["state"], framework="np") as saved:
+        params = saved.get_slice("params")[shard.start : shard.stop]
+        state = {
+            k: saved.get_slice(k)[shard.start : shard.stop]
+            for k in saved.keys()  # noqa: SIM118 - safe_open is not iterable
+            if k in rule.state_names
+        }
+    torch.set_num_threads(1)
+
+    def listen(bind: str) -> ParameterServer:
+        return ParameterServer(
+            shard,
+            params,
+            rule,
+            make_consistency(config.consistency, config.staleness),
+            message["secret"],
+            bind=bind,
+            state=state,
+            expected_workers=config.workers,
+            workers={int(k): v for k, v in message["workers"].items()},
+            step=message["step"],
+            worker_timeout=config.worker_timeout,
+            role=role,
+            backup=message["backup"],
+            replica_seconds=config.replica_seconds,
+        )
+
+    name = f"parameter server {shard.index} ({role})"
+    server = bind_first(listen, message["bind"], message["ports"], name)
+    tell(server.address)
+    print(
+        f"server {shard.index} ({role}) pid {os.getpid()} serving keys"
+        f" [{shard.start}, {shard.stop}) at {server.address}",
+        flush=True,
+    )
+    server.serve()
+    print(f"server {shard.index} stopped: {server.stats()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""ServerGroup's processes: fresh interpreters that take their input on a pipe, listen inside
+--ports and on --bind-address, tell workers --advertise-address, and keep their port when
+restarted."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import psutil
+import pytest
+
+from ember.config import RunConfig
+from ember.engines.servers import SERVER_MODULE, ServerGroup
+from ember.ps import control
+from tests.conftest import SECRET
+from tests.processes import wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def group(tmp_path, **fields) -> ServerGroup:
+    config = RunConfig(strategy="async", **fields).validate()
+    return ServerGroup(config, np.arange(1000, dtype=np.float32), SECRET, tmp_path)
+
+
+def test_servers_are_fresh_interpreters_whose_secret_stays_off_the_command_line(tmp_path) -> None:
+    servers = group(tmp_path, servers=2)
+    try:
+        servers.start()
+        for process in servers.processes:
+            command = psutil.Process(process.pid).cmdline()
+            assert command[-2:] == ["-m", SERVER_MODULE]
+            assert not any(SECRET.hex() in part or "s" * 32 in part for part in command)
+        assert [r["step"] for r in control(servers.primaries, SECRET, "stats")] == [0, 0]
+    finally:
+        servers.stop()
+    assert all(p.exitcode is not None for p in servers.processes)
+
+
+def test_slots_bind_inside_the_range_advertise_elsewhere_and_keep_their_port(tmp_path) -> None:
+    low, high = 47330, 47333
+    servers = group(
+        tmp_path,
+        servers=2,
+        replicas=2,
+        bind_address="0.0.0.0",
+        advertise_address="driver-0.example",
+        ports=f"{low}-{high}",
+    )
+    try:
+        servers.start()
+        slots = [slot for shard in servers.slots for slot in shard]
+        assert sorted(slot.port for slot in slots) == [low, low + 1, low + 2, low + 3]
+        for slot in slots:
+            assert slot.address == f"tcp://driver-0.example:{slot.port}"
+            assert slot.local == f"tcp://127.0.0.1:{slot.port}"  # bound to every interface
+        log = (tmp_path / "server-0.log").read_text()
+        assert re.search(rf"at tcp://0\.0\.0\.0:{slots[0].port}\b", log)
+        before = servers.addresses
+        victim = servers.slots[1][0]
+        victim.process.kill()
+        assert wait_for(lambda: victim.process.exitcode is not None, 10)
+        servers.keep_alive(tmp_path / "checkpoints")  # promotes its backup, restarts the slot
+        assert victim.restarts == 1 and victim.process.is_alive()
+        assert sorted(servers.addresses[1].split(",")) == sorted(before[1].split(","))
+        assert servers.addresses[1].split(",")[0] != before[1].split(",")[0]  # the backup leads
+    finally:
+        servers.stop()
