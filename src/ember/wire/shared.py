@@ -189,6 +189,15 @@ class ServerRegions:
     def forget(self, peer: bytes) -> None:
         self._queued = deque(item for item in self._queued if item[0].peer != peer)
 
+    def drop(self, peer: bytes) -> None:
+        """A peer's connection closed: its region is unmapped once no view refers to it."""
+        self.forget(peer)
+        self._by_peer.pop(peer, None)
+        self._replying.pop(peer, None)
+        for owner, holder in list(self._by_owner.items()):
+            if holder == peer:
+                del self._by_owner[owner]
+
     def start_reply(self, request: Any, header: dict[str, Any], sizes: list[int]) -> bool:
         """Whether this reply's payload goes through the region; if so its header waits until
         write_reply has copied every byte."""
