@@ -131,24 +131,15 @@ class ClientConnection:
         hosts), and payloads meant for the network would then skip it."""
         if not endpoint_is_local(self.address):
             return False
-        region = Region.create(payload_bytes)
-        if region is None:
+        self.send({"op": "attach", "seq": 0, "bytes": 2 * payload_bytes, "owner": owner})
+        answer = self.recv()[0]
+        if not answer.get("attached"):
             return False
-        try:
-            self.send(
-                {
-                    "op": "attach",
-                    "seq": 0,
-                    "region": region.name,
-                    "bytes": region.size,
-                    "owner": owner,
-                }
-            )
-            attached = bool(self.recv()[0].get("attached"))
-        finally:
-            region.unlink()  # mapped on both sides now, or not needed: no file is left behind
-        self._region = region if attached else None
-        return attached
+        try:  # opened before anything else is sent: the server closes its fd after that
+            self._region = Region.join(answer.get("path"), answer.get("bytes"))
+        except ProtocolError:
+            return False  # another user's server, or none: the socket carries everything
+        return True
 
     def send(self, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> None:
         """Send the header, then each chunk as a message of its own, zero-copy: the arrays must

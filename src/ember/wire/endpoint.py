@@ -122,6 +122,7 @@ class ServerEndpoint:
             if key is not None:
                 self._sessions[peer] = key
             return None
+        self._regions.opened(peer)
         stream = self._streams.get(peer)
         if stream is not None:
             index = len(stream.frames)
