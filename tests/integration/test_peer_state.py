@@ -19,7 +19,7 @@ import zmq
 from ember.algorithms.rules import SGDRule
 from ember.ps import PSClient
 from ember.wire import CHUNK_BYTES, ClientConnection, shared
-from ember.wire.endpoint import Chunk, Request, ServerEndpoint
+from ember.wire.endpoint import CLOSING_SECONDS, Chunk, Request, ServerEndpoint
 from ember.wire.frames import seal
 from tests.conftest import SECRET, running_servers
 
@@ -114,6 +114,7 @@ def test_a_peer_presenting_a_closed_connections_id_cannot_finish_its_push() -> N
         attacker.send(bytes(CHUNK_BYTES))  # a second chunk of the right size, no session
         assert polling.take(1.0) == []
         assert sum(endpoint.rejected.values()) >= 1  # it arrived, and was refused
+        polling.take(CLOSING_SECONDS)
         assert endpoint.peer_state["sessions"] == 0
     finally:
         polling.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,10 @@ from ember.wire.peers import PeerConnections
 from ember.wire.shared import ServerRegions
 from ember.wire.sockets import new_socket
 from ember.wire.ticket import COPIED, SendTicket
+
+# A closed connection's messages read after its close keep their session this long (a record
+# or `done` sent just before closing); headers are sealed, so nobody else can use it.
+CLOSING_SECONDS = 2.0
 
 
 @dataclass
@@ -86,6 +91,7 @@ class ServerEndpoint:
         self._regions = ServerRegions(max_payload_bytes)  # same-host peers' shared memory
         self._connections = PeerConnections(self._sock)
         self._broken: deque[Chunk] = deque()  # streams whose connection closed, to report
+        self._closing: dict[bytes, float] = {}  # peer -> when its session goes
         self.rejected: Counter[str] = Counter()
 
     def poll(self, timeout: float) -> Request | Chunk | None:
@@ -144,6 +150,8 @@ class ServerEndpoint:
             self._sock.send_multipart([peer, seal(key, answer)])
             return None
         sizes = frame_sizes(header.get("tensors", []), self.max_payload_bytes)
+        if sizes and peer in self._closing:
+            raise ProtocolError("connection closed: its payload is not taken")
         request = Request(peer, header, [], sizes)
         if sizes and header.get("shm"):
             try:
@@ -166,14 +174,21 @@ class ServerEndpoint:
         return self._regions.attach(peer, header)
 
     def _drop_closed(self) -> None:
-        """Forget every peer whose connection closed: its session, region and stream; the
-        stream's request is reported broken, so the server lets go of it too."""
+        """Forget what each peer whose connection closed held: its region and stream at once
+        (the stream's request is reported broken, so the server lets go of it too), its
+        session after CLOSING_SECONDS. Payload chunks carry no MAC, so a closing peer starts
+        no payload: a new connection presenting its routing id continues nothing."""
+        now = time.monotonic()
         for peer in self._connections.closed():
-            self._sessions.pop(peer, None)
+            self._closing[peer] = now + CLOSING_SECONDS
             self._regions.drop(peer)
             stream = self._streams.pop(peer, None)
             if stream is not None:
                 self._broken.append(Chunk(stream, len(stream.frames), "connection closed"))
+        for peer, until in list(self._closing.items()):
+            if until <= now:
+                del self._closing[peer]
+                self._sessions.pop(peer, None)
 
     def forget_stream(self, peer: bytes) -> None:
         """Drop the frames kept for a request whose payload will never complete."""
