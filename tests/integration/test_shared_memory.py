@@ -4,6 +4,7 @@ behind, and a clean fall-back to the socket whenever a region cannot be used."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -65,41 +66,50 @@ def test_shared_memory_gives_what_the_socket_gives_and_leaves_no_file(
     assert _ember_files() == before  # each region was unlinked once both sides mapped it
 
 
-@pytest.mark.parametrize(
-    ("region", "size", "reason"),
-    [
-        ("../../etc/passwd", 64, "not an ember region"),
-        (["ember-x"], 64, "not an ember region"),
-        ("ember-" + "0" * 32, 64, "cannot open"),
-        ("ember-" + "0" * 32, True, "outside the limit"),
-        ("ember-" + "0" * 32, 1 << 60, "outside the limit"),
-    ],
-)
-def test_a_region_the_server_cannot_map_is_refused_and_the_socket_carries_on(
-    region: object, size: object, reason: str
+@pytest.mark.parametrize("size", [True, "64", 0, 1 << 60], ids=["bool", "str", "zero", "huge"])
+def test_a_region_the_server_cannot_make_is_refused_and_the_socket_carries_on(
+    size: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv(shared.DISABLE_VARIABLE, "0")  # the test asks for the region itself
     params = np.zeros(10, dtype=np.float32)
     with running_servers(params, SGDRule(lr=1.0)) as (server,):
         client = PSClient([server.address], SECRET, worker=0, timeout=5)
         client.register()
         connection = client.connections[0]
-        connection.send({"op": "attach", "seq": 0, "region": region, "bytes": size})
+        connection.send({"op": "attach", "seq": 0, "bytes": size})
         answer, _ = connection.recv()
-        assert answer["attached"] is False and reason in answer["reason"]
+        assert answer["attached"] is False and "outside the limit" in answer["reason"]
         out = np.empty(10, dtype=np.float32)
         client.push(np.ones(10, np.float32), reply_into=out, pull=True)
         np.testing.assert_array_equal(out, -np.ones(10, np.float32))
         client.close()
 
 
-def test_a_region_of_the_wrong_size_is_refused() -> None:
-    region = shared.Region.create(64)
-    assert region is not None
+def test_a_region_is_joined_only_when_it_is_a_sealed_memfd_of_the_named_size(
+    tmp_path: Path,
+) -> None:
+    made = shared.Region.sealed(64)
+    assert made is not None
+    region, fd = made
+    plain = os.open(tmp_path / "plain", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        with pytest.raises(ProtocolError, match="holds 128 bytes, not 256"):
-            shared.Region.open(region.name, 256, limit=1 << 20)
+        os.ftruncate(plain, 128)
+        assert shared.Region.join(region.path, 128).size == 128
+        with pytest.raises(ProtocolError, match="does not hold 256 bytes"):
+            shared.Region.join(region.path, 256)
+        with pytest.raises(ProtocolError, match="not sealed against resizing"):
+            shared.Region.join(f"/proc/{os.getpid()}/fd/{plain}", 128)
+        with pytest.raises(ProtocolError, match="not a server's memfd"):
+            shared.Region.join("/dev/shm/../etc/passwd", 128)
+        peer = os.open(region.path, os.O_RDWR)
+        try:
+            with pytest.raises(OSError):  # the seals hold against the peer too
+                os.ftruncate(peer, 0)
+        finally:
+            os.close(peer)
     finally:
-        region.unlink()
+        os.close(fd)
+        os.close(plain)
 
 
 def test_a_full_dev_shm_leaves_the_connection_on_the_socket(

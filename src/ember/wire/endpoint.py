@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections import Counter
+import time
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,9 +16,14 @@ from ember.wire import curve
 from ember.wire.frames import MAX_REPLY_BYTES, chunk_frames, describe, frame_sizes, seal, unseal
 from ember.wire.handshake import ServerHandshake
 from ember.wire.hosts import LOCAL_TRANSPORTS, is_loopback
+from ember.wire.peers import PeerConnections
 from ember.wire.shared import ServerRegions
 from ember.wire.sockets import new_socket
 from ember.wire.ticket import COPIED, SendTicket
+
+# A closed connection's messages read after its close keep their session this long (a record
+# or `done` sent just before closing); headers are sealed, so nobody else can use it.
+CLOSING_SECONDS = 2.0
 
 
 @dataclass
@@ -83,11 +89,17 @@ class ServerEndpoint:
         self._sessions: dict[bytes, bytes] = {}  # peer -> session key
         self._streams: dict[bytes, Request] = {}  # peer -> request whose payload is arriving
         self._regions = ServerRegions(max_payload_bytes)  # same-host peers' shared memory
+        self._connections = PeerConnections(self._sock)
+        self._broken: deque[Chunk] = deque()  # streams whose connection closed, to report
+        self._closing: dict[bytes, float] = {}  # peer -> when its session goes
         self.rejected: Counter[str] = Counter()
 
     def poll(self, timeout: float) -> Request | Chunk | None:
         """Wait up to `timeout` seconds; return the next authenticated request header or
         payload chunk, if any."""
+        self._drop_closed()
+        if self._broken:
+            return self._broken.popleft()
         queued = self._regions.next_chunk()
         if queued is not None:  # a payload in shared memory is handed out as the socket's is
             request, frame = queued
@@ -96,6 +108,9 @@ class ServerEndpoint:
         if not self._sock.poll(int(timeout * 1000), zmq.POLLIN):
             return None
         frames = self._sock.recv_multipart(copy=False)
+        # A closed connection's state goes before anything read after it is handled: once
+        # the close is processed its routing id is free, and a new peer may present it.
+        self._drop_closed()
         peer = frames[0].bytes
         try:
             if len(frames) != 2:
@@ -113,6 +128,7 @@ class ServerEndpoint:
             if key is not None:
                 self._sessions[peer] = key
             return None
+        self._regions.opened(peer)
         stream = self._streams.get(peer)
         if stream is not None:
             index = len(stream.frames)
@@ -126,11 +142,16 @@ class ServerEndpoint:
                 del self._streams[peer]
             return Chunk(stream, index)
         header = unseal(key, frame.buffer)
+        if header["op"] == "bind":  # names the connection it came on; no reply
+            self._connections.bind(peer, peer_address(frame), header.get("port"))
+            return None
         if header["op"] == "attach":
             answer = {"op": "ok", "seq": header.get("seq"), **self._attach(peer, header, frame)}
             self._sock.send_multipart([peer, seal(key, answer)])
             return None
         sizes = frame_sizes(header.get("tensors", []), self.max_payload_bytes)
+        if sizes and peer in self._closing:
+            raise ProtocolError("connection closed: its payload is not taken")
         request = Request(peer, header, [], sizes)
         if sizes and header.get("shm"):
             try:
@@ -151,6 +172,23 @@ class ServerEndpoint:
             self.rejected["remote_region"] += 1
             return {"attached": False, "reason": f"peer {where or '(unknown)'} is not on loopback"}
         return self._regions.attach(peer, header)
+
+    def _drop_closed(self) -> None:
+        """Forget what each peer whose connection closed held: its region and stream at once
+        (the stream's request is reported broken, so the server lets go of it too), its
+        session after CLOSING_SECONDS. Payload chunks carry no MAC, so a closing peer starts
+        no payload: a new connection presenting its routing id continues nothing."""
+        now = time.monotonic()
+        for peer in self._connections.closed():
+            self._closing[peer] = now + CLOSING_SECONDS
+            self._regions.drop(peer)
+            stream = self._streams.pop(peer, None)
+            if stream is not None:
+                self._broken.append(Chunk(stream, len(stream.frames), "connection closed"))
+        for peer, until in list(self._closing.items()):
+            if until <= now:
+                del self._closing[peer]
+                self._sessions.pop(peer, None)
 
     def forget_stream(self, peer: bytes) -> None:
         """Drop the frames kept for a request whose payload will never complete."""
@@ -179,6 +217,10 @@ class ServerEndpoint:
         key = self._sessions.get(request.peer)
         if key is None:
             return False
+        if header.get("op") == "error" and self._streams.get(request.peer) is request:
+            # A refused request gets no more of its payload kept: what follows its header
+            # is the peer's next request, and chunks still on the wire fail as headers.
+            self.forget_stream(request.peer)
         if table:
             header = {**header, "tensors": table}
             if self._regions.start_reply(request, header, frame_sizes(table, MAX_REPLY_BYTES)):
@@ -204,12 +246,20 @@ class ServerEndpoint:
         return self._regions.reply_view(request.peer)
 
     @property
+    def peer_state(self) -> dict[str, int]:
+        """How many peers hold a session, a stream or a region, and connections known."""
+        regions = self._regions.stats()["peers"]
+        sizes = {"sessions": len(self._sessions), "streams": len(self._streams)}
+        return {**sizes, "regions": regions, **self._connections.stats()}
+
+    @property
     def shared_memory(self) -> dict[str, int]:
         """Connections with a shared-memory region, and the payloads and replies it carried."""
         return self._regions.stats()
 
     def close(self) -> None:
         self._regions.close()
+        self._connections.close()
         self._sock.close(linger=1000)  # bounded: the last reply (to `stop`) still goes out
         if self._domain is not None:
             curve.release_server(self._context, self._domain)

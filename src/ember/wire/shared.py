@@ -1,21 +1,23 @@
-"""Same-host payloads through shared memory: one region per connection, a file in /dev/shm.
+"""Same-host payloads through shared memory: one region per connection, a sealed memfd.
 
-A client on the server's host creates a region, names it in a sealed `attach` request, and
-unlinks it once the server has answered: from then on the memory lives exactly as long as the
-two mappings. The first half carries request payloads, the second half replies; the sealed
-header still travels over the socket and says which half holds the payload. Moving a tensor
-then costs one memory copy each way instead of a trip through the kernel's TCP stack. When
-the server cannot open the region (another host, another container, /dev/shm too small) the
-connection keeps sending frames.
+A client on the server's host asks for a region in a sealed `attach` request; the server makes
+a memfd, seals it against shrinking and growing, maps it and names it in its answer as
+/proc/<server pid>/fd/<fd>, which the client (same user) opens and maps before its next
+message, when the server closes that fd. The memory then lives exactly as long as the two
+mappings, no file is left anywhere, and since nobody can resize the memfd, no mapping of it
+can fault. The server never opens a file a peer names. The first half carries request
+payloads, the second half replies; the sealed header still travels over the socket and says
+which half holds the payload. Moving a tensor then costs one memory copy each way instead of
+a trip through the kernel's TCP stack. When the client cannot open the region (another host,
+another user, another container) the connection keeps sending frames.
 """
 
 from __future__ import annotations
 
-import contextlib
+import fcntl
 import mmap
 import os
 import re
-import stat
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -26,7 +28,8 @@ from ember.errors import ProtocolError
 from ember.wire.frames import same_place
 
 SHM_DIR = "/dev/shm"
-NAME = re.compile(r"ember-[0-9a-f]{32}")
+HANDOFF = re.compile(r"/proc/[0-9]+/fd/[0-9]+")
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 DISABLE_VARIABLE = "EMBER_SHARED_MEMORY"  # "0" keeps every payload on the socket
 
 
@@ -50,58 +53,48 @@ class Region:
     """A mapped shared-memory file of 2 x `half` bytes: requests in the first half, replies in
     the second."""
 
-    def __init__(self, name: str, size: int, fd: int) -> None:
-        self.name, self.size, self.half = name, size, size // 2
+    def __init__(self, path: str, size: int, fd: int) -> None:
+        self.path, self.size, self.half = path, size, size // 2
         # The views handed out keep the mapping alive; it is unmapped when the last one goes.
         self._memory = np.frombuffer(mmap.mmap(fd, size), dtype=np.uint8)
 
     @classmethod
-    def create(cls, half: int) -> Region | None:
-        """A new region for payloads of up to `half` bytes each way, or None when this host
-        cannot give one."""
-        name = f"ember-{os.urandom(16).hex()}"
-        path = os.path.join(SHM_DIR, name)
+    def sealed(cls, half: int) -> tuple[Region, int] | None:
+        """A new region for payloads of up to `half` bytes each way, made by the process that
+        maps it first (the server): a memfd sealed so that nobody can shrink or grow it, which
+        a mapping of it can therefore never outlive (no SIGBUS). Returns it and the fd a peer
+        of the same user opens as /proc/<pid>/fd/<fd>; None when this host cannot give one."""
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            fd = os.memfd_create("ember-region", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         except OSError:
             return None
         try:
-            # Reserve every page now: a full /dev/shm fails here, not later as a SIGBUS.
+            os.ftruncate(fd, 2 * half)
+            # Reserve every page now: a full tmpfs fails here, not later as a SIGBUS.
             os.posix_fallocate(fd, 0, 2 * half)
-            return cls(name, 2 * half, fd)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+            return cls(f"/proc/{os.getpid()}/fd/{fd}", 2 * half, fd), fd
         except OSError:
-            os.unlink(path)
-            return None
-        finally:
             os.close(fd)
+            return None
 
     @classmethod
-    def open(cls, name: object, size: object, limit: int) -> Region:
-        """Map a region a peer created, after checking that it is one of ours and its size."""
-        if not isinstance(name, str) or not NAME.fullmatch(name):
-            raise ProtocolError(f"shared-memory region name {name!r} is not an ember region")
-        if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= 2 * limit:
-            raise ProtocolError(f"shared-memory region of {size!r} bytes is outside the limit")
+    def join(cls, path: object, size: object) -> Region:
+        """Map the region a server made, through the path its answer to `attach` names."""
+        if not isinstance(path, str) or not HANDOFF.fullmatch(path):
+            raise ProtocolError(f"shared-memory region {path!r} is not a server's memfd")
         try:
-            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_NOFOLLOW)
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except OSError as exc:
-            raise ProtocolError(f"cannot open shared-memory region {name}: {exc}") from exc
+            raise ProtocolError(f"cannot open shared-memory region {path}: {exc}") from exc
         try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
-                raise ProtocolError(f"shared-memory region {name} is not a file of this user")
-            if info.st_size != size:
-                raise ProtocolError(
-                    f"shared-memory region {name} holds {info.st_size} bytes, not {size}"
-                )
-            return cls(name, size, fd)
+            if _seals(fd) & SEALS != SEALS:
+                raise ProtocolError(f"shared-memory region {path} is not sealed against resizing")
+            if os.fstat(fd).st_size != size:
+                raise ProtocolError(f"shared-memory region {path} does not hold {size!r} bytes")
+            return cls(path, size, fd)
         finally:
             os.close(fd)
-
-    def unlink(self) -> None:
-        """Remove the name; both mappings stay valid until closed."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(SHM_DIR, self.name))
 
     def write(self, reply: bool, offset: int, data: Any) -> None:
         """Copy `data` (any C-contiguous buffer) into a half at byte `offset`; data already
@@ -139,6 +132,13 @@ class Region:
         return out
 
 
+def _seals(fd: int) -> int:
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:  # not a memfd: a file that cannot be sealed at all
+        return 0
+
+
 def fits(arrays: Sequence[np.ndarray], region: Region | None) -> bool:
     return region is not None and 0 < sum(a.nbytes for a in arrays) <= region.half
 
@@ -151,17 +151,27 @@ class ServerRegions:
         self.limit = limit  # the largest payload a peer may send
         self._by_peer: dict[bytes, Region] = {}
         self._by_owner: dict[int, bytes] = {}
+        self._handoff: dict[bytes, int] = {}  # peer -> fd of a region it has yet to open
         self._queued: deque[tuple[Any, SharedFrame]] = deque()
         self._replying: dict[bytes, tuple[Region, dict[str, Any], list[int]]] = {}
         self.payloads = self.replies = 0  # how many went through regions rather than the socket
 
     def attach(self, peer: bytes, header: dict[str, Any]) -> dict[str, Any]:
-        """Map the region a peer names; the answer says whether its payloads may use it. A new
-        region of the same owner (a worker's next connection) releases the previous one."""
-        try:
-            region = Region.open(header.get("region"), header.get("bytes"), self.limit)
-        except ProtocolError as exc:
-            return {"attached": False, "reason": str(exc)}
+        """Make a region for a peer and name it in the answer; the peer opens it before its
+        next message, when this side's fd is closed (the mapping stays). A file a peer names
+        is never opened: it could be any file of this user, or be truncated under the mapping.
+        A new region of the same owner (a worker's next connection) releases the previous one."""
+        if peer in self._by_peer:  # its payloads may be in the one it has: not swapped under them
+            return {"attached": False, "reason": "this connection already has a region"}
+        size = header.get("bytes")
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= 2 * self.limit:
+            return {"attached": False, "reason": f"region of {size!r} bytes is outside the limit"}
+        made = Region.sealed(size // 2)
+        if made is None:
+            return {"attached": False, "reason": "this host cannot give a shared-memory region"}
+        region, fd = made
+        self._close_handoff(peer)
+        self._handoff[peer] = fd
         self._by_peer[peer] = region
         owner = header.get("owner")
         if isinstance(owner, int) and not isinstance(owner, bool):
@@ -169,7 +179,18 @@ class ServerRegions:
             if previous is not None and previous != peer:
                 self._by_peer.pop(previous, None)
             self._by_owner[owner] = peer
-        return {"attached": True}
+        return {"attached": True, "path": region.path, "bytes": region.size}
+
+    def opened(self, peer: bytes) -> None:
+        """`peer` sent a message after its region's answer: it has opened the region (or never
+        will), so this side's fd closes."""
+        if self._handoff:
+            self._close_handoff(peer)
+
+    def _close_handoff(self, peer: bytes) -> None:
+        fd = self._handoff.pop(peer, None)
+        if fd is not None:
+            os.close(fd)
 
     def stats(self) -> dict[str, int]:
         return {"peers": len(self._by_peer), "payloads": self.payloads, "replies": self.replies}
@@ -188,6 +209,16 @@ class ServerRegions:
 
     def forget(self, peer: bytes) -> None:
         self._queued = deque(item for item in self._queued if item[0].peer != peer)
+
+    def drop(self, peer: bytes) -> None:
+        """A peer's connection closed: its region is unmapped once no view refers to it."""
+        self.forget(peer)
+        self._close_handoff(peer)
+        self._by_peer.pop(peer, None)
+        self._replying.pop(peer, None)
+        for owner, holder in list(self._by_owner.items()):
+            if holder == peer:
+                del self._by_owner[owner]
 
     def start_reply(self, request: Any, header: dict[str, Any], sizes: list[int]) -> bool:
         """Whether this reply's payload goes through the region; if so its header waits until
@@ -222,6 +253,8 @@ class ServerRegions:
         return header
 
     def close(self) -> None:
+        for peer in list(self._handoff):
+            self._close_handoff(peer)
         self._by_peer.clear()
         self._queued.clear()
         self._replying.clear()

@@ -1,0 +1,97 @@
+"""A server maps only regions it made and sealed: a client cannot truncate one under the
+server's mapping (no SIGBUS on the read or the write path), and a file a client names,
+hard-linked into /dev/shm or not, is never read or written."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from ember.algorithms.rules import EASGDRule, SGDRule
+from ember.ps import PSClient, control
+from ember.wire import CHUNK_BYTES, shared
+from tests.conftest import SECRET, running_servers
+
+pytestmark = pytest.mark.timeout(60)
+
+SIZE = CHUNK_BYTES // 4 + 99  # two chunks
+
+
+@pytest.mark.parametrize(
+    "rule", [SGDRule(lr=0.5), EASGDRule(alpha=0.5)], ids=["sgd-pull", "easgd-reply"]
+)
+def test_a_client_cannot_resize_its_region_and_the_server_reads_and_writes_it(
+    rule: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(shared.DISABLE_VARIABLE, "1")
+    refused: list[str] = []
+    join = shared.Region.join
+
+    def join_then_resize(path: object, size: object) -> shared.Region:
+        # Before the client's next message the server's fd is still open: the one moment a
+        # client can reach the memfd by path. Try to shrink it to nothing, and to grow it.
+        fd = os.open(str(path), os.O_RDWR)
+        try:
+            for length in (0, 1, 2 * int(size)):  # type: ignore[call-overload]
+                try:
+                    os.ftruncate(fd, length)
+                except PermissionError:
+                    refused.append(f"ftruncate {length}")
+        finally:
+            os.close(fd)
+        return join(path, size)
+
+    monkeypatch.setattr(shared.Region, "join", staticmethod(join_then_resize))
+    params = np.linspace(-1, 1, SIZE, dtype=np.float32)
+    grad = np.ones(SIZE, dtype=np.float32)
+    with running_servers(params, rule) as (server,):  # type: ignore[arg-type]
+        client = PSClient([server.address], SECRET, worker=0, timeout=10)
+        client.register()
+        assert client.connections[0].shared and len(refused) == 3, refused
+        out = np.empty(SIZE, dtype=np.float32)
+        for _ in range(2):  # the server reads each payload from the region, writes each reply
+            client.push(grad, reply_into=out, pull=isinstance(rule, SGDRule))
+        stats = control([server.address], SECRET, "stats")[0]
+        client.close()
+    assert stats["shared_memory"]["payloads"] == 2 and stats["shared_memory"]["replies"] == 2
+    if isinstance(rule, SGDRule):
+        np.testing.assert_allclose(out, params - 2 * 0.5 * grad, rtol=1e-6, atol=1e-6)
+
+
+def test_a_hard_linked_file_a_client_names_is_never_read_or_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(shared.DISABLE_VARIABLE, "0")  # the test attaches by hand
+    victim = os.path.join(shared.SHM_DIR, f"victim-{os.urandom(8).hex()}")
+    link = os.path.join(shared.SHM_DIR, f"ember-{os.urandom(16).hex()}")
+    content = np.arange(2 * SIZE, dtype=np.float32)
+    content.tofile(victim)
+    os.link(victim, link)  # a same-user file under the name of a region
+    params = np.zeros(SIZE, dtype=np.float32)
+    try:
+        with running_servers(params, SGDRule(lr=1.0)) as (server,):
+            client = PSClient([server.address], SECRET, worker=0, timeout=10)
+            client.register()
+            connection = client.connections[0]
+            connection.send(
+                {"op": "attach", "seq": 0, "region": os.path.basename(link), "bytes": 8 * SIZE}
+            )
+            answer, _ = connection.recv()
+            # The server answers with a region of its own; the name is not looked at.
+            assert answer["attached"] and answer["path"].startswith(f"/proc/{os.getpid()}/fd/")
+            connection._region = shared.Region.join(answer["path"], answer["bytes"])
+            out = np.empty(SIZE, dtype=np.float32)
+            client.push(np.ones(SIZE, np.float32), reply_into=out, pull=True)
+            np.testing.assert_array_equal(out, -np.ones(SIZE, np.float32))
+            assert control([server.address], SECRET, "stats")[0]["shared_memory"]["payloads"] == 1
+            connection.send({"op": "attach", "seq": 0, "bytes": 8 * SIZE})
+            again, _ = connection.recv()  # one region per connection, never swapped
+            assert again["attached"] is False and "already has a region" in again["reason"]
+            client.close()
+        np.testing.assert_array_equal(np.fromfile(victim, dtype=np.float32), content)
+        assert os.stat(victim).st_nlink == 2  # nobody opened, unlinked or replaced it
+    finally:
+        os.unlink(link)
+        os.unlink(victim)
