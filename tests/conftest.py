@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,6 +50,37 @@ def running_servers(
             if thread.is_alive():
                 control([server.address], SECRET, "stop", timeout=5)
             thread.join(5)
+
+
+# An endpoint polled in a process of its own: what the process holds is what the server keeps
+# for its peers. It stops when its stdin closes, or after 100 s whatever happens.
+_ENDPOINT_PROCESS = """
+import select, sys, time
+from ember.wire import ServerEndpoint
+endpoint = ServerEndpoint(bytes.fromhex(sys.argv[1]), encrypt=sys.argv[2] == "on")
+print(endpoint.address, flush=True)
+deadline = time.monotonic() + 100
+while time.monotonic() < deadline and not select.select([sys.stdin], [], [], 0)[0]:
+    endpoint.poll(0.05)
+endpoint.close()
+"""
+
+
+@contextmanager
+def endpoint_process(encrypt: bool) -> Iterator[tuple[int, str]]:
+    """(pid, address) of a ServerEndpoint serving in a process of its own."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _ENDPOINT_PROCESS, SECRET.hex(), "on" if encrypt else "off"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        yield child.pid, child.stdout.readline().strip()
+    finally:
+        child.kill()
+        child.wait(10)
 
 
 @contextmanager

@@ -5,12 +5,8 @@ connect-and-close cycles, and a refused stream does not swallow the next request
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -21,39 +17,11 @@ from ember.ps import PSClient
 from ember.wire import CHUNK_BYTES, ClientConnection, shared
 from ember.wire.endpoint import CLOSING_SECONDS, Chunk, Request, ServerEndpoint
 from ember.wire.frames import seal
-from tests.conftest import SECRET, running_servers
+from tests.conftest import SECRET, endpoint_process, running_servers
 
 pytestmark = pytest.mark.timeout(120)
 
 CYCLES = 1000
-
-SERVER = """
-import select, sys, time
-from ember.wire import ServerEndpoint
-endpoint = ServerEndpoint(bytes.fromhex(sys.argv[1]), encrypt=sys.argv[2] == "on")
-print(endpoint.address, flush=True)
-deadline = time.monotonic() + 100
-while time.monotonic() < deadline and not select.select([sys.stdin], [], [], 0)[0]:
-    endpoint.poll(0.05)
-endpoint.close()
-"""
-
-
-@contextmanager
-def server_process(encrypt: bool) -> Iterator[tuple[int, str]]:
-    """(pid, address) of an endpoint serving in a process of its own."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", SERVER, SECRET.hex(), "on" if encrypt else "off"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout is not None
-        yield child.pid, child.stdout.readline().strip()
-    finally:
-        child.kill()
-        child.wait(10)
 
 
 def _open_fds(pid: int) -> int:
@@ -145,7 +113,7 @@ def test_tables_return_to_their_size_after_connect_and_close_cycles(
 
 
 def test_open_fds_of_a_server_process_stay_flat_over_1000_connections_with_regions() -> None:
-    with server_process(encrypt=True) as (pid, address):
+    with endpoint_process(encrypt=True) as (pid, address):
         warm = ClientConnection(address, SECRET, timeout=10)
         assert warm.share_memory(1 << 16)  # every lazy fd of the process is open after this
         warm.close()
