@@ -4,7 +4,9 @@ restarted."""
 
 from __future__ import annotations
 
+import random
 import re
+import socket
 
 import numpy as np
 import psutil
@@ -17,6 +19,20 @@ from tests.conftest import SECRET
 from tests.processes import wait_for
 
 pytestmark = pytest.mark.timeout(180)
+
+
+def free_range(count: int) -> int:
+    """The first of `count` consecutive ports nothing listens on right now (bounded tries)."""
+    for _ in range(200):
+        low = random.randrange(20000, 60000 - count)
+        try:
+            for port in range(low, low + count):
+                with socket.socket() as sock:
+                    sock.bind(("0.0.0.0", port))
+        except OSError:
+            continue
+        return low
+    raise AssertionError(f"no {count} consecutive free ports found")
 
 
 def group(tmp_path, **fields) -> ServerGroup:
@@ -39,7 +55,8 @@ def test_servers_are_fresh_interpreters_whose_secret_stays_off_the_command_line(
 
 
 def test_slots_bind_inside_the_range_advertise_elsewhere_and_keep_their_port(tmp_path) -> None:
-    low, high = 47330, 47333
+    low = free_range(4)
+    high = low + 3
     servers = group(
         tmp_path,
         servers=2,
@@ -55,8 +72,9 @@ def test_slots_bind_inside_the_range_advertise_elsewhere_and_keep_their_port(tmp
         for slot in slots:
             assert slot.address == f"tcp://driver-0.example:{slot.port}"
             assert slot.local == f"tcp://127.0.0.1:{slot.port}"  # bound to every interface
-        log = (tmp_path / "server-0.log").read_text()
-        assert re.search(rf"at tcp://0\.0\.0\.0:{slots[0].port}\b", log)
+        log = tmp_path / "server-0.log"
+        line = rf"at tcp://0\.0\.0\.0:{slots[0].port}\b"  # written just after it answers
+        assert wait_for(lambda: re.search(line, log.read_text()) is not None, 10)
         before = servers.addresses
         victim = servers.slots[1][0]
         victim.process.kill()
