@@ -168,7 +168,11 @@ def _from_idx(name: str, folder: Path, train_rows: int | None, test_rows: int | 
     return Dataset(name, x_train, y_train, x_test, y_test, num_classes, x_train.shape[1:])
 
 
-def _synthetic_lr(seed: int, samples: int, features: int) -> Dataset:
+def synthetic_model(
+    seed: int, samples: int, features: int
+) -> tuple[np.random.Generator, np.ndarray, float]:
+    """synthetic-lr's checked sizes, then its generator after drawing the true weights and bias:
+    every writer of the task draws the rows from it next, in the same order."""
     for name, value in (("synthetic_samples", samples), ("synthetic_features", features)):
         if value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
@@ -177,7 +181,11 @@ def _synthetic_lr(seed: int, samples: int, features: int) -> Dataset:
     # w is N(0, 1)/sqrt(d) direction-wise but rescaled to norm _SIGNAL, so x @ w ~ N(0, _SIGNAL^2)
     # for every d and seed and the task is equally hard (learnable, Bayes accuracy ~0.87) for all
     w = (_SIGNAL * g / np.linalg.norm(g)).astype(np.float32)
-    b = float(rng.normal(0.0, 0.5))
+    return rng, w, float(rng.normal(0.0, 0.5))
+
+
+def _synthetic_lr(seed: int, samples: int, features: int) -> Dataset:
+    rng, w, b = synthetic_model(seed, samples, features)
     x_train = _gaussian(rng, samples, features)
     x_test = _gaussian(rng, max(1000, samples // 10), features)
     y_train = _bernoulli_labels(rng, x_train, w, b)

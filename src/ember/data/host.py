@@ -13,10 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from ember.data.cache import cached_idx
-from ember.data.datasets import _SIGNAL, load_dataset
+from ember.data.datasets import load_dataset, synthetic_model
 from ember.data.idx import MNIST_DIR, find_idx_files
 from ember.data.store import DataFiles, NpyWriter, scratch_root, write_files, write_meta
-from ember.errors import ConfigError
 
 _IDX_NAMED = {"mnist": (None, None), "digits": (10_000, 2_000)}  # rows, as load_dataset has them
 _BLOCK_BYTES = 4 << 20  # what synthetic-lr is written in: a few MB at a time
@@ -86,13 +85,7 @@ def _scratch(needed: int) -> Path:
 def _write_synthetic(folder: Path, seed: int, samples: int, features: int) -> DataFiles:
     """load_dataset("synthetic-lr", ...)'s very arrays (the same draws in the same order),
     written block by block: no matrix is ever whole in this process's memory."""
-    for name, value in (("synthetic_samples", samples), ("synthetic_features", features)):
-        if value < 1:
-            raise ConfigError(f"{name} must be >= 1, got {value}")
-    rng = np.random.default_rng(seed)
-    g = rng.standard_normal(features)
-    w = (_SIGNAL * g / np.linalg.norm(g)).astype(np.float32)
-    b = float(rng.normal(0.0, 0.5))
+    rng, w, b = synthetic_model(seed, samples, features)
     block_rows = max(1, _BLOCK_BYTES // (4 * features))
     logits = {}
     for split, rows in (("train", samples), ("test", max(1000, samples // 10))):
