@@ -94,6 +94,9 @@ def test_tau_follows_costs_that_move() -> None:
     after = [tau for step, tau in taus.items() if step >= 8000]
     assert 12 <= before[-1] <= 16  # ceil(1.25 * 0.01 / 0.00105)
     assert 110 <= during[-1] <= 130  # and at 0.1 s
+    raised = next(change for change in period.changes if change.step >= 3000)
+    assert raised.step < 3000 + 2 * 16  # at the first exchange compute waited for
+    assert raised.details["t_comm_latest"] == 0.1
     assert after and 12 <= after[-1] <= 16 and period.tau == after[-1]
     assert len(exchanged_at) > 14000 / 130
 
@@ -105,7 +108,7 @@ def test_noisy_costs_do_not_make_it_flap() -> None:
         period = AutoPeriod(8)
         exchanged = simulate(period, 20_000, t0=0.001, c=0.00005, t_comm=noise.__getitem__)
         # about 1,500 exchanges; the rare run of fast ones lowers tau, and waits raise it back
-        assert len(measured(period)) <= 12, seed
+        assert len(measured(period)) <= 15, seed
         assert all(10 <= change.tau <= 16 for change in measured(period)), seed
         assert len(exchanged) > 20_000 / 16
 

@@ -176,7 +176,8 @@ class AutoPeriod(_Measured):
         super().exchanged(seconds)
         self._unchanged += 1
         waited, self.waited = self.waited, False
-        up, down, figures = self.targets()
+        # compute waited: the median lags a link that just slowed, this exchange does not
+        up, down, figures = self.targets(seconds if waited else 0.0)
         if up is None or down is None:
             return
         settled = self._unchanged >= SETTLE
@@ -189,16 +190,19 @@ class AutoPeriod(_Measured):
         previous, self.tau, self._unchanged = self.tau, tau, 0
         self._record(tau, previous, "measured", **figures)
 
-    def targets(self) -> tuple[int | None, int | None, dict[str, float]]:
+    def targets(self, latest: float = 0.0) -> tuple[int | None, int | None, dict[str, float]]:
         """The tau to raise to and the tau to lower to, which also covers the slowest recent
         exchange, and the figures: t0 (a step's bare compute) and c (an exchange's cost to
-        compute) once measured, and the tau each bound asks for."""
+        compute) once measured, and the tau each bound asks for. The exchange's wall time is
+        the recent median, or `latest` if that is longer."""
         t_step, t_comm = self.t_comp(), self.t_comm()
         if t_step is None or t_comm is None or t_step <= 0:
             return None, None, {}
-        cover = math.ceil(MARGIN * t_comm / t_step)
+        cover = math.ceil(MARGIN * max(t_comm, latest) / t_step)
         slowest = math.ceil(max(self.exchanges) / t_step)
         figures: dict[str, float] = {"tau_cover": cover, "tau_slowest": slowest}
+        if latest > t_comm:
+            figures["t_comm_latest"] = latest
         amortize = PROBE
         if self.costs:  # kept from the last periods that had clean steps, if none lately
             t0, c = statistics.median(self.t0s), statistics.median(self.costs)
