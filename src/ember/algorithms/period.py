@@ -76,12 +76,12 @@ class Period:
 
     def summary(self) -> dict[str, Any]:
         """The policy, the last period and the median of the periods run (low median)."""
-        ordered = sorted(self.lengths.elements()) if self.lengths else [self.tau]
-        return {
-            "tau_policy": self.policy,
-            "tau_final": self.tau,
-            "tau_median": ordered[(len(ordered) - 1) // 2],
-        }
+        median, left = self.tau, (sum(self.lengths.values()) - 1) // 2
+        for length in sorted(self.lengths):
+            median, left = length, left - self.lengths[length]
+            if left < 0:
+                break
+        return {"tau_policy": self.policy, "tau_final": self.tau, "tau_median": median}
 
 
 class _Measured(Period):
