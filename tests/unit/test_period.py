@@ -18,6 +18,7 @@ from ember.algorithms.period import (
     make_period,
 )
 from ember.config import RunConfig
+from ember.metrics import summarize_workers
 
 Figure = float | Callable[[int], float]
 
@@ -164,3 +165,17 @@ def test_make_period_follows_the_config() -> None:
     assert isinstance(auto, AutoPeriod) and auto.tau == 16
     assert auto.changes[0].reason == "start" and auto.changes[0].tau == 16
     assert isinstance(make_period(config("loss")), LossPeriod)
+
+
+def test_the_run_summary_has_each_workers_final_and_median_tau() -> None:
+    done = [
+        {"rank": 1, "seconds": 2.0, "tau_policy": "auto", "tau_final": 12, "tau_median": 11},
+        {"rank": 0, "seconds": 2.0, "tau_policy": "auto", "tau_final": 14, "tau_median": 13},
+    ]
+    summary = summarize_workers(done, 3.0)
+    assert summary["tau_policy"] == "auto"
+    assert summary["tau_per_worker"] == {
+        "1": {"final": 12, "median": 11},
+        "0": {"final": 14, "median": 13},
+    }
+    assert "tau_policy" not in summarize_workers([{"rank": 0, "seconds": 1.0}], 1.0)

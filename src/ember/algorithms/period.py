@@ -95,6 +95,7 @@ class _Measured(Period):
         super().__init__(min(max(tau, TAU_MIN), TAU_MAX))
         self.exchanges: deque[float] = deque(maxlen=WINDOW)  # wall seconds
         self.steps: deque[float] = deque(maxlen=STEPS)  # compute seconds per step
+        self._steps_sum = 0.0  # of self.steps, kept as they come and go
         self.t0s: deque[float] = deque(maxlen=WINDOW)  # median clean step of recent periods
         self.costs: deque[float] = deque(maxlen=WINDOW)  # and its exchange's cost to compute
         self.done = 0  # local steps done, as exchange_now was last told
@@ -135,7 +136,10 @@ class _Measured(Period):
     def add_step(self, seconds: float) -> None:
         self._fed += 1
         if self._fed > WARMUP:
+            if len(self.steps) == STEPS:
+                self._steps_sum -= self.steps[0]
             self.steps.append(seconds)
+            self._steps_sum += seconds
             self._window.append(seconds)
             if not self._touched:
                 self._clean.append(seconds)
@@ -143,7 +147,7 @@ class _Measured(Period):
 
     def t_comp(self) -> float | None:
         """Seconds per local step, recent, exchange costs included."""
-        return sum(self.steps) / len(self.steps) if self.steps else None
+        return self._steps_sum / len(self.steps) if self.steps else None
 
     def t_comm(self) -> float | None:
         return statistics.median(self.exchanges) if self.exchanges else None
