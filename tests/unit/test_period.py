@@ -83,6 +83,16 @@ def test_an_exchange_that_costs_compute_is_amortized() -> None:
     assert figures["t0"] == pytest.approx(0.0015, rel=0.05)
 
 
+def test_a_noisy_host_without_exchange_costs_does_not_drive_tau_up() -> None:
+    # one step in ten preempted for 10x its time, and an exchange that costs compute nothing
+    rng = random.Random(1)
+    steps = [0.015 if rng.random() < 0.1 else 0.0015 for _ in range(20_001)]
+    period = AutoPeriod(8)
+    simulate(period, 20_000, t0=steps.__getitem__, c=0.0, t_comm=0.001)
+    assert period.tau <= 8
+    assert all(change.tau <= 8 for change in period.changes)
+
+
 def test_tau_follows_costs_that_move() -> None:
     def t_comm(step: int) -> float:
         return 0.1 if 3000 <= step < 8000 else 0.01  # the link slows, then recovers

@@ -86,8 +86,8 @@ class Period:
 
 class _Measured(Period):
     """A period that adapts, from the recent exchange wall times, step times, and each period's
-    cost of its exchange to compute: the period's compute less its steps at the median of its
-    clean steps, those that no exchange touched (none in flight, begun or applied)."""
+    cost of its exchange to compute: what the steps its exchange touched (in flight, begun or
+    applied) took beyond the mean of its clean steps, those no exchange touched."""
 
     adaptive = True
 
@@ -114,9 +114,14 @@ class _Measured(Period):
         if not self._due():
             return False
         if self._measurable and len(self._clean) >= 2:  # a period whose costs tell apart
-            t0 = statistics.median(self._clean)
+            # The touched steps' excess over the clean ones' mean: a mean, since a median
+            # would count a noisy host's long tail as cost; and only the touched steps, so
+            # what noise remains does not grow with tau (nor tau with it).
+            clean = sum(self._clean)
+            t0 = clean / len(self._clean)
+            touched = len(self._window) - len(self._clean)
             self.t0s.append(t0)
-            self.costs.append(max(0.0, sum(self._window) - len(self._window) * t0))
+            self.costs.append(sum(self._window) - clean - touched * t0)
         self._window, self._clean = [], []
         self._measurable = self._fed >= WARMUP
         self.waited = self._in_flight > 0  # so compute waits for it now
@@ -209,7 +214,7 @@ class AutoPeriod(_Measured):
             figures["t_comm_latest"] = latest
         amortize = PROBE
         if self.costs:  # kept from the last periods that had clean steps, if none lately
-            t0, c = statistics.median(self.t0s), statistics.median(self.costs)
+            t0, c = statistics.median(self.t0s), max(0.0, statistics.median(self.costs))
             amortize = math.ceil(c / (OVERHEAD * t0)) if t0 > 0 else TAU_MAX
             figures.update(t0=t0, c=c, tau_amortize=amortize)
         up = min(max(cover, amortize, TAU_MIN), TAU_MAX)
