@@ -19,6 +19,7 @@ OVERHEAD = 0.1  # auto: an exchange may cost at most this share of its period's 
 BAND = 1.25  # auto: hysteresis, a new tau differs from the current one by more than this factor
 STEP = 2  # auto: and by at least this many steps, unless compute waited
 SETTLE = 4  # auto: exchanges at a tau before it may change, unless compute waited
+SETTLE_STEPS = 256  # auto: and local steps, so a small tau is not changed every few steps
 PROBE = 4  # auto: the least tau while an exchange's cost to compute is not yet measured
 WINDOW = 8  # recent exchanges (and periods) whose median the choices take
 STEPS = 64  # recent steps whose mean is the step time the exchange has to be covered by
@@ -171,15 +172,17 @@ class AutoPeriod(_Measured):
     larger tau buys at most that share of speed and costs divergence.
 
     Hysteresis: when compute waited for an exchange, a larger target is taken at once; else a
-    change needs SETTLE exchanges at the current tau, a target outside BAND and STEP of it, and
-    to come down, c measured and also the slowest recent exchange covered. Until a period has
-    told c apart from t0, tau stays at PROBE or more, the least that leaves steps to tell by."""
+    change needs SETTLE exchanges and SETTLE_STEPS steps at the current tau, a target outside
+    BAND and STEP of it, and to come down, c measured and the slowest recent exchange covered.
+    Until a period has told c apart from t0, tau stays at PROBE or more, the least that leaves
+    steps to tell them by."""
 
     policy = "auto"
 
     def __init__(self, tau: int) -> None:
         super().__init__(tau)
         self._unchanged = 0  # exchanges since tau last changed
+        self._changed_at = 0  # the local step it last changed at
 
     def exchanged(self, seconds: float) -> None:
         super().exchanged(seconds)
@@ -189,14 +192,14 @@ class AutoPeriod(_Measured):
         up, down, figures = self.targets(seconds if waited else 0.0)
         if up is None or down is None:
             return
-        settled = self._unchanged >= SETTLE
+        settled = self._unchanged >= SETTLE and self.done - self._changed_at >= SETTLE_STEPS
         if up > self.tau and (waited or (settled and up > self.tau * BAND + STEP - 1)):
             self._change(up, figures)
         elif settled and "c" in figures and down * BAND < self.tau and self.tau - down >= STEP:
             self._change(down, figures)
 
     def _change(self, tau: int, figures: dict[str, float]) -> None:
-        previous, self.tau, self._unchanged = self.tau, tau, 0
+        previous, self.tau, self._unchanged, self._changed_at = self.tau, tau, 0, self.done
         self._record(tau, previous, "measured", **figures)
 
     def targets(self, latest: float = 0.0) -> tuple[int | None, int | None, dict[str, float]]:
