@@ -31,7 +31,12 @@ HELP = {
     "nesterov": "Nesterov momentum in the local optimizer (EAMSGD with easgd); needs"
     " --momentum > 0",
     "tau": "easgd, easgd-async: local steps (minibatches) between a worker's exchanges with the"
-    " center; each worker also exchanges once when it finishes",
+    " center; each worker also exchanges once when it finishes. easgd-async also takes auto (the"
+    " period the throughput model picks from the exchange and step times it measures) or loss"
+    " (exchange once the training loss summed since the last exchange passes the first"
+    " period's), starting from the default tau (docs/tau.md)",
+    "tau_policy": "fixed | auto | loss, as --tau auto and --tau loss set it; with it --tau is"
+    " the starting period",
     "alpha": "easgd, easgd-async: moving rate in (0, 1] of an exchange, e = alpha * (x_i -"
     " center); unset: 0.9 / workers (the paper's beta / p)",
     "staleness": "ssp: clocks (pushes) a worker may run ahead of the slowest before it waits",
@@ -120,7 +125,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         if "bool" in str(types[name]):
             parser.add_argument(flag, action="store_true", default=None, help=text)
             continue
-        kind = _parse_type(str(types[name]))
+        kind = _tau if name == "tau" else _parse_type(str(types[name]))
         parser.add_argument(
             flag,
             type=kind,
@@ -135,6 +140,14 @@ def _on_off(text: str) -> bool:
     if text.lower() in ("on", "off"):
         return text.lower() == "on"
     raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+
+
+def _tau(text: str) -> int | str:
+    """An integer, or a policy's name that config.py checks (auto, loss)."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
 
 def _parse_type(annotation: str) -> Any:

@@ -16,6 +16,7 @@ import yaml
 
 from ember.errors import CheckpointError, ConfigError
 from ember.network import check_host, port_range
+from ember.tau import check_tau_policy, split_tau
 
 
 class _Name(str, enum.Enum):
@@ -121,7 +122,8 @@ class RunConfig:
     lr: float = 0.05  # learning rate (server optimizer for sgd, local optimizer otherwise)
     momentum: float = 0.9  # SGD momentum (server-side for sgd, local for easgd/single/allreduce)
     nesterov: bool = False  # Nesterov momentum on the local optimizer (EAMSGD)
-    tau: int = 8  # easgd: local steps between exchanges with the center
+    tau: int = 8  # easgd: local steps between exchanges with the center (auto/loss: the first)
+    tau_policy: str = "fixed"  # fixed | auto | loss (easgd-async): how tau is chosen as it runs
     alpha: float | None = None  # easgd moving rate; None means 0.9 / workers (the paper's beta/p)
     staleness: int = 2  # ssp: how many clocks a worker may run ahead of the slowest
     n_push: int = 1  # sgd: push accumulated gradients every n_push steps
@@ -178,6 +180,7 @@ class RunConfig:
         _one_of("strategy", self.strategy, STRATEGIES)
         self.strategy = self.mode.value  # the plain name, which YAML can write and repr quotes
         _one_of("engine", self.engine, ENGINES)
+        check_tau_policy(self.tau_policy, self.strategy)
         for name in (
             "workers",
             "servers",
@@ -297,6 +300,7 @@ def explicit_fields(overrides: dict[str, Any], config_file: str | None = None) -
     if config_file is not None:
         values.update(_read_yaml(config_file))
     values.update({k: v for k, v in overrides.items() if v is not None})
+    split_tau(values)
     unknown = sorted(set(values) - set(FIELD_NAMES))
     if unknown:
         raise ConfigError(

@@ -100,6 +100,22 @@ class WorkerDone(Record):
     aside_seconds: float  # evaluation and checkpointing inside the loop
     t_comp: float  # seconds of compute, without waits on the network
     comm: Mapping[str, Any] = _merged()  # CommStats.as_record(): exchanges, bytes, staleness
+    tau: Mapping[str, Any] = _merged()  # easgd: tau_policy, tau_final, tau_median
+
+
+@dataclass(frozen=True, kw_only=True)
+class TauChoice(Record):
+    kind = "tau"
+    rank: int  # the worker whose communication period this is
+    incarnation: int  # which start of the rank chose it
+    step: int  # local steps done when it was chosen, counted from 1
+    policy: str  # auto | loss
+    reason: str  # start, measured (auto), loss (the loss trigger's period)
+    tau: int  # the new period, in local steps
+    previous: int | None  # the period before it; None at the start
+    t_comp: float | None  # recent seconds per local step behind the choice
+    t_comm: float | None  # recent seconds per exchange (wall time) behind it
+    details: Mapping[str, Any] = _merged()  # the policy's own figures (docs/tau.md)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,6 +229,20 @@ def summarize_workers(results: list[dict[str, Any]], wall_seconds: float) -> dic
         # Exchange time that compute did not wait for (the exchanger thread hid it).
         "comm_hidden_fraction": 1.0 - t_wait / t_comm if t_comm > 0 else 0.0,
         "staleness_max": max((r.get("staleness_max", 0) for r in results), default=0),
+        **_tau_summary(results),
+    }
+
+
+def _tau_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """easgd's communication period: its policy, and each worker's last and median tau."""
+    periods = [r for r in results if "tau_final" in r]
+    if not periods:
+        return {}
+    return {
+        "tau_policy": periods[0].get("tau_policy"),
+        "tau_per_worker": {
+            str(r["rank"]): {"final": r["tau_final"], "median": r["tau_median"]} for r in periods
+        },
     }
 
 

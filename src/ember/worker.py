@@ -21,10 +21,11 @@ from ember.algorithms import (
     local_optimizer,
     make_algorithm,
 )
+from ember.algorithms.period import Period
 from ember.checkpoint import free_step, save_checkpoint
 from ember.config import RunConfig
 from ember.data import Dataset, load_dataset, shard_indices
-from ember.metrics import Evaluation, WorkerDone, WorkerProgress, WorkerStart
+from ember.metrics import Evaluation, TauChoice, WorkerDone, WorkerProgress, WorkerStart
 from ember.models import build_model
 from ember.wire import use_encryption
 
@@ -149,6 +150,10 @@ class Worker:
         )
         self.algorithm = make_algorithm(context)
         self.first_step = max(self.algorithm.start(flat, optimizer), spec.initial_step)
+        period = getattr(self.algorithm, "period", None)  # easgd's; the others have none
+        # a period that adapts is fed each step's compute seconds, and the loss if it asks
+        self.period: Period | None = period if period is not None and period.adaptive else None
+        self.feeds_loss = self.period is not None and self.period.wants_loss
         self.total_steps = config.epochs * self.steps_per_epoch
         self.order = torch.empty(0, dtype=torch.int64)  # this epoch's shuffle of the shard
         self.t_comp = 0.0  # seconds of compute, without waits on the network
@@ -184,11 +189,38 @@ class Worker:
         inputs, targets = self.features.index_select(0, batch), self.labels.index_select(0, batch)
         loss = F.cross_entropy(self.model(inputs), targets)
         loss.backward()
+        if self.feeds_loss:  # the loss trigger decides in after_backward
+            self.period.add_loss(loss.item())  # type: ignore[union-attr]
         algorithm.after_backward(step)
         # Waiting on an exchange is communication time, not compute.
-        self.t_comp += time.perf_counter() - step_started - (algorithm.stats.t_wait - waited_before)
+        seconds = time.perf_counter() - step_started - (algorithm.stats.t_wait - waited_before)
+        self.t_comp += seconds
         self.loss_sum += loss.detach()
         self.logged_steps += 1
+        if self.period is not None:
+            self.period.add_step(seconds)
+            if self.period.changes:
+                self.report_tau(self.period)
+
+    def report_tau(self, period: Period) -> None:
+        """The periods chosen since the last report, one record each."""
+        spec = self.spec
+        for change in period.changes:
+            self.report(
+                TauChoice(
+                    rank=spec.rank,
+                    incarnation=spec.incarnation,
+                    step=max(change.step, self.first_step),  # the start: where this one began
+                    policy=period.policy,
+                    reason=change.reason,
+                    tau=change.tau,
+                    previous=change.previous,
+                    t_comp=change.t_comp,
+                    t_comm=change.t_comm,
+                    details=change.details,
+                ).to_json()
+            )
+        period.changes.clear()
 
     def log(self, step: int, epoch: int) -> None:
         """Report the steps since the last progress record."""
@@ -249,6 +281,9 @@ class Worker:
         """Leave the servers, save what a strategy without a server has not, and total up."""
         spec, config = self.spec, self.config
         self.algorithm.finish()
+        period = getattr(self.algorithm, "period", None)
+        if self.period is not None and self.period.changes:  # chosen at the final exchange
+            self.report_tau(self.period)
         seconds = time.perf_counter() - self.started - self.aside
         if not config.uses_server and spec.rank == 0 and self.saved_step != last_step:
             _save_local(spec, self.flat, last_step)
@@ -262,6 +297,7 @@ class Worker:
             aside_seconds=self.aside,
             t_comp=self.t_comp,
             comm=self.algorithm.stats.as_record(),
+            tau=period.summary() if period is not None else {},
         ).to_json()
 
 

@@ -18,6 +18,7 @@ from ember.metrics import (
     RunEvent,
     RunSummary,
     ServerEvent,
+    TauChoice,
     WorkerDone,
     WorkerError,
     WorkerFailure,
@@ -154,6 +155,34 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
     (
         RunSummary(test_accuracy=0.98, test_loss=0.06),
         {"kind": "summary", "test_accuracy": 0.98, "test_loss": 0.06},
+    ),
+    (
+        TauChoice(
+            rank=1,
+            incarnation=0,
+            step=24,
+            policy="auto",
+            reason="measured",
+            tau=40,
+            previous=8,
+            t_comp=0.0015,
+            t_comm=0.05,
+            details={"t0": 0.0014, "c": 0.001},
+        ),
+        {
+            "kind": "tau",
+            "rank": 1,
+            "incarnation": 0,
+            "step": 24,
+            "policy": "auto",
+            "reason": "measured",
+            "tau": 40,
+            "previous": 8,
+            "t_comp": 0.0015,
+            "t_comm": 0.05,
+            "t0": 0.0014,
+            "c": 0.001,
+        },
     ),
 ]
 

@@ -11,6 +11,7 @@ import torch
 
 from ember.algorithms.base import CommStats, WorkerContext
 from ember.algorithms.flat import FlatModel
+from ember.algorithms.period import make_period
 from ember.errors import EmberError
 from ember.ps import PSClient
 
@@ -24,6 +25,7 @@ class _EASGDBase:
         self.elastic = np.empty(0, dtype=np.float32)  # e = alpha * (x_i - center), from the server
         self.steps_done: int | None = None  # local steps taken so far; None before the first
         self.exchanged_at: int | None = None  # local step of the latest exchange
+        self.period = make_period(context.config)  # when to exchange
 
     def owes_final_exchange(self) -> bool:
         """Whether the center has yet to see this worker's final parameters: it has, unless
@@ -61,7 +63,7 @@ class SyncEASGD(_EASGDBase):
         assert self.optimizer is not None
         self.optimizer.step()
         self.steps_done = step + 1
-        if (step + 1) % self.context.config.tau == 0:
+        if self.period.exchange_now(step + 1):
             self._exchange(step + 1)
 
     def _exchange(self, step: int) -> None:
@@ -156,6 +158,7 @@ class AsyncEASGD(_EASGDBase):
             self._raise_if_failed()
             self.flat.params_np -= self.elastic
             self.stats.record(self._last_result, self._blocked)
+            self.period.exchanged(self._last_result.seconds)
             self._idle.set()
 
     def after_backward(self, step: int) -> None:
@@ -163,7 +166,7 @@ class AsyncEASGD(_EASGDBase):
         self.optimizer.step()
         self.steps_done = step + 1
         self._apply_arrived()
-        if (step + 1) % self.context.config.tau == 0:
+        if self.period.exchange_now(step + 1):
             if not self._idle.is_set():  # previous exchange still in flight: compute waits
                 started = time.perf_counter()
                 if not self._arrived.wait(self.context.config.request_timeout + 5):
