@@ -10,15 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import zmq
 
 from ember.config import RunConfig
 from ember.engines.servers import ServerGroup
 from ember.errors import ProtocolError
-from ember.ps import PSClient, control
-from ember.wire import ClientConnection, connection, shared, sockets
+from ember.ps import control
+from ember.wire import shared
 from tests.conftest import SECRET
-from tests.integration.test_transport import rss
+from tests.peers import unread_pulls
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -30,15 +29,6 @@ REQUESTS = 60  # on unbounded queues, 60 unread pulls made a server hold 57 priv
 # unread up to its budget (a snapshot's worth with momentum and one more copy, 3 copies),
 # plus two more copies in flight (the reply that crossed the budget, an update's copy).
 BOUND = 64 * MiB + 5 * SHARD_BYTES
-
-
-def slow_reader_socket(context: zmq.Context, kind: int) -> zmq.Socket:
-    """A DEALER that takes at most one message off its TCP connection until it is read, so
-    what the server sends it stays queued in the server."""
-    sock = sockets.new_socket(context, kind)
-    sock.setsockopt(zmq.RCVHWM, 1)
-    sock.setsockopt(zmq.RCVBUF, 64 << 10)
-    return sock
 
 
 @contextmanager
@@ -57,29 +47,14 @@ def test_a_client_that_never_reads_replies_cannot_make_a_server_queue_them(
 ) -> None:
     monkeypatch.setenv(shared.DISABLE_VARIABLE, "0")  # replies over the socket, where they queue
     config = RunConfig(strategy="async", workers=2).validate()
-    values = np.full(KEYS, 1e-3, dtype=np.float32)
     pulled = np.empty(KEYS, dtype=np.float32)
     with server_process(tmp_path, config) as (pid, address):
-        honest = PSClient([address], SECRET, worker=1, timeout=10)
-        honest.register()
-        for _ in range(3):  # the server's buffers for an exchange are in place
-            honest.push(values, reply_into=pulled, pull=True)
-        with monkeypatch.context() as patch:
-            patch.setattr(connection, "new_socket", slow_reader_socket)
-            slow = PSClient([address], SECRET, worker=0, timeout=10)
-        slow.register()
-        before = peak = rss(pid)
-        reader: ClientConnection = slow.connections[0]
-        for _ in range(REQUESTS):
-            slow.seq += 1
-            reader.send(slow._header("pull", 0, None, {}))
-            # each push moves the shard to a private copy while a pull's reply reads it
-            honest.push(values, reply_into=pulled, pull=True)
-            peak = max(peak, rss(pid))
-        growth = peak - before
+        growth, honest, slow = unread_pulls(address, pid, SECRET, KEYS, REQUESTS)
+        reader = slow.connections[0]
         assert growth < BOUND, f"server grew {growth / MiB:.0f} MiB, bound {BOUND / MiB:.0f} MiB"
         stats = control([address], SECRET, "stats")[0]
-        honest.push(values, reply_into=pulled, pull=True)  # the honest worker trains on
+        # the honest worker trains on
+        honest.push(np.full(KEYS, 1e-3, np.float32), reply_into=pulled, pull=True)
         trained = honest.pull(pulled)
         # What the slow reader finds when it reads at last: a few answers, then the refusal.
         answered = 0
