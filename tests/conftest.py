@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +12,7 @@ import pytest
 from ember.ps import ParameterServer, ShardSpec, control, make_consistency, shard_ranges
 from ember.ps.server import UpdateRule
 from ember.wire import curve
+from tests import peers
 from tests.processes import kill_stray_children
 
 SECRET = b"s" * 32
@@ -52,35 +51,11 @@ def running_servers(
             thread.join(5)
 
 
-# An endpoint polled in a process of its own: what the process holds is what the server keeps
-# for its peers. It stops when its stdin closes, or after 100 s whatever happens.
-_ENDPOINT_PROCESS = """
-import select, sys, time
-from ember.wire import ServerEndpoint
-endpoint = ServerEndpoint(bytes.fromhex(sys.argv[1]), encrypt=sys.argv[2] == "on")
-print(endpoint.address, flush=True)
-deadline = time.monotonic() + 100
-while time.monotonic() < deadline and not select.select([sys.stdin], [], [], 0)[0]:
-    endpoint.poll(0.05)
-endpoint.close()
-"""
-
-
 @contextmanager
 def endpoint_process(encrypt: bool) -> Iterator[tuple[int, str]]:
-    """(pid, address) of a ServerEndpoint serving in a process of its own."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", _ENDPOINT_PROCESS, SECRET.hex(), "on" if encrypt else "off"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout is not None
-        yield child.pid, child.stdout.readline().strip()
-    finally:
-        child.kill()
-        child.wait(10)
+    """(pid, address) of a ServerEndpoint with the tests' secret, in a process of its own."""
+    with peers.endpoint_process(encrypt, SECRET) as served:
+        yield served
 
 
 @contextmanager

@@ -70,6 +70,9 @@ HELP = {
     "max_restarts": "times each dead worker or server process is restarted before the run fails",
     "worker_timeout": "seconds of silence after which a worker is dropped, so synchronous peers"
     " stop waiting for it",
+    "max_workers": "workers each parameter server registers at once (the run's own and those"
+    " `ember join` adds; joined ones leave when they finish or fall silent), at least --workers;"
+    " unset: 4 x workers + 1024",
     "request_timeout": "seconds to wait for a server's answer before failing; must exceed"
     " --worker-timeout",
     "encrypt": "ZeroMQ CURVE on every connection: only the run's processes get in and nothing"

@@ -106,6 +106,9 @@ _AXES: dict[Strategy, tuple[AlgorithmKind, ConsistencyKind]] = {
 }
 STRATEGIES = tuple(s.value for s in Strategy)
 ENGINES = ("local", "spark")
+# The most workers a shard's clock table may hold (ps/clockrows.py's MAX_TABLE_ROWS, what a
+# reader of a table accepts): the ceiling of max_workers.
+MAX_WORKERS = 1 << 20
 
 
 @dataclass
@@ -146,6 +149,7 @@ class RunConfig:
     replica_seconds: float = 0.25  # a backup lags its primary by at most about this
     max_restarts: int = 3  # times the engine restarts each dead worker or server process
     worker_timeout: float = 30.0  # a silent worker is dropped from the clock table after this
+    max_workers: int | None = None  # workers a shard registers at once; None: 4 x workers + 1024
     request_timeout: float = 60.0  # a server that does not answer within this is an error
     encrypt: bool = True  # CURVE on every connection; off: plain TCP, for a trusted network
     log_every: int = 50  # steps between metrics records
@@ -212,6 +216,11 @@ class RunConfig:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum!r}")
         if self.alpha is not None and not 0 < self.alpha <= 1:
             raise ConfigError(f"alpha must be in (0, 1], got {self.alpha!r}")
+        if self.max_workers is not None and not self.workers <= self.max_workers <= MAX_WORKERS:
+            raise ConfigError(
+                f"max_workers must be between workers ({self.workers}) and {MAX_WORKERS}, "
+                f"got {self.max_workers}"
+            )
         if self.nesterov and self.momentum == 0:
             raise ConfigError("nesterov needs momentum > 0, got momentum 0")
         if self.servers > 1 and not self.uses_server:
@@ -342,6 +351,7 @@ RESUME_MAY_CHANGE = (
     "replica_seconds",
     "max_restarts",
     "worker_timeout",
+    "max_workers",
     "request_timeout",
     "encrypt",
     "log_every",

@@ -18,6 +18,7 @@ from ember.ps import PSClient, ShardSpec, control, fetch_state, make_consistency
 from ember.ps.server import ParameterServer
 from ember.wire import ClientConnection
 from tests.conftest import SECRET, running_servers
+from tests.peers import join_and_leave
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -27,13 +28,6 @@ JOINER = 1 << 31  # joiners' ids are large, as `ember join` draws them
 
 def _header(op: str, worker: int, seq: int, incarnation: int = 0) -> dict[str, Any]:
     return {"op": op, "worker": worker, "incarnation": incarnation, "seq": seq, "clock": 0}
-
-
-def _join_and_leave(connection: ClientConnection, worker: int) -> None:
-    connection.send({**_header("register", worker, 1), "step": 0})
-    assert connection.recv()[0]["op"] == "ok"
-    connection.send(_header("done", worker, 2))
-    assert connection.recv()[0] == {"op": "ok"}
 
 
 def _until(condition: Any, timeout: float = 10.0) -> None:
@@ -48,7 +42,7 @@ def test_ten_thousand_joins_and_leaves_leave_the_table_flat() -> None:
         connection = ClientConnection(server.address, SECRET, timeout=10)
         deadline = time.monotonic() + 150  # bounded in time as well as in count
         for cycle in range(10_000):
-            _join_and_leave(connection, JOINER + cycle)
+            join_and_leave(connection, JOINER + cycle)
             assert time.monotonic() < deadline, f"only {cycle} cycles in the time allowed"
         connection.close()
         stats = control([server.address], SECRET, "stats")[0]
@@ -117,7 +111,7 @@ def test_a_registration_past_max_workers_is_refused_naming_the_limit_and_what_to
         assert stats["rejected"]["register"] == 1 and stats["workers"]["table"] == 5
         connection.send(_header("done", JOINER, 2))
         connection.recv()
-        _join_and_leave(connection, JOINER + 3)  # a leaver made room
+        join_and_leave(connection, JOINER + 3)  # a leaver made room
         # the other two joiners fall silent: dropped, then forgotten to make room
         _until(lambda: control([server.address], SECRET, "stats")[0]["workers"]["dropped"] == 2)
         server.clocks.timeout = 30.0  # from now on nobody falls silent, however slow the machine
@@ -136,7 +130,7 @@ def test_bsp_rounds_stay_exact_while_joiners_come_and_go_and_the_table_stays_fla
     with running_servers(params, SGDRule(lr=1.0), "bsp", expected_workers=2) as (server,):
         churn = ClientConnection(server.address, SECRET, timeout=10)
         for cycle in range(100):  # before the rounds: never part of one
-            _join_and_leave(churn, JOINER + cycle)
+            join_and_leave(churn, JOINER + cycle)
         a, b = (PSClient([server.address], SECRET, worker=w, timeout=10) for w in (0, 1))
         a.register()
         b.register()
@@ -194,7 +188,7 @@ def test_ssp_holds_a_fast_worker_for_the_slow_one_alone_once_joiners_left() -> N
         slow.register()
         churn = ClientConnection(server.address, SECRET, timeout=10)
         for cycle in range(200):
-            _join_and_leave(churn, JOINER + cycle)
+            join_and_leave(churn, JOINER + cycle)
         out = np.empty(2, F32)
         fast.push(np.ones(2, F32))  # clock 1: one ahead of the slow worker, allowed
         pulled = threading.Event()

@@ -4,7 +4,6 @@ connect-and-close cycles, and a refused stream does not swallow the next request
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -18,14 +17,11 @@ from ember.wire import CHUNK_BYTES, ClientConnection, shared
 from ember.wire.endpoint import CLOSING_SECONDS, Chunk, Request, ServerEndpoint
 from ember.wire.frames import seal
 from tests.conftest import SECRET, endpoint_process, running_servers
+from tests.peers import open_fds
 
 pytestmark = pytest.mark.timeout(120)
 
 CYCLES = 1000
-
-
-def _open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 class Polling:
@@ -118,16 +114,16 @@ def test_open_fds_of_a_server_process_stay_flat_over_1000_connections_with_regio
         assert warm.share_memory(1 << 16)  # every lazy fd of the process is open after this
         warm.close()
         time.sleep(0.5)
-        before = _open_fds(pid)
+        before = open_fds(pid)
         attached = 0
         for _ in range(CYCLES):
             connection = ClientConnection(address, SECRET, timeout=10)
             attached += connection.share_memory(1 << 16)
             connection.close()
         deadline = time.monotonic() + 20
-        while _open_fds(pid) > before + 8 and time.monotonic() < deadline:
+        while open_fds(pid) > before + 8 and time.monotonic() < deadline:
             time.sleep(0.2)
-        after = _open_fds(pid)
+        after = open_fds(pid)
     assert attached == CYCLES  # each connection really had a region mapped
     assert after <= before + 8, f"{before} open fds before {CYCLES} connections, {after} after"
 

@@ -159,3 +159,29 @@ def test_cli_takes_the_address_flags_and_refuses_a_small_range_before_starting(
     assert code == 2
     assert "ember: error: ports 7100-7100 holds 1 port(s)" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"workers": 4, "max_workers": 3}, r"max_workers must be between workers \(4\) and"),
+        ({"max_workers": (1 << 20) + 1}, r"and 1048576, got 1048577"),
+        ({"max_workers": "64"}, "max_workers must be int, got '64'"),
+    ],
+)
+def test_max_workers_is_checked_against_workers_and_the_table_ceiling(fields, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make_config(fields)
+
+
+def test_max_workers_comes_from_a_flag_or_yaml_and_defaults_to_the_servers_formula(
+    capsys, tmp_path
+) -> None:
+    assert make_config({}).max_workers is None  # the server's 4 x workers + 1024
+    path = tmp_path / "run.yaml"
+    path.write_text("workers: 3\nmax-workers: 8\n")
+    assert make_config({}, str(path)).max_workers == 8
+    code = main(["train", "--workers", "3", "--max-workers", "2", "--out", str(tmp_path / "r")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "ember: error: max_workers must be between workers (3) and 1048576, got 2" in err

@@ -68,6 +68,7 @@ def serve(message: dict[str, Any], tell: Callable[[str], None]) -> None:
             workers={int(k): v for k, v in message["workers"].items()},
             step=message["step"],
             worker_timeout=config.worker_timeout,
+            max_workers=config.max_workers,
             role=role,
             backup=message["backup"],
             replica_seconds=config.replica_seconds,

@@ -11,12 +11,13 @@ from typing import Any
 
 import numpy as np
 
+from ember.config import MAX_WORKERS
 from ember.errors import ProtocolError
 from ember.wire import gather
 
 COLUMNS = ("worker", "incarnation", "clock", "step", "seq", "live", "finished")
 MAX_ID = 1 << 62  # worker ids and incarnations: they travel as int64 in the rows
-MAX_TABLE_ROWS = 1 << 20  # the most rows any table may have (what a reader accepts)
+MAX_TABLE_ROWS = MAX_WORKERS  # the most rows any table may have (what a reader accepts)
 _I64 = np.iinfo(np.int64)
 
 

@@ -80,7 +80,11 @@ class PushPull:
         if seq <= worker.last_seq:  # a repeated (worker, incarnation, seq): ack, never re-apply
             self._answer_duplicate(request, worker, seq)
             return
-        header_int(header, "step")
+        try:  # a worker's step is its resume point: a checkpoint refuses a negative one
+            header_int(header, "step", 0)
+        except ProtocolError:
+            self.rejected["step"] += 1
+            raise
         header_bool(header, "pull")  # every field is checked before the request changes anything
         worker.last_seq = seq
         if header["op"] == "pull":

@@ -6,8 +6,19 @@ from collections import Counter
 
 import torch
 
-from ember.ps.shard import ALL_KEYS, ShardState
-from ember.wire import SendTicket
+from ember.ps.shard import ALL_KEYS, ShardSpec, ShardState
+from ember.wire import CHUNK_BYTES, SendTicket
+
+# Reply buffers kept for reuse: one per reply an honest peer can have in flight is plenty;
+# more would keep what a burst of replies to a slow reader allocated alive for good.
+POOL_BUFFERS = 2
+
+
+def unread_budget(spec: ShardSpec, state_names: tuple[str, ...]) -> int:
+    """Reply bytes one peer may leave unread before the server refuses its requests (see
+    wire.sockets.ReplyBacklog): the shard's largest reply (a snapshot: parameters and rule
+    state) and one more copy of the parameters. An honest peer has at most one reply out."""
+    return max(CHUNK_BYTES, 4 * spec.size * (2 + len(state_names)))
 
 
 class Replies:
@@ -29,8 +40,10 @@ class Replies:
         return torch.empty(self._shard.params.numel())
 
     def recycle(self, buffer: torch.Tensor, ticket: SendTicket | None) -> None:
-        """`buffer` (from `buffer()`) is sent; it is reused once `ticket` is done."""
+        """`buffer` (from `buffer()`) is sent; it is reused once `ticket` is done. Past
+        POOL_BUFFERS the oldest is let go: zmq keeps one it still reads alive by itself."""
         self._pool.append((buffer, ticket))
+        del self._pool[:-POOL_BUFFERS]
 
     def reading(self, keys: slice, ticket: SendTicket) -> None:
         """A reply reads the shard's params (and state) at `keys` until `ticket` is done."""

@@ -16,7 +16,7 @@ from ember.ps.clocks import ClockTable
 from ember.ps.consistency import Consistency
 from ember.ps.pushpull import Held, PushPull
 from ember.ps.replica import Replication, Replicator, Role
-from ember.ps.replies import Replies
+from ember.ps.replies import Replies, unread_budget
 from ember.ps.shard import (
     ALL_KEYS,
     ShardSpec,
@@ -95,7 +95,9 @@ class ParameterServer:
             startup_grace=max(120.0, worker_timeout),
             max_workers=max_workers,
         )
-        self.endpoint = ServerEndpoint(secret, bind)
+        self.endpoint = ServerEndpoint(
+            secret, bind, max_unread_bytes=unread_budget(shard, rule.state_names)
+        )
         self.address = self.endpoint.address
         self.rejected: Counter[str] = Counter()
         self.counters: Counter[str] = Counter()

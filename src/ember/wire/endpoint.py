@@ -18,12 +18,15 @@ from ember.wire.handshake import ServerHandshake
 from ember.wire.hosts import LOCAL_TRANSPORTS, is_loopback
 from ember.wire.peers import PeerConnections
 from ember.wire.shared import ServerRegions
-from ember.wire.sockets import new_socket
+from ember.wire.sockets import ReplyBacklog, new_socket
 from ember.wire.ticket import COPIED, SendTicket
 
 # A closed connection's messages read after its close keep their session this long (a record
 # or `done` sent just before closing); headers are sealed, so nobody else can use it.
 CLOSING_SECONDS = 2.0
+# Reply bytes a peer may leave unread before its requests are refused (see ReplyBacklog); a
+# ParameterServer sets a few copies of its shard instead.
+UNREAD_BYTES = 64 << 20
 
 
 @dataclass
@@ -69,6 +72,7 @@ class ServerEndpoint:
         context: zmq.Context | None = None,
         max_payload_bytes: int = 1 << 34,
         encrypt: bool | None = None,
+        max_unread_bytes: int = UNREAD_BYTES,
     ) -> None:
         self._context = context or zmq.Context.instance()
         self.encrypted = curve.encrypting(encrypt)
@@ -92,6 +96,7 @@ class ServerEndpoint:
         self._connections = PeerConnections(self._sock)
         self._broken: deque[Chunk] = deque()  # streams whose connection closed, to report
         self._closing: dict[bytes, float] = {}  # peer -> when its session goes
+        self._backlog = ReplyBacklog(max_unread_bytes)
         self.rejected: Counter[str] = Counter()
 
     def poll(self, timeout: float) -> Request | Chunk | None:
@@ -149,6 +154,8 @@ class ServerEndpoint:
             answer = {"op": "ok", "seq": header.get("seq"), **self._attach(peer, header, frame)}
             self._sock.send_multipart([peer, seal(key, answer)])
             return None
+        if self._backlog.over_budget(peer):
+            self._refuse_slow_reader(peer, key, header)
         sizes = frame_sizes(header.get("tensors", []), self.max_payload_bytes)
         if sizes and peer in self._closing:
             raise ProtocolError("connection closed: its payload is not taken")
@@ -163,6 +170,21 @@ class ServerEndpoint:
         elif sizes:
             self._streams[peer] = request
         return request
+
+    def _refuse_slow_reader(self, peer: bytes, key: bytes, header: dict[str, Any]) -> None:
+        """Serve nothing more to a peer that leaves replies unread: what it would be sent
+        next stays with the server until it reads (a reply's buffer may be a copy of its own).
+        The refusal is one small header, and the high-water mark drops those past it."""
+        unread, budget = self._backlog.unread(peer) >> 20, self._backlog.budget >> 20
+        message = (
+            f"slow reader: {unread} MiB of this connection's replies are unread, more than "
+            f"the {budget} MiB a server queues for one connection; read each reply before "
+            "sending more requests"
+        )
+        self._sock.send_multipart(
+            [peer, seal(key, {"op": "error", "seq": header.get("seq"), "message": message})]
+        )
+        raise ProtocolError(message)
 
     def _attach(self, peer: bytes, header: dict[str, Any], frame: Any) -> dict[str, Any]:
         """Map a peer's region only when the peer is on this host's loopback: hosts emulated
@@ -182,6 +204,7 @@ class ServerEndpoint:
         for peer in self._connections.closed():
             self._closing[peer] = now + CLOSING_SECONDS
             self._regions.drop(peer)
+            self._backlog.forget(peer)
             stream = self._streams.pop(peer, None)
             if stream is not None:
                 self._broken.append(Chunk(stream, len(stream.frames), "connection closed"))
@@ -238,7 +261,9 @@ class ServerEndpoint:
                 self._sock.send_multipart([request.peer, sealed])
             return COPIED
         self._sock.send(request.peer, zmq.SNDMORE)
-        return SendTicket(self._sock.send(frame, 0, copy=False, track=True))
+        tracker = self._sock.send(frame, 0, copy=False, track=True)
+        self._backlog.sent(request.peer, memoryview(frame).nbytes, tracker)
+        return SendTicket(tracker)
 
     def reply_view(self, request: Request) -> np.ndarray | None:
         """After reply_header: where a reply through shared memory lands, as float32, so the
@@ -250,6 +275,7 @@ class ServerEndpoint:
         """How many peers hold a session, a stream or a region, and connections known."""
         regions = self._regions.stats()["peers"]
         sizes = {"sessions": len(self._sessions), "streams": len(self._streams)}
+        sizes["backlogged"] = self._backlog.peers()
         return {**sizes, "regions": regions, **self._connections.stats()}
 
     @property
@@ -277,7 +303,7 @@ def peer_address(frame: Any) -> str:
 
 def _reason(exc: ProtocolError) -> str:
     text = str(exc)
-    for reason in ("unauthenticated", "HMAC", "msgpack", "size", "map"):
+    for reason in ("unauthenticated", "HMAC", "msgpack", "size", "map", "slow reader"):
         if reason in text:
-            return reason.lower()
+            return reason.lower().replace(" ", "_")
     return "malformed"

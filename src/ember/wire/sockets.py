@@ -1,6 +1,9 @@
-"""The zmq socket both ends open: its options and the largest frame it accepts."""
+"""The zmq socket both ends open: its options, the largest frame it accepts, and the bytes of
+replies a server lets one peer leave unread."""
 
 from __future__ import annotations
+
+from collections import deque
 
 import zmq
 
@@ -9,10 +12,10 @@ from ember.wire.frames import CHUNK_BYTES, MAC_BYTES, MAX_HEADER_BYTES
 # A frame is a header or one tensor chunk; anything larger makes zmq drop the peer before
 # the bytes are buffered, so an oversized length never reaches an allocation of ours.
 MAX_FRAME_BYTES = max(CHUNK_BYTES, MAC_BYTES + MAX_HEADER_BYTES) + 1024
-# Replies queued for one peer, in messages (chunks of up to CHUNK_BYTES): a peer that does not
-# read holds at most this much of a server; past it the ROUTER drops that peer's replies
-# (without ROUTER_MANDATORY a full peer never blocks the server's one loop). 256 x 2 MiB lets
-# an honest peer's reply of a 512 MiB shard leave in one burst.
+# Replies queued for one peer, in messages (chunks of up to CHUNK_BYTES): past it the ROUTER
+# drops that peer's replies (without ROUTER_MANDATORY a full peer never blocks the server's
+# one loop). 256 messages lets an honest peer's reply of a 2 GiB shard leave in one burst,
+# so a count of messages bounds little: ReplyBacklog bounds the bytes.
 ROUTER_SNDHWM = 256
 
 
@@ -25,3 +28,53 @@ def new_socket(context: zmq.Context, kind: int) -> zmq.Socket:
     sock.setsockopt(zmq.RCVBUF, 4 << 20)
     sock.setsockopt(zmq.SNDHWM, ROUTER_SNDHWM if kind == zmq.ROUTER else 1000)
     return sock
+
+
+class ReplyBacklog:
+    """Bytes of zero-copy reply chunks each peer has not taken off the server yet.
+
+    A chunk counts until zmq lets go of it: written to the peer's TCP socket, or dropped at
+    the high-water mark. Each one may hold a buffer of its own (a reply read while an update
+    moved the shard to a private copy, or an easgd difference), so what a peer that sends
+    requests and never reads replies makes a server hold is what this counts. An honest peer
+    reads each reply before its next request, so it never has more than that one reply here.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._queued: dict[bytes, deque[tuple[int, zmq.MessageTracker]]] = {}
+        self._bytes: dict[bytes, int] = {}
+
+    def sent(self, peer: bytes, nbytes: int, tracker: zmq.MessageTracker) -> None:
+        self._prune(peer)
+        self._queued.setdefault(peer, deque()).append((nbytes, tracker))
+        self._bytes[peer] = self._bytes.get(peer, 0) + nbytes
+
+    def unread(self, peer: bytes) -> int:
+        """Bytes of `peer`'s replies zmq still holds."""
+        self._prune(peer)
+        return self._bytes.get(peer, 0)
+
+    def over_budget(self, peer: bytes) -> bool:
+        return self.unread(peer) > self.budget
+
+    def forget(self, peer: bytes) -> None:
+        """The peer's connection closed: zmq drops what it queued for it."""
+        self._queued.pop(peer, None)
+        self._bytes.pop(peer, None)
+
+    def peers(self) -> int:
+        """Peers with replies still queued (a peer whose queue empties is not kept)."""
+        for peer in list(self._queued):
+            self._prune(peer)
+        return len(self._queued)
+
+    def _prune(self, peer: bytes) -> None:
+        # One peer's messages leave in the order they were queued, so the done ones are first.
+        queue = self._queued.get(peer)
+        if queue is None:
+            return
+        while queue and queue[0][1].done:
+            self._bytes[peer] -= queue.popleft()[0]
+        if not queue:
+            del self._queued[peer], self._bytes[peer]

@@ -1,0 +1,224 @@
+"""Peers that misbehave towards a server, and what a server process holds while they do: for
+the hardening tests and benchmarks/hardening.py, which measures the same attacks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from ember.ps import PSClient
+from ember.wire import ClientConnection, connection, sockets
+
+MiB = 1 << 20
+ATTACK_SECONDS = 60.0  # the most one unfinished message is sent for
+FRAME_BYTES = MiB  # under the sockets' largest frame, so zmq buffers each one whole
+
+
+def rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+def open_fds(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/fd").iterdir()))
+
+
+# An endpoint polled in a process of its own: what the process holds is what the server keeps
+# for its peers. It stops when its stdin closes, or after 100 s whatever happens.
+_ENDPOINT_PROCESS = """
+import select, sys, time
+from ember.wire import ServerEndpoint
+endpoint = ServerEndpoint(bytes.fromhex(sys.argv[1]), encrypt=sys.argv[2] == "on")
+print(endpoint.address, flush=True)
+deadline = time.monotonic() + 100
+while time.monotonic() < deadline and not select.select([sys.stdin], [], [], 0)[0]:
+    endpoint.poll(0.05)
+endpoint.close()
+"""
+
+
+@contextmanager
+def endpoint_process(encrypt: bool, secret: bytes) -> Iterator[tuple[int, str]]:
+    """(pid, address) of a ServerEndpoint serving in a process of its own."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _ENDPOINT_PROCESS, secret.hex(), "on" if encrypt else "off"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        yield child.pid, child.stdout.readline().strip()
+    finally:
+        child.kill()
+        child.wait(10)
+
+
+# ---- a raw ZMTP peer that never finishes its message ------------------------------------------
+def _greeting(mechanism: bytes) -> bytes:
+    """A ZMTP 3.0 greeting: signature, version 3.0, mechanism, as-server 0, filler."""
+    return b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + mechanism.ljust(20, b"\0") + bytes(32)
+
+
+def _ready(socket_type: bytes) -> bytes:
+    """The NULL mechanism's READY command, naming the peer's socket type."""
+    name = b"Socket-Type"
+    body = b"\x05READY" + bytes([len(name)]) + name + len(socket_type).to_bytes(4, "big")
+    body += socket_type
+    return b"\x04" + bytes([len(body)]) + body
+
+
+def unfinished_message(
+    address: str, total: int, on_frame: Callable[[int], object] | None = None
+) -> tuple[int, bool]:
+    """Speak ZMTP 3 by hand as a DEALER with the NULL mechanism, then send `total` bytes of
+    one multipart message whose frames all carry MORE, so it never ends: a pyzmq sender
+    could not, since it drains its own messages. Returns (bytes sent, whether the server
+    dropped the connection). Bounded by `total` and ATTACK_SECONDS."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    deadline = time.monotonic() + ATTACK_SECONDS
+    payload = bytes(FRAME_BYTES)
+    frame = b"\x03" + FRAME_BYTES.to_bytes(8, "big") + payload  # MORE | LONG
+    sent = 0
+    with socket.create_connection((host, int(port)), timeout=10) as peer:
+        try:
+            peer.sendall(_greeting(b"NULL"))
+            if len(peer.recv(64)) == 0:
+                return sent, True
+            peer.sendall(_ready(b"DEALER"))
+            while sent < total and time.monotonic() < deadline:
+                peer.sendall(frame)
+                sent += FRAME_BYTES
+                if on_frame is not None:
+                    on_frame(sent)
+        except (BrokenPipeError, ConnectionResetError):
+            return sent, True
+        except TimeoutError:
+            return sent, False  # the server neither reads nor closes: it holds what it has
+        # Sent everything: dropped only if the server has closed its end by now.
+        peer.settimeout(2.0)
+        try:
+            return sent, peer.recv(4096) == b""
+        except TimeoutError:
+            return sent, False
+        except ConnectionResetError:
+            return sent, True
+
+
+def attack(encrypt: bool, secret: bytes, total: int) -> tuple[int, int, bool]:
+    """(server RSS growth, bytes sent, dropped) for one unfinished message of `total` bytes
+    sent to an endpoint in a process of its own."""
+    with endpoint_process(encrypt, secret) as (pid, address):
+        time.sleep(0.5)  # imports settled: what grows now is the peer's doing
+        before = peak = rss(pid)
+
+        def watch(_sent: int) -> None:
+            nonlocal peak
+            peak = max(peak, rss(pid))
+
+        sent, dropped = unfinished_message(address, total, watch)
+        time.sleep(0.5)
+        peak = max(peak, rss(pid))
+        return peak - before, sent, dropped
+
+
+# ---- peers with some of the keys, or all of them ----------------------------------------------
+def flood_peer(context: zmq.Context, server_key: bytes) -> zmq.Socket:
+    """A peer that knows the server's public key (more than one without the secret could)
+    but holds a key pair of its own, and says the HMAC HELLO."""
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    public, secret = zmq.curve_keypair()
+    sock.setsockopt(zmq.CURVE_SERVERKEY, server_key)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
+    return sock
+
+
+def slow_reader_socket(context: zmq.Context, kind: int) -> zmq.Socket:
+    """A DEALER that takes at most one message off its TCP connection until it is read, so
+    what the server sends it stays queued in the server (patched over wire.connection's
+    new_socket while a slow reader's connection opens)."""
+    sock = sockets.new_socket(context, kind)
+    sock.setsockopt(zmq.RCVHWM, 1)
+    sock.setsockopt(zmq.RCVBUF, 64 << 10)
+    return sock
+
+
+def join_and_leave(connection: ClientConnection, worker: int) -> None:
+    """Register `worker` as a joiner would, and say it is done."""
+    base: dict[str, Any] = {"worker": worker, "incarnation": 0, "clock": 0}
+    connection.send({"op": "register", "seq": 1, "step": 0, **base})
+    assert connection.recv()[0]["op"] == "ok"
+    connection.send({"op": "done", "seq": 2, **base})
+    assert connection.recv()[0] == {"op": "ok"}
+
+
+def hello_flood(
+    context: zmq.Context,
+    address: str,
+    server_key: bytes,
+    peers: int,
+    wave: int,
+    refused: Callable[[], int],
+    started: Callable[[], object] = lambda: None,
+) -> None:
+    """`peers` identities in waves of `wave`, each saying HELLO with a key pair the server does
+    not know; each wave waits (up to 30 s) until `refused()` counts it, then closes."""
+    first = refused()
+    for start in range(0, peers, wave):
+        socks = [flood_peer(context, server_key) for _ in range(wave)]
+        for sock in socks:
+            sock.connect(address)
+            # The HELLO waits for a handshake that ZAP refuses; a pipe libzmq has not made
+            # yet takes nothing, and the connection is refused all the same.
+            with contextlib.suppress(zmq.Again):
+                sock.send(b"EMBER2-HELLO" + os.urandom(32), zmq.NOBLOCK)
+        started()
+        deadline = time.monotonic() + 30
+        while refused() < first + start + wave and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for sock in socks:
+            sock.close(linger=0)
+
+
+def unread_pulls(
+    address: str, pid: int, secret: bytes, keys: int, requests: int
+) -> tuple[int, PSClient, PSClient]:
+    """A slow reader (worker 0, on slow_reader_socket) sends `requests` pulls and reads none,
+    while an honest worker (1) pushes and pulls between them, so each of its updates moves the
+    shard to a private copy a pull's reply still reads. Payloads on the socket (set
+    EMBER_SHARED_MEMORY=0). Returns (peak RSS growth of process `pid`, honest, slow reader)."""
+    values = np.full(keys, 1e-3, dtype=np.float32)
+    pulled = np.empty(keys, dtype=np.float32)
+    honest = PSClient([address], secret, worker=1, timeout=10)
+    honest.register()
+    for _ in range(3):  # the server's buffers for an exchange are in place
+        honest.push(values, reply_into=pulled, pull=True)
+    original = connection.new_socket
+    connection.new_socket = slow_reader_socket
+    try:
+        slow = PSClient([address], secret, worker=0, timeout=10)
+    finally:
+        connection.new_socket = original
+    slow.register()
+    before = peak = rss(pid)
+    for _ in range(requests):
+        slow.seq += 1
+        slow.connections[0].send(slow._header("pull", 0, None, {}))
+        honest.push(values, reply_into=pulled, pull=True)
+        peak = max(peak, rss(pid))
+    return peak - before, honest, slow

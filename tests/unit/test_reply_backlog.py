@@ -1,0 +1,67 @@
+"""What a server counts of the replies a peer has not taken, and the reply buffers it keeps."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from ember.ps.replies import POOL_BUFFERS, Replies
+from ember.ps.shard import ShardSpec, ShardState
+from ember.wire import SendTicket
+from ember.wire.sockets import ReplyBacklog
+from ember.wire.ticket import COPIED
+
+
+class Tracker:
+    """Stands in for a zmq.MessageTracker: `done` once zmq let go of the message."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+
+def test_unread_bytes_count_until_zmq_lets_go_and_a_peer_over_budget_is_flagged() -> None:
+    backlog = ReplyBacklog(budget=100)
+    first, second = Tracker(), Tracker()
+    sent: Any = backlog.sent  # the trackers are stand-ins
+    sent(b"slow", 60, first)
+    sent(b"slow", 60, second)
+    sent(b"other", 10, Tracker())
+    assert backlog.unread(b"slow") == 120
+    assert backlog.over_budget(b"slow")
+    assert not backlog.over_budget(b"other")
+    first.done = True
+    assert backlog.unread(b"slow") == 60
+    assert not backlog.over_budget(b"slow")
+    second.done = True
+    assert backlog.peers() == 1  # a peer whose replies all left is not kept
+    backlog.forget(b"other")
+    assert backlog.peers() == 0
+    assert backlog.unread(b"never") == 0
+
+
+def test_an_honest_peer_with_one_reply_out_is_never_over_budget() -> None:
+    backlog = ReplyBacklog(budget=100)
+    sent: Any = backlog.sent
+    for _ in range(1000):  # each reply is still counted when the next request arrives
+        tracker = Tracker()
+        sent(b"honest", 100, tracker)
+        assert not backlog.over_budget(b"honest")
+        tracker.done = True
+
+
+def test_the_reply_pool_keeps_a_few_buffers_whatever_a_burst_allocated() -> None:
+    shard = ShardState.create(ShardSpec(0, 1, 0, 16), np.zeros(16, np.float32), (), None, False, 0)
+    replies = Replies(shard, Counter())
+    tracker: Any = Tracker()
+    pending = SendTicket(tracker)
+    buffers = [replies.buffer() for _ in range(10)]  # a burst of replies none of which left
+    assert len({b.data_ptr() for b in buffers}) == 10
+    for buffer in buffers:
+        replies.recycle(buffer, pending)
+    assert len(replies._pool) == POOL_BUFFERS
+    fresh = replies.buffer()  # every pooled buffer is still read: a new one
+    assert all(fresh is not kept for kept, _ in replies._pool)
+    replies.recycle(fresh, COPIED)
+    assert replies.buffer() is fresh  # a buffer zmq is done with is reused
