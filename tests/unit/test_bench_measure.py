@@ -18,7 +18,9 @@ def test_a_busy_child_shows_in_cpu_and_memory_and_an_excluded_one_does_not() -> 
         subprocess.run([sys.executable, "-c", BURN], check=True, timeout=30)
     busy = sampler.figures()
     one_core = 100 / (psutil.cpu_count() or 1)
-    assert busy["cpu_peak_percent"] > 0.5 * one_core  # the child spun one core
+    # the child spun as much of one core as a loaded machine gave it; a sampler that missed
+    # it would see this process sleeping, near 0
+    assert busy["cpu_peak_percent"] > 0.15 * one_core
     assert busy["cpu_peak_percent"] <= 100
     assert busy["peak_memory_mb"] > 10
 
@@ -28,7 +30,7 @@ def test_a_busy_child_shows_in_cpu_and_memory_and_an_excluded_one_does_not() -> 
             time.sleep(1.0)
     finally:
         child.wait(30)
-    assert sampler.figures()["cpu_mean_percent"] < 0.5 * one_core
+    assert sampler.figures()["cpu_mean_percent"] < 0.1 * one_core
 
 
 def test_no_samples_gives_no_figures() -> None:
