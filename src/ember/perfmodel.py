@@ -35,6 +35,9 @@ WIRE_FRACTION = {"none": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": (1 + 4 / INT8_CH
 # ember.config owns the choices once RunConfig has `compress`; until then, they are these.
 COMPRESSIONS: tuple[str, ...] = tuple(getattr(_config, "COMPRESSIONS", WIRE_FRACTION))
 MAX_TAU = 256  # the largest period model_tau names, as `--tau auto` clamps its own
+# an asynchronous server link's queue is named as the bound only when it is this much longer
+# than the worker's own path
+BOUND_MARGIN = 0.05
 # Strategies without a two-worker calibration run of their own wait like one that has it:
 # SSP with a small bound waits for the slowest about as often as BSP's rounds do.
 _WAITS_LIKE = {Strategy.SSP: Strategy.BSP, Strategy.EASGD: Strategy.BSP}
@@ -201,9 +204,21 @@ def predict(
             per_worker = tau * c.t_comp + exchange_cpu
             candidates["cpu"] = n * per_worker / _cores(c, network)
         else:
-            candidates["network"] = n * c.exchange_bytes / servers / network.bandwidth
+            # A server's link carries every push in and every reply out. A BSP round takes
+            # all pushes before a reply leaves, so the two directions take turns; asynchronous
+            # exchanges interleave, and queue where they meet.
+            if consistency is ConsistencyKind.BSP:
+                candidates["network"] = n * c.exchange_bytes / servers / network.bandwidth
+            else:  # the exchanger sends again as soon as a reply is in: no time between
+                think = 0.0 if mode.overlaps_exchange else compute
+                candidates["network"] = shared_link_cycle(c, network, n, servers, think)
     bound = max(candidates, key=lambda k: candidates[k])
     period = candidates[bound]
+    rest = [k for k in candidates if k != "network"]
+    queue_only = bound == "network" and consistency is not ConsistencyKind.BSP
+    if queue_only and period < (1 + BOUND_MARGIN) * max(candidates[k] for k in rest):
+        # a queue that adds little to a worker's own path does not yet bound it
+        bound = max(rest, key=lambda k: candidates[k])
     throughput = n * tau * c.batch_size / period if period > 0 else float("inf")
     return Prediction(
         strategy, n, servers, tau, throughput, period, t_comm, bound, compute, candidates
@@ -228,6 +243,30 @@ def model_tau(
     if t_comp <= 0:
         return MAX_TAU
     return max(1, min(MAX_TAU, math.ceil(margin * exchange / t_comp - 1e-9)))
+
+
+def shared_link_cycle(
+    c: Calibration, network: Network, workers: int, servers: int, think: float
+) -> float:
+    """Seconds between one worker's exchanges when `workers` exchange asynchronously over the
+    servers' links: mean value analysis (Reiser and Lavenberg, 1980) of a closed network. Each
+    worker thinks `think` seconds, then its push crosses every shard's inbound link and the
+    reply their outbound ones; TCP shares a link fairly among the transfers on it (processor
+    sharing). With many workers the cycle tends to n * P / (S * bandwidth), each direction of
+    a server's link full; with two it is already 1.5 times one exchange alone, as two
+    exchanges meet on a link half the time."""
+    assert network.bandwidth is not None
+    one_way = c.exchange_bytes / 2 / network.bandwidth  # the push, or the reply
+    demand = one_way / servers  # on each shard's link, each direction
+    # the rest of the worker's own link's time, and the latencies, nobody else shares
+    alone = think + 2 * network.latency + 2 * (one_way - demand)
+    queued = [0.0, 0.0]  # mean transfers on one shard's inbound and outbound link
+    cycle = alone + 2 * demand
+    for m in range(1, workers + 1):
+        response = [demand * (1 + q) for q in queued]
+        cycle = alone + sum(response)
+        queued = [m / cycle * r for r in response]
+    return cycle
 
 
 def evaluation_wait(strategy: str, evaluations: int, calibration: Calibration) -> float:

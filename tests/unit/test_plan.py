@@ -18,6 +18,7 @@ from ember.perfmodel import (
     model_tau,
     parse_bandwidths,
     predict,
+    shared_link_cycle,
     wire_fraction,
 )
 from ember.plan import saturation, scale_report, servers_needed
@@ -84,13 +85,27 @@ def test_a_list_of_link_rates_parses_in_order() -> None:
             parse_bandwidths(text)
 
 
+def test_asynchronous_exchanges_queue_where_they_meet_on_a_server_link() -> None:
+    one_way = MLP.exchange_bytes / 2 / 125e6  # a push, or a reply, alone on a 1 Gbit/s link
+    bare = Network(bandwidth=125e6)
+    assert shared_link_cycle(MLP, bare, 1, 1, 0.0) == pytest.approx(2 * one_way)
+    # two workers: half the time both transfers share a direction of the link
+    assert shared_link_cycle(MLP, bare, 2, 1, 0.0) == pytest.approx(3 * one_way)
+    # many: each direction of the server's link full, one push per worker per cycle
+    assert shared_link_cycle(MLP, bare, 256, 1, 0.0) == pytest.approx(256 * one_way, rel=0.01)
+    # time away from the link (compute, latency) thins the queue
+    assert shared_link_cycle(MLP, bare, 2, 1, 1.0) < 1.0 + 2.02 * one_way
+    # a synchronous round lets no reply out before every push is in
+    bsp = predict("bsp", 2, MLP, bare)
+    assert bsp.bounds["network"] == pytest.approx(4 * one_way)
+
+
 def test_auto_tau_is_the_smallest_whose_compute_covers_what_an_exchange_takes() -> None:
     exchange = 2 * 0.0005 + MLP.exchange_bytes / 125e6  # 18.2 ms on one worker's own link
     assert model_tau(MLP, GIGABIT, workers=1) == math.ceil(exchange / MLP.t_comp) == 10
-    # two workers share one server's link: an exchange waits behind the other's
-    shared = 2 * MLP.exchange_bytes / 125e6
-    assert model_tau(MLP, GIGABIT, workers=2) == math.ceil(shared / MLP.t_comp) == 18
-    assert model_tau(MLP, GIGABIT, workers=2, servers=2) == 10  # each shard half of it
+    # two workers meet on one server's link: an exchange takes longer
+    shared = shared_link_cycle(MLP, GIGABIT, 2, 1, 0.0)
+    assert model_tau(MLP, GIGABIT, workers=2) == math.ceil(shared / MLP.t_comp) == 14
     assert model_tau(MLP, GIGABIT, workers=1, margin=1.5) == math.ceil(1.5 * exchange / 0.002)
     assert model_tau(MLP, SLOW, workers=64) == MAX_TAU  # clamped
     # at the tau it names, easgd-async is compute-bound; one less, compute falls short of
@@ -103,27 +118,30 @@ def test_auto_tau_is_the_smallest_whose_compute_covers_what_an_exchange_takes() 
 
 
 def test_saturation_is_the_first_worker_count_a_server_link_bounds() -> None:
-    # easgd-async at tau 32 computes 32 * 2 ms + 0.9 ms a period; one server's link needs
-    # n * 17.2 ms for n workers' exchanges, more than the compute from n = 4 on
+    # easgd-async at tau 32 computes 32 * 2 ms + 0.9 ms a period; one server's link cycles
+    # n workers' exchanges in about n * 8.6 ms, clearly more than the compute from n = 8 on
     compute = 32 * MLP.t_comp + MLP.client_cpu
-    expected = next(n for n in WORKERS if n * MLP.exchange_bytes / 125e6 > compute)
+    expected = next(
+        n for n in WORKERS if shared_link_cycle(MLP, GIGABIT, n, 1, 0.0) > 1.05 * compute
+    )
     hit = saturation("easgd-async", MLP, GIGABIT, WORKERS, tau=32)
-    assert hit is not None and (hit.workers, hit.bound) == (expected, "network") == (4, "network")
+    assert hit is not None and (hit.workers, hit.bound) == (expected, "network") == (8, "network")
     assert saturation("bsp", MLP, GIGABIT, WORKERS).workers == 2  # type: ignore[union-attr]
-    assert saturation("easgd-async", MLP, GIGABIT, [1], tau=32) is None
+    assert saturation("easgd-async", MLP, GIGABIT, [1, 2, 4], tau=32) is None
 
 
 def test_servers_needed_to_keep_easgd_async_compute_bound() -> None:
-    # 16 workers at tau 16: 32.9 ms of compute a period against 16 * 17.2 ms / S of one
-    # server's link: S >= 8.4
+    # 16 workers at tau 16: 32.9 ms of compute a period against about 16 * 8.6 ms / S of
+    # each server's link
     compute = 16 * MLP.t_comp + MLP.client_cpu
-    expected = math.ceil(16 * MLP.exchange_bytes / 125e6 / compute)
-    assert servers_needed(16, 16, MLP, GIGABIT) == expected == 9
+    expected = next(s for s in range(1, 64) if shared_link_cycle(MLP, GIGABIT, 16, s, 0) <= compute)
+    assert servers_needed(16, 16, MLP, GIGABIT) == expected == 5
+    assert predict("easgd-async", 16, MLP, GIGABIT, 16, expected).compute_bound
     assert not predict("easgd-async", 16, MLP, GIGABIT, 16, expected - 1).compute_bound
     # at tau 8, 16.9 ms of compute is less than an exchange on the worker's own link
     assert servers_needed(16, 8, MLP, GIGABIT) is None
-    # compressed to a quarter, 3 servers do (16 * 4.3 ms / 3 <= 32.9 ms)
-    assert servers_needed(16, 16, MLP.compressed("int8"), GIGABIT) == 3
+    # compressed to a quarter, fewer servers do
+    assert servers_needed(16, 16, MLP.compressed("int8"), GIGABIT) == 2
 
 
 def test_scale_report_states_saturation_and_servers_per_link() -> None:
@@ -131,10 +149,11 @@ def test_scale_report_states_saturation_and_servers_per_link() -> None:
     assert "### at scale on 1 Gbit/s links, 0.5 ms latency" in text
     lines = text.splitlines()
     row = next(line for line in lines if line.startswith("| easgd-async tau=32 |"))
-    assert row.startswith("| easgd-async tau=32 | 4 workers | network |")
+    assert row.startswith("| easgd-async tau=32 | 8 workers | network |")
     sixteen = next(line for line in lines if line.startswith("| 16 | "))
     cells = [cell.strip() for cell in sixteen.strip("|").split("|")]
-    assert cells[:4] == ["16", "none", "9", "5"]
+    needed = [servers_needed(16, t, MLP, GIGABIT) for t in (8, 16, 32)]
+    assert cells[:4] == ["16", "none", str(needed[1]), str(needed[2])]
     assert cells[4] == str(model_tau(MLP, GIGABIT, 16))
     assert scale_report(MLP, Network(cores=2), WORKERS, [8]) == ""
 
