@@ -212,3 +212,12 @@ def test_bench_rows_are_predicted_on_their_link_and_with_their_compression() -> 
     add_predictions(packed, [{"mlp": MLP}], network=SLOW)
     compressed = predict("easgd-async", 2, MLP.compressed("int8"), SLOW, tau=8)
     assert packed[1]["predicted_samples_per_second"] == pytest.approx(compressed.samples_per_second)
+
+
+def test_a_row_with_a_codec_the_model_does_not_know_is_left_unpredicted() -> None:
+    rows = _rows(1.0)
+    rows[1]["config"] = {**rows[1]["config"], "compress": "int4"}  # type: ignore[dict-item]
+    add_predictions(rows, [{"mlp": MLP}], network=SLOW)
+    assert rows[1]["predicted_samples_per_second"] is None
+    assert rows[1]["predicted_time_to_target"] is None
+    assert rows[0]["predicted_samples_per_second"] is not None

@@ -61,7 +61,10 @@ def add_predictions(
         config = record.get("config") or {}
         if record["system"] != "ember" or calibration is None or not config:
             continue
-        calibration = calibration.compressed(config.get("compress") or "none")
+        try:
+            calibration = calibration.compressed(config.get("compress") or "none")
+        except ValueError:  # a codec the model has no byte count for: no prediction
+            continue
         easgd = Strategy(config["strategy"]).algorithm is AlgorithmKind.EASGD
         period = config["tau"] if easgd else config["n_push"]
         predicted = predict(
