@@ -9,7 +9,8 @@ longest of what bounds it:
 - each server's share of the exchanges: n workers' requests land on every shard, which handles
   1/S of the bytes of each;
 - on one host, the cores: every process's CPU seconds per period, divided among the cores;
-- over a network, each server link carries 2 * bytes / S per worker per period.
+- over a network, each server link carries 2 * bytes / S per worker per period: in turns under
+  BSP (every push, then every reply), and as a queue where asynchronous exchanges meet.
 
 A larger tau raises throughput but lets workers drift apart, so a distributed run needs more
 samples than `single` to reach the same target: the divergence penalty d = samples to target /
