@@ -11,17 +11,26 @@
   rate, unencrypted >= 1.0x gloo.
 - curve: CURVE's cost on loopback TCP (one namespace, shared memory off): ember encrypted
   against plain, the same round trips.
+- model: the throughput model against the emulated cluster. 1-epoch MNIST mlp runs, 2 workers,
+  on the Spark engine across hosts 1 and 2 (servers in host 0): easgd-async at tau 1 and 8, and
+  bsp, each predicted by ember.perfmodel from a calibration on this host and the link's rate as
+  a bulk TCP transfer from host 1 to host 0 measured it.
+
+--link RATE shapes every host's link (a tc rate, e.g. 100mbit) for the training and model parts;
+without it their links are unlimited.
 
 Every pair of peers is a pair of fresh processes (in their hosts' namespaces), told what to do
 on stdin, timing with exchange.py's time_round_trips; systems alternate in order per repeat.
 Needs root, iproute2, Java and pyspark: without them it prints why and exits 0.
 
-Usage: python benchmarks/cluster.py [--parts training link curve] [--sizes 1M 25M]
-                                    [--epochs E] [--repeat R] [--quick] [--out F.json]
+Usage: python benchmarks/cluster.py [--parts training link curve model] [--sizes 1M 25M]
+                                    [--epochs E] [--link RATE] [--repeat R] [--quick]
+                                    [--out F.json]
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -29,6 +38,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +48,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, 
 from common import fmt, make_parser, markdown_table, positive_int, report, set_threads, spread
 from exchange import TIMEOUT_MS, iterations_for, parse_size, size_label, time_round_trips
 
-PARTS = ("training", "link", "curve")
+PARTS = ("training", "link", "curve", "model")
+DEFAULT_PARTS = ("training", "link", "curve")
 SIZES = ("1M", "25M")
 LINK_RATE, LINK_GBIT = "1gbit", 1.0
 EPOCHS = 3
 COMMAND_TIMEOUT = 900.0
 LINK_SYSTEMS = ("ember", "ember encrypted", "gloo")
 GLOO_PORT = 29517
+# (strategy, tau) of the model part's rows: the overlapped exchange at its two extremes of
+# interest, and the synchronous baseline
+MODEL_ROWS = (("easgd-async", 1), ("easgd-async", 8), ("bsp", 1))
+LINK_PROBE_SECONDS = 2.0  # of the link's nominal rate, for the transfer that measures it
 
 
 # ---- peers: one process each, in a host's namespace; a JSON spec on stdin ----------------------
@@ -255,6 +271,87 @@ def training(cluster: Any, epochs: int, repeat: int) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def shaped(cluster: Any, rate: str | None) -> Iterator[None]:
+    """Every host's link at `rate` both ways (None: unlimited) while the block runs."""
+    hosts = range(cluster.hosts)
+    try:
+        for host in hosts:
+            cluster.shape(host, rate)
+        yield
+    finally:
+        for host in hosts:
+            cluster.shape(host, None)
+
+
+def cluster_summary(cluster: Any, flags: list[str]) -> dict[str, Any]:
+    """summary.json of `ember train FLAGS` on the Spark engine, its driver in host 0."""
+    with tempfile.TemporaryDirectory(prefix="ember-bench-model-") as tmp:
+        command = [sys.executable, "-m", "ember", "train", *flags, "--out", f"{tmp}/run"]
+        command += ["--engine", "spark", "--master", cluster.master_url]
+        done = cluster.run(0, command, env=cluster.env(0), timeout=COMMAND_TIMEOUT)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{str(done.stderr)[-3000:]}")
+        summary: dict[str, Any] = json.loads((Path(tmp) / "run" / "summary.json").read_text())
+    return summary
+
+
+def link_bytes_per_second(cluster: Any, rate: str | None) -> float:
+    """Host 1 to host 0 over TCP, as the exchanges go: a couple of seconds' worth of the rate."""
+    from ember.perfmodel import parse_bandwidth
+    from tests.cluster.links import transfer
+
+    size = int(parse_bandwidth(rate) * LINK_PROBE_SECONDS) if rate else 1 << 30
+    result = transfer(cluster, 1, 0, max(size, 1 << 20))
+    return float(result["bytes"] / result["seconds"])
+
+
+def model_check(cluster: Any, rate: str | None, epochs: int) -> dict[str, Any]:
+    """Predicted against measured samples/s for MODEL_ROWS on the cluster's links."""
+    from ember.bench.calibrate import calibrate
+    from ember.config import make_config
+    from ember.perfmodel import Network, predict
+    from ember.worker import load_data
+
+    config = make_config({"model": "mlp", "data": "mnist"})
+    calibration = calibrate(config, load_data(config))  # before the runs: an idle machine
+    rows = []
+    with shaped(cluster, rate):
+        measured_rate = link_bytes_per_second(cluster, rate)
+        network = Network(bandwidth=measured_rate)
+        for strategy, tau in MODEL_ROWS:
+            flags = ["--data", "mnist", "--model", "mlp", "--strategy", strategy]
+            flags += ["--workers", "2", "--epochs", str(epochs), "--tau", str(tau)]
+            summary = cluster_summary(cluster, flags)
+            predicted = predict(strategy, 2, calibration, network, tau=tau)
+            measured = summary["samples_per_second"]
+            moved = summary["bytes_pushed"] + summary["bytes_pulled"]
+            minibatches = max(1, summary["samples"] // calibration.batch_size)
+            rows.append(
+                {
+                    "strategy": strategy,
+                    "tau": tau,
+                    "measured": measured,
+                    "predicted": predicted.samples_per_second,
+                    "bound": predicted.bound,
+                    "error": (predicted.samples_per_second - measured) / measured,
+                    "test_accuracy": summary["test_accuracy"],
+                    "bytes_per_exchange": moved / max(1, summary["exchanges"]),
+                    # what the run saw: per minibatch computed, and per exchange, its wall
+                    # time and the part of it compute waited for
+                    "t_comp": summary["t_comp_seconds"] / minibatches,
+                    "t_comm": summary["t_comm_seconds"] / max(1, summary["exchanges"]),
+                    "t_wait": summary.get("t_wait_seconds", 0.0) / max(1, summary["exchanges"]),
+                }
+            )
+    return {
+        "rate": rate or "unlimited",
+        "measured_bytes_per_second": measured_rate,
+        "calibration": asdict(calibration),
+        "rows": rows,
+    }
+
+
 def link(
     cluster: Any, sizes: list[str], repeat: int, quick: bool, systems: tuple[str, ...]
 ) -> dict[str, Any]:
@@ -323,6 +420,23 @@ def tables(results: dict[str, Any]) -> str:
         ]  # fmt: skip
         heads = ["floats each way", "plain Gbit/s", "CURVE Gbit/s", "CURVE / plain"]
         parts.append("loopback TCP, shared memory off:\n\n" + markdown_table(heads, rows))
+    if "model" in results:
+        r = results["model"]
+        rows = [
+            [f"{m['strategy']}" + (f" tau={m['tau']}" if m["strategy"] != "bsp" else ""),
+             f"{m['measured']:,.0f}", f"{m['predicted']:,.0f} ({m['bound']})",
+             f"{m['error']:+.1%}", f"{m['bytes_per_exchange'] / 1e6:.2f}",
+             f"{m['t_comp'] * 1e3:.2f} / {m['t_comm'] * 1e3:.1f} / {m['t_wait'] * 1e3:.1f}",
+             f"{m['test_accuracy']:.4f}"]
+            for m in r["rows"]
+        ]  # fmt: skip
+        heads = ["2 workers, MNIST mlp", "measured samples/s", "predicted (bound)", "error"]
+        heads += ["MB per exchange", "T_comp / T_comm / waited (ms)", "test accuracy"]
+        rate = r["measured_bytes_per_second"] * 8 / 1e6
+        parts.append(
+            f"links at {r['rate']} (measured {rate:,.1f} Mbit/s host 1 to host 0):\n\n"
+            + markdown_table(heads, rows)
+        )
     return "\n\n".join(parts)
 
 
@@ -341,9 +455,10 @@ def main() -> None:
         _peer(json.loads(sys.stdin.readline()))
         return
     parser = make_parser(__doc__.splitlines()[0])
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(DEFAULT_PARTS))
     parser.add_argument("--sizes", nargs="+", type=size_label, default=None)
     parser.add_argument("--epochs", type=positive_int, default=EPOCHS)
+    parser.add_argument("--link", default=None, help="a tc rate for the training and model parts")
     args = parser.parse_args()
     reason = unavailable()
     if reason:
@@ -361,17 +476,20 @@ def main() -> None:
         systems = tuple(name for name in systems if name != "ember encrypted")
     elif "curve" in args.parts:
         results["curve"] = curve(sizes, repeat, quick)
-    if {"training", "link"} & set(args.parts):
+    if {"training", "link", "model"} & set(args.parts):
         with (
             tempfile.TemporaryDirectory(prefix="ember-bench-hosts-") as logs,
             Cluster(3, Path(logs), worker_cores=1) as cluster,
         ):
             if "training" in args.parts:
-                results["training"] = training(cluster, epochs, repeat)
+                with shaped(cluster, args.link):
+                    results["training"] = training(cluster, epochs, repeat)
+            if "model" in args.parts:
+                results["model"] = model_check(cluster, args.link, 1)
             if "link" in args.parts:
                 results["link"] = link(cluster, sizes, repeat, quick, systems)
     settings = {"parts": args.parts, "sizes": sizes, "repeat": repeat, "epochs": epochs}
-    settings.update(link_rate=LINK_RATE, quick=quick)
+    settings.update(link_rate=LINK_RATE, training_link=args.link or "unlimited", quick=quick)
     print()
     report("cluster", tables(results), settings, results, args.out)
 

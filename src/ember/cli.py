@@ -225,9 +225,14 @@ def _add_plan_parser(sub: Any) -> None:
     plan.add_argument("--workers", default="1,2,4,...,64", help="worker counts, e.g. 1,2,4,...,64")
     plan.add_argument("--taus", default="1,2,4,8,16,32", help="communication periods to consider")
     plan.add_argument(
-        "--bandwidth", default=None, help="each host's link, e.g. 1Gbit or 10GB/s (default: here)"
+        "--bandwidth",
+        default=None,
+        help="each host's link, or several to compare, e.g. 1Gbit,100Mbit (default: here)",
     )
     plan.add_argument("--latency", default="0.5ms", help="one-way latency, e.g. 0.5ms or 50us")
+    plan.add_argument(
+        "--compress", default="none", help="what exchanges put on the wire: none|fp16|bf16|int8"
+    )
 
 
 def positive_int(text: str) -> int:
@@ -369,21 +374,37 @@ def _require(module: str, why: str, extra: str) -> None:
 
 def _plan(args: argparse.Namespace) -> int:
     from ember.bench.calibrate import calibrate
-    from ember.perfmodel import Network, parse_bandwidth, parse_counts, parse_latency
-    from ember.plan import plan_report
+    from ember.perfmodel import (
+        Network,
+        parse_bandwidths,
+        parse_counts,
+        parse_latency,
+        wire_fraction,
+    )
+    from ember.plan import plan_report, scale_report
     from ember.worker import load_data
 
     try:
         workers, taus = parse_counts(args.workers), parse_counts(args.taus)
         latency = parse_latency(args.latency)
-        bandwidth = parse_bandwidth(args.bandwidth) if args.bandwidth else None
+        links = parse_bandwidths(args.bandwidth) if args.bandwidth else [None]
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    try:
+        wire_fraction(args.compress)
+    except ValueError as exc:
+        raise ConfigError(f"--{exc}") from None
     config = make_config({"model": args.model, "data": args.data, "batch_size": args.batch_size})
     print(f"calibrating {config.model} on {config.data} here...", file=sys.stderr, flush=True)
-    calibration = calibrate(config, load_data(config))
-    network = Network(bandwidth, latency if bandwidth else 0.0)
-    print(plan_report(calibration, network, workers, taus))
+    calibration = calibrate(config, load_data(config)).compressed(args.compress)
+    reports = []
+    for bandwidth in links:
+        network = Network(bandwidth, latency if bandwidth else 0.0)
+        report = plan_report(calibration, network, workers, taus)
+        reports.append(
+            "\n\n".join(filter(None, [report, scale_report(calibration, network, workers, taus)]))
+        )
+    print("\n\n".join(reports))
     return 0
 
 

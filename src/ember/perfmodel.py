@@ -9,7 +9,8 @@ longest of what bounds it:
 - each server's share of the exchanges: n workers' requests land on every shard, which handles
   1/S of the bytes of each;
 - on one host, the cores: every process's CPU seconds per period, divided among the cores;
-- over a network, each server link carries 2 * bytes / S per worker per period.
+- over a network, each server link carries 2 * bytes / S per worker per period: in turns under
+  BSP (every push, then every reply), and as a queue where asynchronous exchanges meet.
 
 A larger tau raises throughput but lets workers drift apart, so a distributed run needs more
 samples than `single` to reach the same target: the divergence penalty d = samples to target /
@@ -21,11 +22,23 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
+from ember import config as _config
 from ember.config import STRATEGIES, AlgorithmKind, ConsistencyKind, Strategy
 
 FLOAT_BYTES = 4
+INT8_CHUNK = 4096  # values sharing one float32 scale in int8 compression
+# The share of float32's bytes an exchange puts on the wire, per RunConfig.compress choice: push
+# and pull both compressed; int8 is a byte per value plus a 4-byte scale per INT8_CHUNK values.
+WIRE_FRACTION = {"none": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": (1 + 4 / INT8_CHUNK) / 4}
+# ember.config owns the choices once RunConfig has `compress`; until then, they are these.
+COMPRESSIONS: tuple[str, ...] = tuple(getattr(_config, "COMPRESSIONS", WIRE_FRACTION))
+MAX_TAU = 256  # the largest period model_tau names, as `--tau auto` clamps its own
+# an asynchronous server link's queue is named as the bound only when it is this much longer
+# than the worker's own path
+BOUND_MARGIN = 0.05
 # Strategies without a two-worker calibration run of their own wait like one that has it:
 # SSP with a small bound waits for the slowest about as often as BSP's rounds do.
 _WAITS_LIKE = {Strategy.SSP: Strategy.BSP, Strategy.EASGD: Strategy.BSP}
@@ -50,6 +63,13 @@ class Calibration:
     # easgd-async (at CALIBRATION_TAU)
     on_host: dict[str, tuple[float, float]] = field(default_factory=dict)
     t_eval: float = 0.0  # seconds worker 0 spends on one evaluation of the test set
+    # share of float32's bytes an exchange puts on the wire (WIRE_FRACTION); the times above are
+    # measured uncompressed, and the codec's CPU is not in them
+    compression: float = 1.0
+
+    def compressed(self, compress: str) -> Calibration:
+        """These figures for a run with RunConfig.compress = `compress`."""
+        return replace(self, compression=wire_fraction(compress))
 
     def sharing(
         self, strategy: str, workers: int, servers: int, tau: int = 1
@@ -91,8 +111,15 @@ class Calibration:
 
     @property
     def exchange_bytes(self) -> int:
-        """Bytes one exchange moves: all parameters each way."""
-        return 2 * FLOAT_BYTES * self.parameters
+        """Bytes one exchange moves: all parameters each way, compressed as configured."""
+        return round(2 * FLOAT_BYTES * self.parameters * self.compression)
+
+
+def wire_fraction(compress: str) -> float:
+    """The share of float32's bytes a `compress` choice puts on the wire."""
+    if compress not in COMPRESSIONS or compress not in WIRE_FRACTION:
+        raise ValueError(f"compress {compress!r}: choose from {', '.join(COMPRESSIONS)}")
+    return WIRE_FRACTION[compress]
 
 
 @dataclass(frozen=True)
@@ -115,6 +142,13 @@ class Prediction:
     period: float  # seconds per worker period of tau steps
     t_comm: float  # seconds per exchange
     bound: str  # what sets the period: worker, server, cpu or network
+    compute: float = 0.0  # seconds of the worker's own computing per period
+    bounds: Mapping[str, float] = field(default_factory=dict)  # every candidate period
+
+    @property
+    def compute_bound(self) -> bool:
+        """The worker's computing sets the period: no exchange, link or server holds it up."""
+        return self.period <= self.compute * (1 + 1e-9)
 
 
 def predict(
@@ -155,7 +189,8 @@ def predict(
         server_share = c.server_cpu / servers  # each shard handles 1/S of every exchange
         t_comm = _exchange_seconds(c, network, servers, t_exchange)
         if mode.overlaps_exchange:  # the exchanger thread's CPU comes out of compute's
-            candidates["worker"] = max(compute + c.client_cpu, t_comm)
+            compute += c.client_cpu
+            candidates["worker"] = max(compute, t_comm)
         else:
             candidates["worker"] = compute + t_comm
         # A shard answers requests one after another: n of them per period keep it busy.
@@ -170,11 +205,69 @@ def predict(
             per_worker = tau * c.t_comp + exchange_cpu
             candidates["cpu"] = n * per_worker / _cores(c, network)
         else:
-            candidates["network"] = n * c.exchange_bytes / servers / network.bandwidth
+            # A server's link carries every push in and every reply out. A BSP round takes
+            # all pushes before a reply leaves, so the two directions take turns; asynchronous
+            # exchanges interleave, and queue where they meet.
+            if consistency is ConsistencyKind.BSP:
+                candidates["network"] = n * c.exchange_bytes / servers / network.bandwidth
+            else:  # the exchanger sends again as soon as a reply is in: no time between
+                think = 0.0 if mode.overlaps_exchange else compute
+                candidates["network"] = shared_link_cycle(c, network, n, servers, think)
     bound = max(candidates, key=lambda k: candidates[k])
     period = candidates[bound]
+    rest = [k for k in candidates if k != "network"]
+    queue_only = bound == "network" and consistency is not ConsistencyKind.BSP
+    if queue_only and period < (1 + BOUND_MARGIN) * max(candidates[k] for k in rest):
+        # a queue that adds little to a worker's own path does not yet bound it
+        bound = max(rest, key=lambda k: candidates[k])
     throughput = n * tau * c.batch_size / period if period > 0 else float("inf")
-    return Prediction(strategy, n, servers, tau, throughput, period, t_comm, bound)
+    return Prediction(
+        strategy, n, servers, tau, throughput, period, t_comm, bound, compute, candidates
+    )
+
+
+def model_tau(
+    calibration: Calibration,
+    network: Network,
+    workers: int = 2,
+    servers: int = 1,
+    margin: float = 1.0,
+) -> int:
+    """The tau `--tau auto` picks for easgd-async on this link: the smallest whose compute
+    covers the exchange, tau * T_comp >= margin * T_comm, clamped to 1..MAX_TAU. T_comm is what
+    a worker sees an exchange take at tau 1: its own link's time, or longer when the server's
+    link or CPU is the slower, since the exchanges of all workers queue there."""
+    at_one = predict(Strategy.EASGD_ASYNC, workers, calibration, network, 1, servers)
+    shared = [at_one.bounds.get(k, 0.0) for k in ("network", "server")]
+    exchange = max(at_one.t_comm, *shared)
+    t_comp = at_one.compute - calibration.client_cpu
+    if t_comp <= 0:
+        return MAX_TAU
+    return max(1, min(MAX_TAU, math.ceil(margin * exchange / t_comp - 1e-9)))
+
+
+def shared_link_cycle(
+    c: Calibration, network: Network, workers: int, servers: int, think: float
+) -> float:
+    """Seconds between one worker's exchanges when `workers` exchange asynchronously over the
+    servers' links: mean value analysis (Reiser and Lavenberg, 1980) of a closed network. Each
+    worker thinks `think` seconds, then its push crosses every shard's inbound link and the
+    reply their outbound ones; TCP shares a link fairly among the transfers on it (processor
+    sharing). With many workers the cycle tends to n * P / (S * bandwidth), each direction of
+    a server's link full; with two it is already 1.5 times one exchange alone, as two
+    exchanges meet on a link half the time."""
+    assert network.bandwidth is not None
+    one_way = c.exchange_bytes / 2 / network.bandwidth  # the push, or the reply
+    demand = one_way / servers  # on each shard's link, each direction
+    # the rest of the worker's own link's time, and the latencies, nobody else shares
+    alone = think + 2 * network.latency + 2 * (one_way - demand)
+    queued = [0.0, 0.0]  # mean transfers on one shard's inbound and outbound link
+    cycle = alone + 2 * demand
+    for m in range(1, workers + 1):
+        response = [demand * (1 + q) for q in queued]
+        cycle = alone + sum(response)
+        queued = [m / cycle * r for r in response]
+    return cycle
 
 
 def evaluation_wait(strategy: str, evaluations: int, calibration: Calibration) -> float:
@@ -219,9 +312,13 @@ def _allreduce_seconds(c: Calibration, network: Network, n: int, on_host: float)
     return 2 * (n - 1) * network.latency + max(wire, _scaled(c.client_cpu, n))
 
 
-def time_to_target(prediction: Prediction, single_samples: float, divergence: float) -> float:
-    """Seconds to the target: d times the samples `single` needed, at the predicted speed."""
-    return divergence * single_samples / prediction.samples_per_second
+def time_to_target(
+    prediction: Prediction | float, single_samples: float, divergence: float
+) -> float:
+    """Seconds to the target: d times the samples `single` needed, at the predicted speed
+    (a Prediction, or samples per second)."""
+    rate = prediction.samples_per_second if isinstance(prediction, Prediction) else prediction
+    return divergence * single_samples / rate
 
 
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -236,6 +333,14 @@ def parse_bandwidth(text: str) -> float:
     unit = match.group(3) or "bit"
     is_bits = unit.lower() == "bit" or unit == "b"  # 'b' is bits, 'B' bytes
     return value / 8 if is_bits else value
+
+
+def parse_bandwidths(text: str) -> list[float]:
+    """'1Gbit,100Mbit' -> bytes per second of each link rate, in the order given."""
+    rates = [parse_bandwidth(part) for part in text.split(",") if part.strip()]
+    if not rates:
+        raise ValueError(f"bandwidth {text!r}: give rates like 1Gbit or 1Gbit,100Mbit")
+    return rates
 
 
 def parse_latency(text: str) -> float:

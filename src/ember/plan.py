@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ember.config import AlgorithmKind, Strategy
-from ember.perfmodel import Calibration, Network, Prediction, evaluation_wait, predict
+from ember.perfmodel import (
+    FLOAT_BYTES,
+    Calibration,
+    Network,
+    Prediction,
+    evaluation_wait,
+    model_tau,
+    predict,
+)
 
 # every strategy a column; easgd-async has one per tau, after them
 PLAN_STRATEGIES: tuple[Strategy, ...] = tuple(s for s in Strategy if s is not Strategy.EASGD_ASYNC)
@@ -113,15 +121,16 @@ def plan_report(
     c = calibration
     single = predict(Strategy.SINGLE, 1, c, network).samples_per_second
     where = (
-        f"{network.bandwidth * 8 / 1e9:g} Gbit/s links, {network.latency * 1e3:g} ms latency,"
+        f"{link_label(network.bandwidth)} links, {network.latency * 1e3:g} ms latency,"
         " a host per worker and per server"
         if network.bandwidth is not None
         else f"all on this host, {network.cores or c.cores} cores"
     )
     lines = [
         f"calibrated here: {c.t_comp * 1e3:.2f} ms per batch of {c.batch_size};"
-        f" one exchange of {c.exchange_bytes / 1e6:.2f} MB takes {c.exchange_wall * 1e3:.2f} ms"
-        f" ({c.server_cpu * 1e3:.2f} ms of server CPU)",
+        f" one exchange of {2 * FLOAT_BYTES * c.parameters / 1e6:.2f} MB takes"
+        f" {c.exchange_wall * 1e3:.2f} ms ({c.server_cpu * 1e3:.2f} ms of server CPU)"
+        + (f"; compressed to {c.exchange_bytes / 1e6:.2f} MB" if c.compression != 1 else ""),
         f"predicted for: {where}",
         f"single: {_samples(single)} samples/s",
         "",
@@ -157,3 +166,93 @@ def plan_report(
         " extra samples a row needs (`ember bench` measures d)."
     )
     return "\n".join([*lines, *table, "", "recommended:", *recommended, "", note])
+
+
+# ---- scale on paper: where the server links saturate, and the servers that prevent it ----------
+MAX_SERVERS = 1024  # the most servers scale_report searches
+
+
+def link_label(bandwidth: float) -> str:
+    bits = bandwidth * 8
+    return f"{bits / 1e9:g} Gbit/s" if bits >= 1e9 else f"{bits / 1e6:g} Mbit/s"
+
+
+def saturation(
+    strategy: str, c: Calibration, network: Network, workers: list[int], tau: int = 1
+) -> Prediction | None:
+    """The prediction at the fewest of `workers` at which one server's link (network) or CPU
+    (server) sets the period, or None when none of them does."""
+    for n in workers:
+        p = predict(strategy, n, c, network, tau, 1)
+        if p.bound in ("network", "server"):
+            return p
+    return None
+
+
+def servers_needed(workers: int, tau: int, c: Calibration, network: Network) -> int | None:
+    """The fewest servers at which easgd-async at `tau` is compute-bound, or None when no
+    count is: then the worker's own link takes longer than tau minibatches."""
+
+    def enough(servers: int) -> bool:
+        return predict(Strategy.EASGD_ASYNC, workers, c, network, tau, servers).compute_bound
+
+    if not enough(MAX_SERVERS):
+        return None
+    low, high = 1, MAX_SERVERS  # more servers never lengthen the period: search by halves
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if enough(middle) else (middle + 1, high)
+    return low
+
+
+def scale_report(c: Calibration, network: Network, workers: list[int], taus: list[int]) -> str:
+    """For one link rate: where each strategy saturates one server's links, and how many servers
+    keep easgd-async compute-bound at each worker count and tau."""
+    if network.bandwidth is None:
+        return ""
+    rate = link_label(network.bandwidth)
+    wire = c.exchange_bytes / network.bandwidth
+    lines = [
+        f"### at scale on {rate} links, {network.latency * 1e3:g} ms latency",
+        "",
+        f"An exchange puts {c.exchange_bytes / 1e6:.2f} MB on a worker's link"
+        f" ({c.compression:.3g}x float32's bytes): {wire * 1e3:,.1f} ms at {rate}, against"
+        f" {c.t_comp * 1e3:.2f} ms of compute per minibatch. One server's link carries every"
+        " worker's exchanges.",
+        "",
+        f"Where each strategy saturates one server (of {', '.join(map(str, workers))} workers):",
+        "",
+        "| strategy | saturates at | bound there | samples/s there | samples/s at 1 worker |",
+        "|---|---|---|---|---|",
+    ]
+    runs = [(str(s), EASGD_TAU if s is Strategy.EASGD else 1) for s in PLAN_STRATEGIES]
+    runs += [(str(Strategy.EASGD_ASYNC), t) for t in taus]
+    for strategy, tau in runs:
+        if strategy in (Strategy.SINGLE, Strategy.ALLREDUCE):
+            continue  # no server to saturate
+        label = strategy + (
+            f" tau={tau}" if Strategy(strategy).algorithm is AlgorithmKind.EASGD else ""
+        )
+        first = predict(strategy, 1, c, network, tau, 1).samples_per_second
+        hit = saturation(strategy, c, network, workers, tau)
+        if hit is None:
+            cells = [f"not up to {workers[-1]} workers", MISSING, MISSING]
+        else:
+            cells = [f"{hit.workers} workers", hit.bound, _samples(hit.samples_per_second)]
+        lines.append("| " + " | ".join([label, *cells, _samples(first)]) + " |")
+    lines += [
+        "",
+        "Servers that keep easgd-async compute-bound (none: the worker's own link takes longer"
+        " than tau minibatches at any server count), and the tau `--tau auto` would pick:",
+        "",
+        "| workers | " + " | ".join(f"tau={t}" for t in taus) + " | tau auto, 1 server |"
+        " tau auto samples/s |",
+        "|" + "---|" * (len(taus) + 3),
+    ]
+    for n in workers:
+        needed = [servers_needed(n, t, c, network) for t in taus]
+        auto = model_tau(c, network, n, 1)
+        speed = predict(Strategy.EASGD_ASYNC, n, c, network, auto, 1).samples_per_second
+        cells = ["none" if s is None else str(s) for s in needed]
+        lines.append("| " + " | ".join([str(n), *cells, str(auto), _samples(speed)]) + " |")
+    return "\n".join(lines)

@@ -65,9 +65,14 @@ def test_a_shared_server_link_bounds_many_workers_and_more_shards_lift_it() -> N
     one = predict("async", 32, MLP, GIGABIT, servers=1)
     eight = predict("async", 32, MLP, GIGABIT, servers=8)
     assert one.bound == "network"
-    # 32 workers each move 2 * 1.08 MB through one 125 MB/s link per step
-    assert one.samples_per_second == pytest.approx(64 * 125e6 / MLP.exchange_bytes, rel=1e-6)
+    # 32 workers each push 1.08 MB into one 125 MB/s link per step, and take as much out:
+    # close to one minibatch per 1.08 MB each way, less what the queues leave idle
+    full = 64 * 125e6 / (MLP.exchange_bytes / 2)
+    assert 0.95 * full < one.samples_per_second < full
     assert eight.samples_per_second > 5 * one.samples_per_second
+    # synchronous rounds: every push in before a reply leaves, the directions take turns
+    rounds = predict("bsp", 32, MLP, GIGABIT, servers=1)
+    assert rounds.samples_per_second == pytest.approx(32 * 64 / (32 * MLP.exchange_bytes / 125e6))
 
 
 def test_on_one_host_the_cores_bound_the_total() -> None:
@@ -249,14 +254,14 @@ def test_plan_recommends_single_for_one_worker_when_it_is_predicted_fastest() ->
 
 
 def test_plan_shows_the_rows_at_the_servers_it_recommends_for_a_busy_server() -> None:
-    text = plan_report(MLP, GIGABIT, [16], [1, 4, 16, 64, 128])
-    servers = {s for w, s in printed_rows(text) if w == 16}
+    text = plan_report(MLP, GIGABIT, [32], [1, 4, 16, 64, 128])
+    servers = {s for w, s in printed_rows(text) if w == 32}
     assert 1 in servers and len(servers) == 2
     more = max(servers)
     assert f" with {more} servers — the highest" in text
     # the smallest tau within 10% of the fastest at those servers is named beside it
     speeds = {
-        t: predict("easgd-async", 16, MLP, GIGABIT, t, more).samples_per_second
+        t: predict("easgd-async", 32, MLP, GIGABIT, t, more).samples_per_second
         for t in (1, 4, 16, 64, 128)
     }
     fastest = max(speeds, key=lambda t: speeds[t])

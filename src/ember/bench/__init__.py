@@ -37,6 +37,8 @@ apply or was not measured):
     divergence      samples_to_target / single's samples_to_target in the same repetition
     predicted_samples_per_second, prediction_error  ember.perfmodel's figure and
                     (predicted - measured) / measured
+    predicted_time_to_target, time_to_target_error  d * single's samples to target at the
+                    predicted samples/s, and its error against time_to_target
     config          the resolved configuration of the row
     ember_version
 """

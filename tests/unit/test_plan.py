@@ -1,0 +1,223 @@
+"""The model on slow links: compression, the tau `--tau auto` would pick, where the server
+links saturate, the servers that prevent it, `ember plan`'s options, and predicted time to
+target beside bench rows."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ember import cli
+from ember.bench.predict import add_predictions
+from ember.perfmodel import (
+    MAX_TAU,
+    WIRE_FRACTION,
+    Calibration,
+    Network,
+    model_tau,
+    parse_bandwidths,
+    predict,
+    shared_link_cycle,
+    wire_fraction,
+)
+from ember.plan import saturation, scale_report, servers_needed
+
+# The reference mlp: 2 ms per minibatch of 64, 269,322 floats (2.15 MB an exchange both ways)
+MLP = Calibration(
+    batch_size=64,
+    t_comp=0.002,
+    parameters=269_322,
+    exchange_wall=0.0022,
+    client_cpu=0.0009,
+    server_cpu=0.0011,
+    cores=2,
+)
+GIGABIT = Network(bandwidth=125e6, latency=0.0005)
+SLOW = Network(bandwidth=12.5e6)  # 100 Mbit/s, no latency: the wire is all of an exchange
+WORKERS = [1, 2, 4, 8, 16, 32, 64]
+
+
+@pytest.mark.parametrize(("compress", "fraction"), [("fp16", 0.5), ("bf16", 0.5), ("int8", 0.25)])
+def test_compression_divides_the_network_bound_period(compress: str, fraction: float) -> None:
+    packed = MLP.compressed(compress)
+    # one worker: its own link's exchange bounds easgd-async at tau 1
+    alone, small = predict("easgd-async", 1, MLP, SLOW), predict("easgd-async", 1, packed, SLOW)
+    assert alone.t_comm == pytest.approx(MLP.exchange_bytes / 12.5e6)
+    assert small.period == pytest.approx(alone.period * fraction, rel=2e-3)
+    # eight workers: one server's link carries all of their exchanges
+    crowd, packed_crowd = predict("async", 8, MLP, SLOW), predict("async", 8, packed, SLOW)
+    assert crowd.bound == packed_crowd.bound == "network"
+    assert packed_crowd.period == pytest.approx(crowd.period * fraction, rel=2e-3)
+    assert packed_crowd.samples_per_second == pytest.approx(
+        crowd.samples_per_second / fraction, rel=2e-3
+    )
+
+
+def test_int8_pays_a_float32_scale_per_4096_values() -> None:
+    assert WIRE_FRACTION["int8"] == pytest.approx((4096 + 4) / (4 * 4096))
+    assert MLP.compressed("int8").exchange_bytes == round(8 * 269_322 * (4096 + 4) / (4 * 4096))
+    assert MLP.compressed("none") == MLP
+
+
+def test_an_unknown_compression_is_named_with_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"compress 'int3': choose from none, fp16, bf16, int8"):
+        wire_fraction("int3")
+
+
+def test_bad_compress_is_one_clear_error_before_any_calibration(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_calibration(*_: object) -> None:
+        raise AssertionError("calibrated before checking --compress")
+
+    monkeypatch.setattr("ember.bench.calibrate.calibrate", no_calibration)
+    assert cli.main(["plan", "--compress", "int3", "--bandwidth", "1Gbit"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["ember: error: --compress 'int3': choose from none, fp16, bf16, int8"]
+
+
+def test_a_list_of_link_rates_parses_in_order() -> None:
+    assert parse_bandwidths("1Gbit,100Mbit") == [125e6, 12.5e6]
+    assert parse_bandwidths(" 10GB/s ") == [10e9]
+    for text in ("", ",", "1Gbit,fast"):
+        with pytest.raises(ValueError, match="bandwidth"):
+            parse_bandwidths(text)
+
+
+def test_asynchronous_exchanges_queue_where_they_meet_on_a_server_link() -> None:
+    one_way = MLP.exchange_bytes / 2 / 125e6  # a push, or a reply, alone on a 1 Gbit/s link
+    bare = Network(bandwidth=125e6)
+    assert shared_link_cycle(MLP, bare, 1, 1, 0.0) == pytest.approx(2 * one_way)
+    # two workers: half the time both transfers share a direction of the link
+    assert shared_link_cycle(MLP, bare, 2, 1, 0.0) == pytest.approx(3 * one_way)
+    # many: each direction of the server's link full, one push per worker per cycle
+    assert shared_link_cycle(MLP, bare, 256, 1, 0.0) == pytest.approx(256 * one_way, rel=0.01)
+    # time away from the link (compute, latency) thins the queue
+    assert shared_link_cycle(MLP, bare, 2, 1, 1.0) < 1.0 + 2.02 * one_way
+    # a synchronous round lets no reply out before every push is in
+    bsp = predict("bsp", 2, MLP, bare)
+    assert bsp.bounds["network"] == pytest.approx(4 * one_way)
+
+
+def test_auto_tau_is_the_smallest_whose_compute_covers_what_an_exchange_takes() -> None:
+    exchange = 2 * 0.0005 + MLP.exchange_bytes / 125e6  # 18.2 ms on one worker's own link
+    assert model_tau(MLP, GIGABIT, workers=1) == math.ceil(exchange / MLP.t_comp) == 10
+    # two workers meet on one server's link: an exchange takes longer
+    shared = shared_link_cycle(MLP, GIGABIT, 2, 1, 0.0)
+    assert model_tau(MLP, GIGABIT, workers=2) == math.ceil(shared / MLP.t_comp) == 14
+    assert model_tau(MLP, GIGABIT, workers=1, margin=1.5) == math.ceil(1.5 * exchange / 0.002)
+    assert model_tau(MLP, SLOW, workers=64) == MAX_TAU  # clamped
+    # at the tau it names, easgd-async is compute-bound; one less, compute falls short of
+    # the exchange (the exchanger's CPU aside, which the rule leaves as margin)
+    for workers in (1, 2, 4):
+        tau = model_tau(MLP, GIGABIT, workers)
+        assert predict("easgd-async", workers, MLP, GIGABIT, tau).compute_bound
+        exchange = max(predict("easgd-async", workers, MLP, GIGABIT, 1).bounds.values())
+        assert (tau - 1) * MLP.t_comp < exchange <= tau * MLP.t_comp
+
+
+def test_saturation_is_the_first_worker_count_a_server_link_bounds() -> None:
+    # easgd-async at tau 32 computes 32 * 2 ms + 0.9 ms a period; one server's link cycles
+    # n workers' exchanges in about n * 8.6 ms, clearly more than the compute from n = 8 on
+    compute = 32 * MLP.t_comp + MLP.client_cpu
+    expected = next(
+        n for n in WORKERS if shared_link_cycle(MLP, GIGABIT, n, 1, 0.0) > 1.05 * compute
+    )
+    hit = saturation("easgd-async", MLP, GIGABIT, WORKERS, tau=32)
+    assert hit is not None and (hit.workers, hit.bound) == (expected, "network") == (8, "network")
+    assert saturation("bsp", MLP, GIGABIT, WORKERS).workers == 2  # type: ignore[union-attr]
+    assert saturation("easgd-async", MLP, GIGABIT, [1, 2, 4], tau=32) is None
+
+
+def test_servers_needed_to_keep_easgd_async_compute_bound() -> None:
+    # 16 workers at tau 16: 32.9 ms of compute a period against about 16 * 8.6 ms / S of
+    # each server's link
+    compute = 16 * MLP.t_comp + MLP.client_cpu
+    expected = next(s for s in range(1, 64) if shared_link_cycle(MLP, GIGABIT, 16, s, 0) <= compute)
+    assert servers_needed(16, 16, MLP, GIGABIT) == expected == 5
+    assert predict("easgd-async", 16, MLP, GIGABIT, 16, expected).compute_bound
+    assert not predict("easgd-async", 16, MLP, GIGABIT, 16, expected - 1).compute_bound
+    # at tau 8, 16.9 ms of compute is less than an exchange on the worker's own link
+    assert servers_needed(16, 8, MLP, GIGABIT) is None
+    # compressed to a quarter, fewer servers do
+    assert servers_needed(16, 16, MLP.compressed("int8"), GIGABIT) == 2
+
+
+def test_scale_report_states_saturation_and_servers_per_link() -> None:
+    text = scale_report(MLP, GIGABIT, WORKERS, [8, 16, 32])
+    assert "### at scale on 1 Gbit/s links, 0.5 ms latency" in text
+    lines = text.splitlines()
+    row = next(line for line in lines if line.startswith("| easgd-async tau=32 |"))
+    assert row.startswith("| easgd-async tau=32 | 8 workers | network |")
+    sixteen = next(line for line in lines if line.startswith("| 16 | "))
+    cells = [cell.strip() for cell in sixteen.strip("|").split("|")]
+    needed = [servers_needed(16, t, MLP, GIGABIT) for t in (8, 16, 32)]
+    assert cells[:4] == ["16", "none", str(needed[1]), str(needed[2])]
+    assert cells[4] == str(model_tau(MLP, GIGABIT, 16))
+    assert scale_report(MLP, Network(cores=2), WORKERS, [8]) == ""
+
+
+def test_plan_prints_a_scale_table_per_link_rate(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ember.bench.calibrate.calibrate", lambda *_: MLP)
+    monkeypatch.setattr("ember.worker.load_data", lambda *_: None)
+    argv = ["plan", "--bandwidth", "1Gbit,100Mbit", "--workers", "1,2,4", "--taus", "8,32"]
+    assert cli.main([*argv, "--compress", "int8"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("### at scale on") == 2
+    assert out.index("1 Gbit/s links") < out.index("### at scale on 100 Mbit/s links")
+    assert "compressed to 0.54 MB" in out
+
+
+def _rows(network_speed: float) -> list[dict[str, object]]:
+    base = {"workers": 2, "servers": 1, "batch_size": 64, "epochs": 1, "eval_every": 0}
+    single = {"strategy": "single", "workers": 1, "tau": 1, "n_push": 1}
+    easgd = {"strategy": "easgd-async", "tau": 8, "n_push": 1}
+    common = {"task": "mlp", "system": "ember", "status": "ok", "repeat": 0}
+    return [
+        {**common, "strategy": "single", "samples_to_target": 30_000, "divergence": 1.0,
+         "samples_per_second": 30_000.0, "time_to_target": 1.0, "config": {**base, **single}},
+        {**common, "strategy": "easgd-async", "samples_to_target": 45_000, "divergence": 1.5,
+         "samples_per_second": network_speed, "time_to_target": 2.0,
+         "config": {**base, **easgd}},
+        {**common, "strategy": "async", "samples_to_target": None, "divergence": None,
+         "samples_per_second": 1.0, "time_to_target": None,
+         "config": {**base, "strategy": "async", "tau": 1, "n_push": 1}},
+    ]  # fmt: skip
+
+
+def test_bench_rows_get_predicted_time_to_target_from_their_divergence() -> None:
+    rows = _rows(20_000.0)
+    add_predictions(rows, [{"mlp": MLP}], network=SLOW)
+    speed = predict("easgd-async", 2, MLP, SLOW, tau=8).samples_per_second
+    single, easgd, async_ = rows
+    assert easgd["predicted_samples_per_second"] == pytest.approx(speed)
+    assert easgd["predicted_time_to_target"] == pytest.approx(1.5 * 30_000 / speed)
+    assert easgd["time_to_target_error"] == pytest.approx(1.5 * 30_000 / speed / 2.0 - 1)
+    assert single["predicted_time_to_target"] == pytest.approx(30_000 / (64 / 0.002))
+    # a row that never reached the target has no predicted time for it
+    assert async_["predicted_time_to_target"] is None
+    assert async_["predicted_samples_per_second"] is not None
+
+
+def test_bench_rows_are_predicted_on_their_link_and_with_their_compression() -> None:
+    here, slow = _rows(1.0), _rows(1.0)
+    add_predictions(here, [{"mlp": MLP}])  # the keyword left out: all on this host
+    add_predictions(slow, [{"mlp": MLP}], network=SLOW)
+    assert slow[1]["predicted_samples_per_second"] < here[1]["predicted_samples_per_second"]
+    packed = _rows(1.0)
+    packed[1]["config"] = {**packed[1]["config"], "compress": "int8"}  # type: ignore[dict-item]
+    add_predictions(packed, [{"mlp": MLP}], network=SLOW)
+    compressed = predict("easgd-async", 2, MLP.compressed("int8"), SLOW, tau=8)
+    assert packed[1]["predicted_samples_per_second"] == pytest.approx(compressed.samples_per_second)
+
+
+def test_a_row_with_a_codec_the_model_does_not_know_is_left_unpredicted() -> None:
+    rows = _rows(1.0)
+    rows[1]["config"] = {**rows[1]["config"], "compress": "int4"}  # type: ignore[dict-item]
+    add_predictions(rows, [{"mlp": MLP}], network=SLOW)
+    assert rows[1]["predicted_samples_per_second"] is None
+    assert rows[1]["predicted_time_to_target"] is None
+    assert rows[0]["predicted_samples_per_second"] is not None
