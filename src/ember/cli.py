@@ -12,77 +12,7 @@ from typing import Any
 
 from ember.config import FIELD_NAMES, STRATEGIES, RunConfig, make_config
 from ember.errors import CheckpointError, ConfigError, EmberError, Interrupted, WorkerFailed
-
-HELP = {
-    # One line per RunConfig field: what it sets, its unit, and what leaving it unset means.
-    "data": "mnist | digits | synthetic-lr | path to a .npz file, a .parquet file or folder, or an"
-    " MNIST IDX folder (their layouts: docs/data.md)",
-    "model": "mlp | logreg | lenet | package.module:factory, a function returning a"
-    " torch.nn.Module, imported from the working directory, then PYTHONPATH and site-packages",
-    "strategy": "single | bsp | ssp | async | easgd | easgd-async | allreduce",
-    "workers": "data-parallel worker processes (Spark: barrier tasks), each on its own shard",
-    "servers": "parameter-server processes; the flat parameter vector is split into this many"
-    " key ranges",
-    "epochs": "passes over the training set; each worker passes over its 1/workers shard",
-    "batch_size": "examples per minibatch, per worker (one step trains workers x this)",
-    "lr": "learning rate of the servers' optimizer (bsp, ssp, async) or of each worker's local"
-    " optimizer (easgd, easgd-async, single, allreduce)",
-    "momentum": "SGD momentum in [0, 1), on the servers (bsp, ssp, async) or local (the others)",
-    "nesterov": "Nesterov momentum in the local optimizer (EAMSGD with easgd); needs"
-    " --momentum > 0",
-    "tau": "easgd, easgd-async: local steps (minibatches) between a worker's exchanges with the"
-    " center; each worker also exchanges once when it finishes. easgd-async also takes auto (the"
-    " period the throughput model picks from the exchange and step times it measures) or loss"
-    " (exchange once the training loss summed since the last exchange passes the first"
-    " period's), starting from the default tau (docs/tau.md)",
-    "tau_policy": "fixed | auto | loss, as --tau auto and --tau loss set it; with it --tau is"
-    " the starting period",
-    "alpha": "easgd, easgd-async: moving rate in (0, 1] of an exchange, e = alpha * (x_i -"
-    " center); unset: 0.9 / workers (the paper's beta / p)",
-    "staleness": "ssp: clocks (pushes) a worker may run ahead of the slowest before it waits",
-    "n_push": "bsp, ssp, async: steps whose gradients a worker averages into one push; the"
-    " remaining ones are pushed when it finishes",
-    "n_fetch": "bsp, ssp, async: steps between a worker's pulls of the current parameters",
-    "engine": "local (processes on this machine) | spark (barrier tasks on --master)",
-    "master": "--engine spark: Spark master URL, e.g. local[4], spark://host:7077, yarn or"
-    " k8s://https://host:443; unset: local[WORKERS]",
-    "bind_address": "host or IPv4 address the parameter servers (and the Spark record collector)"
-    " listen on; unset: 127.0.0.1, or on a cluster master spark.driver.bindAddress, else 0.0.0.0",
-    "advertise_address": "host or IPv4 address workers connect to the servers at; unset:"
-    " 127.0.0.1, or on a cluster master spark.driver.host",
-    "ports": "LO-HI: every port the run listens on (server processes, their replicas, the Spark"
-    " record collector) is taken from this range, for firewalls; unset: any free port",
-    "out": "run directory for summary.json, metrics.jsonl and checkpoints/; unset:"
-    " runs/<timestamp>-<strategy>-<pid>",
-    "resume": "auto (the newest valid checkpoint in --out) or a checkpoint path, continuing with"
-    " the settings saved there (flags may change --epochs and the few docs/running.md lists);"
-    " unset: start from the initial model",
-    "seed": "seeds model initialization, data shuffling and synthetic data",
-    "threads": "PyTorch threads per worker process",
-    "synthetic_samples": "--data synthetic-lr: training rows (plus max(1000, rows / 10) test rows)",
-    "synthetic_features": "--data synthetic-lr: feature columns",
-    "checkpoint_seconds": "seconds between checkpoints, at most",
-    "checkpoint_steps": "also checkpoint every this many server steps; 0: by time only",
-    "keep_checkpoints": "checkpoints kept besides `last`; older ones are deleted",
-    "replicas": "server processes per shard: 1, or 2 for a backup that takes over when its"
-    " primary dies",
-    "replica_seconds": "seconds a backup lags its primary at most (how often it gets a copy)",
-    "max_restarts": "times each dead worker or server process is restarted before the run fails",
-    "worker_timeout": "seconds of silence after which a worker is dropped, so synchronous peers"
-    " stop waiting for it",
-    "max_workers": "workers each parameter server registers at once (the run's own and those"
-    " `ember join` adds; joined ones leave when they finish or fall silent), at least --workers;"
-    " unset: 4 x workers + 1024",
-    "request_timeout": "seconds to wait for a server's answer before failing; must exceed"
-    " --worker-timeout",
-    "encrypt": "ZeroMQ CURVE on every connection: only the run's processes get in and nothing"
-    " travels in clear; off: plain TCP, for a trusted network (it warns when a server is"
-    " reachable beyond this host)",
-    "log_every": "steps between a worker's records (loss, samples/s, T_comp, T_comm) in"
-    " metrics.jsonl",
-    "eval_every": "steps between worker 0's test-set evaluations; 0: only at each epoch's end",
-    "tensorboard": "also write the metrics as TensorBoard event files, in OUT/tensorboard",
-}
+from ember.flags import HELP
 
 
 class _Parser(argparse.ArgumentParser):

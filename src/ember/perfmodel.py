@@ -36,6 +36,7 @@ WIRE_FRACTION = {"none": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": (1 + 4 / INT8_CH
 # ember.config owns the choices once RunConfig has `compress`; until then, they are these.
 COMPRESSIONS: tuple[str, ...] = tuple(getattr(_config, "COMPRESSIONS", WIRE_FRACTION))
 MAX_TAU = 256  # the largest period model_tau names, as `--tau auto` clamps its own
+AUTO_MARGIN = 1.25  # `--tau auto`'s margin of compute over an exchange (algorithms/period.py)
 # an asynchronous server link's queue is named as the bound only when it is this much longer
 # than the worker's own path
 BOUND_MARGIN = 0.05

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ember.config import AlgorithmKind, Strategy
 from ember.perfmodel import (
+    AUTO_MARGIN,
     FLOAT_BYTES,
     Calibration,
     Network,
@@ -251,7 +252,7 @@ def scale_report(c: Calibration, network: Network, workers: list[int], taus: lis
     ]
     for n in workers:
         needed = [servers_needed(n, t, c, network) for t in taus]
-        auto = model_tau(c, network, n, 1)
+        auto = model_tau(c, network, n, 1, margin=AUTO_MARGIN)
         speed = predict(Strategy.EASGD_ASYNC, n, c, network, auto, 1).samples_per_second
         cells = ["none" if s is None else str(s) for s in needed]
         lines.append("| " + " | ".join([str(n), *cells, str(auto), _samples(speed)]) + " |")

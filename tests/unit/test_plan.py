@@ -9,8 +9,10 @@ import math
 import pytest
 
 from ember import cli
+from ember.algorithms import period
 from ember.bench.predict import add_predictions
 from ember.perfmodel import (
+    AUTO_MARGIN,
     MAX_TAU,
     WIRE_FRACTION,
     Calibration,
@@ -154,7 +156,7 @@ def test_scale_report_states_saturation_and_servers_per_link() -> None:
     cells = [cell.strip() for cell in sixteen.strip("|").split("|")]
     needed = [servers_needed(16, t, MLP, GIGABIT) for t in (8, 16, 32)]
     assert cells[:4] == ["16", "none", str(needed[1]), str(needed[2])]
-    assert cells[4] == str(model_tau(MLP, GIGABIT, 16))
+    assert cells[4] == str(model_tau(MLP, GIGABIT, 16, margin=AUTO_MARGIN))
     assert scale_report(MLP, Network(cores=2), WORKERS, [8]) == ""
 
 
@@ -221,3 +223,8 @@ def test_a_row_with_a_codec_the_model_does_not_know_is_left_unpredicted() -> Non
     assert rows[1]["predicted_samples_per_second"] is None
     assert rows[1]["predicted_time_to_target"] is None
     assert rows[0]["predicted_samples_per_second"] is not None
+
+
+def test_the_model_picks_tau_with_the_same_margin_and_range_as_tau_auto() -> None:
+    assert AUTO_MARGIN == period.MARGIN
+    assert (period.TAU_MIN, period.TAU_MAX) == (1, MAX_TAU)
