@@ -105,6 +105,7 @@ _AXES: dict[Strategy, tuple[AlgorithmKind, ConsistencyKind]] = {
 }
 STRATEGIES = tuple(s.value for s in Strategy)
 ENGINES = ("local", "spark")
+CODECS = ("none", "fp16", "bf16", "int8")  # how exchanges travel; see ps/codec.py
 
 
 @dataclass
@@ -126,6 +127,7 @@ class RunConfig:
     staleness: int = 2  # ssp: how many clocks a worker may run ahead of the slowest
     n_push: int = 1  # sgd: push accumulated gradients every n_push steps
     n_fetch: int = 1  # sgd: pull parameters every n_fetch steps
+    compress: str = "none"  # one of CODECS: gradients, pulls and easgd's differences encoded
     engine: str = "local"  # local | spark
     master: str | None = None  # spark master URL; default local[workers]
     bind_address: str | None = None  # servers listen here; unset: see engines/addresses.py
@@ -178,6 +180,12 @@ class RunConfig:
         _one_of("strategy", self.strategy, STRATEGIES)
         self.strategy = self.mode.value  # the plain name, which YAML can write and repr quotes
         _one_of("engine", self.engine, ENGINES)
+        _one_of("compress", self.compress, CODECS)
+        if self.compress != "none" and not self.uses_server:
+            raise ConfigError(
+                f"compress applies to exchanges with a parameter server; strategy "
+                f"{self.strategy!r} has none, so compress must be 'none', got {self.compress!r}"
+            )
         for name in (
             "workers",
             "servers",
