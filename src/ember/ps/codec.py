@@ -19,6 +19,7 @@ from ember.errors import ProtocolError
 __all__ = ["BLOCK", "CODECS", "byte_offset", "decode", "encode", "encoded_size"]
 BLOCK = 4096  # int8 values sharing one scale
 FP16_MAX = float(np.finfo(np.float16).max)
+BF16_MAX = float(np.uint32(0x7F7F0000).view(np.float32))  # the largest finite bfloat16
 
 
 def encoded_size(kind: str, count: int) -> int:
@@ -53,7 +54,7 @@ def encode(kind: str, values: np.ndarray, out: np.ndarray | None = None) -> np.n
         # Clipped, not overflowed to inf: error feedback carries the excess to later sends.
         np.clip(values, -FP16_MAX, FP16_MAX, out=out.view(np.float16), casting="same_kind")
     elif kind == "bf16":
-        bits = values.view(np.uint32).astype(np.uint64)
+        bits = np.clip(values, -BF16_MAX, BF16_MAX).view(np.uint32).astype(np.uint64)
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round to nearest, ties to even
         out.view(np.uint16)[...] = np.minimum(rounded, 0xFFFF).astype(np.uint16)
     else:
