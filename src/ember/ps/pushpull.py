@@ -93,13 +93,12 @@ class PushPull(CodedExchanges):
         header_bool(header, "pull")  # every field is checked before the request changes anything
         header_bool(header, "resync")
         codec = check_codec(header)
-        if header["op"] == "push":
-            self._check_payload(request, codec)
         worker.last_seq = seq
         if header["op"] == "pull":
             self.held.append(Held(request, worker, None, codec=codec))
             self.drain()
             return
+        self._check_payload(request, codec)
         held = Held(request, worker, [], codec=codec)
         self.arriving[request.peer] = held
         if self._can_stream(held):
