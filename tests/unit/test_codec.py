@@ -109,3 +109,14 @@ def test_compress_is_one_clear_config_error_per_bad_value(tmp_path) -> None:
     path.write_text("strategy: bsp\ncompress: bf16\n")
     assert make_config({}, str(path)).compress == "bf16"
     assert make_config({"compress": "fp16"}, str(path)).compress == "fp16"  # flags win
+
+
+def test_finite_values_never_decode_to_infinity_and_nan_stays_nan() -> None:
+    big = np.finfo(F32).max
+    x = np.array([65520, -1e5, 3.4e38, -big, np.nan, 1.0], F32)
+    half = _round_trip("fp16", x)
+    np.testing.assert_array_equal(half[:2], [65504, -65504])
+    assert np.isnan(half[4]) and half[5] == 1.0
+    brain = _round_trip("bf16", x)
+    assert np.all(np.isfinite(brain[[0, 1, 2, 3, 5]])) and np.isnan(brain[4])
+    assert np.isnan(_round_trip("int8", np.tile(x, 1000))[:BLOCK]).any()  # the server refuses it

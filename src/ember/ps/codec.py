@@ -52,11 +52,11 @@ def encode(kind: str, values: np.ndarray, out: np.ndarray | None = None) -> np.n
         out.view(np.float32)[...] = values
     elif kind == "fp16":
         # Clipped, not overflowed to inf: error feedback carries the excess to later sends.
-        np.clip(values, -FP16_MAX, FP16_MAX, out=out.view(np.float16), casting="same_kind")
+        if values.size and not np.abs(values).max() <= FP16_MAX:  # rare: one pass to check
+            values = np.clip(values, -FP16_MAX, FP16_MAX)
+        out.view(np.float16)[...] = values
     elif kind == "bf16":
-        bits = np.clip(values, -BF16_MAX, BF16_MAX).view(np.uint32).astype(np.uint64)
-        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round to nearest, ties to even
-        out.view(np.uint16)[...] = np.minimum(rounded, 0xFFFF).astype(np.uint16)
+        _encode_bf16(values, out.view(np.uint16))
     else:
         _encode_int8(values, out)
     return out
@@ -81,8 +81,20 @@ def decode(kind: str, data: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-def _blocks(count: int) -> list[tuple[int, int]]:
-    return [(start, min(start + BLOCK, count)) for start in range(0, count, BLOCK)]
+def _encode_bf16(values: np.ndarray, out: np.ndarray) -> None:
+    """The upper 16 bits of float32, rounded to nearest (ties to even) and clipped to the
+    largest finite bfloat16; NaN stays NaN."""
+    if values.size and not np.abs(values).max() <= BF16_MAX:
+        values = np.clip(values, -BF16_MAX, BF16_MAX)  # NaN passes through
+    bits = values.view(np.uint32)
+    rounded = (bits >> 16) & 1
+    rounded += 0x7FFF
+    rounded += bits  # wraps only for NaN payloads, put back below
+    rounded >>= 16
+    out[...] = rounded
+    nan = np.isnan(values)
+    if nan.any():
+        out[nan] = 0x7FC0
 
 
 def _encode_int8(values: np.ndarray, out: np.ndarray) -> None:
@@ -100,9 +112,12 @@ def _int8_rows(rows: np.ndarray, framed: np.ndarray) -> None:
     scales = (np.abs(rows).max(axis=1) / np.float32(127)).astype(np.float32)
     safe = np.where(scales > 0, scales, np.float32(1))
     with np.errstate(invalid="ignore"):
-        q = np.rint(rows / safe[:, None])
+        q = np.divide(rows, safe[:, None])
+    np.rint(q, out=q)
+    if not np.isfinite(scales).all():  # NaN or Inf: the server refuses the decoded block
+        np.clip(np.nan_to_num(q, copy=False), -127, 127, out=q)
     framed[:, :4] = scales.reshape(-1, 1).view(np.uint8)
-    framed[:, 4:] = np.clip(np.nan_to_num(q), -127, 127).astype(np.int8).view(np.uint8)
+    framed[:, 4:] = q.astype(np.int8).view(np.uint8)  # |q| <= 127 by the choice of the scale
 
 
 def _decode_int8(data: np.ndarray, out: np.ndarray) -> None:
