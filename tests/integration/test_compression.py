@@ -178,3 +178,33 @@ def test_shared_memory_and_the_socket_carry_the_same_encoded_exchange(monkeypatc
             client.close()
     np.testing.assert_array_equal(finals[0][0], finals[1][0])
     np.testing.assert_array_equal(finals[0][1], finals[1][1])
+
+
+def test_a_non_finite_push_is_refused_and_the_exchanges_after_it_recover() -> None:
+    """NaN in x_i (or a gradient) is refused as without compression, and neither the mirror
+    nor the residual carries it on: the next finite exchange is folded again."""
+    rng = np.random.default_rng(6)
+    with running_servers(np.zeros(SIZE, F32), EASGDRule(alpha=0.5)) as (server,):
+        client = _client(server, "int8", differences=True)
+        x, elastic = rng.normal(size=SIZE).astype(F32), np.empty(SIZE, F32)
+        for bad in (False, True, False, False):
+            sent = x.copy()
+            if bad:
+                sent[5] = np.nan
+            client.push(sent, reply_into=elastic)
+            assert np.isfinite(elastic).all() and (elastic.any() != bad)
+            x -= elastic
+            if not bad:
+                np.testing.assert_array_equal(client.links[0].mirror, _view(server, client))  # type: ignore[index]
+        assert np.isfinite(server.params.numpy()).all()
+        assert control([server.address], SECRET, "stats")[0]["rejected"]["nonfinite"] >= 1
+        client.close()
+    with running_servers(np.zeros(SIZE, F32), SGDRule(lr=1.0)) as (server,):
+        client = _client(server, "int8")
+        g = np.ones(SIZE, F32)
+        g[7] = np.inf
+        client.push(g)
+        client.push(np.ones(SIZE, F32))
+        np.testing.assert_allclose(server.params.numpy(), -1.0, rtol=0.01)
+        assert np.isfinite(client.links[0].residual).all()  # type: ignore[index]
+        client.close()

@@ -62,11 +62,17 @@ class ShardLink:
             np.add(values, self.residual, out=scratch)  # what the worker means to send
             sent = encode(self.kind, scratch)
             np.subtract(scratch, decode(self.kind, sent, self.residual), out=self.residual)
-        elif not self.synced:
+            if not np.isfinite(self.residual.sum()):  # NaN or Inf, which the server refuses,
+                self.residual[...] = 0  # is not carried on to poison every later push
+            self._sent = sent
+            return sent
+        if self.synced:
+            np.subtract(values, self.mirror, out=scratch)
+            self.synced = bool(np.isfinite(scratch.sum()))  # else sent in full, as on a resync
+        if not self.synced:
             self.mirror[...] = values
             sent = values
         else:
-            np.subtract(values, self.mirror, out=scratch)
             sent = encode(self.kind, scratch)
             self.mirror += decode(self.kind, sent, scratch)
         self._sent = sent
