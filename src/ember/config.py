@@ -1,10 +1,9 @@
-"""Validated run configuration and the strategies it names: the one place for defaults, error
-messages and what a strategy implies (imports only ember.errors and ember.network)."""
+"""Validated run configuration: the one place for defaults and error messages. The strategies
+it names, and what each implies, are in ember.strategies (re-exported here)."""
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import os
 import time
@@ -16,99 +15,19 @@ import yaml
 
 from ember.errors import CheckpointError, ConfigError
 from ember.network import check_host, port_range
+
+# re-exported: callers import the strategies from here
+from ember.strategies import STRATEGIES as STRATEGIES
+from ember.strategies import AlgorithmKind as AlgorithmKind
+from ember.strategies import ConsistencyKind as ConsistencyKind
+from ember.strategies import Strategy as Strategy
 from ember.tau import check_tau_policy, split_tau
 
-
-class _Name(str, enum.Enum):
-    """A name that is also its str: equal to, hashed like and formatted as its value, so JSON,
-    YAML and the CLI see the plain name."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-
-class AlgorithmKind(_Name):
-    """What a worker sends and how the server folds it in."""
-
-    SINGLE = "single"
-    SGD = "sgd"
-    EASGD = "easgd"
-    ALLREDUCE = "allreduce"
-
-
-class ConsistencyKind(_Name):
-    """When the server may answer a worker; NONE where no server answers."""
-
-    BSP = "bsp"
-    SSP = "ssp"
-    ASYNC = "async"
-    NONE = "none"
-
-
-class Strategy(_Name):
-    """A named strategy: a point on the two axes, and everything that point implies."""
-
-    SINGLE = "single"
-    BSP = "bsp"
-    SSP = "ssp"
-    ASYNC = "async"
-    EASGD = "easgd"
-    EASGD_ASYNC = "easgd-async"
-    ALLREDUCE = "allreduce"
-
-    @property
-    def algorithm(self) -> AlgorithmKind:
-        return _AXES[self][0]
-
-    @property
-    def consistency(self) -> ConsistencyKind:
-        return _AXES[self][1]
-
-    @property
-    def uses_server(self) -> bool:
-        return self.algorithm in (AlgorithmKind.SGD, AlgorithmKind.EASGD)
-
-    @property
-    def synchronous(self) -> bool:
-        """Every round waits for all workers: BSP's clocks, or all-reduce's collective."""
-        return self.consistency is ConsistencyKind.BSP or self.algorithm is AlgorithmKind.ALLREDUCE
-
-    @property
-    def joinable(self) -> bool:
-        """`ember join` can add a worker: a server to join, and no round that would wait for a
-        newcomer or a leaver."""
-        return self.uses_server and not self.synchronous
-
-    @property
-    def overlaps_exchange(self) -> bool:
-        """An exchanger thread keeps the exchange off the worker's compute path (DeepSpark)."""
-        return self is Strategy.EASGD_ASYNC
-
-    @property
-    def ships_gradients(self) -> bool:
-        """The exchange moves gradients (not parameters)."""
-        return self.algorithm in (AlgorithmKind.SGD, AlgorithmKind.ALLREDUCE)
-
-    @property
-    def local_optimizer(self) -> bool:
-        """Workers step an optimizer of their own; under sgd the server's optimizer steps."""
-        return self.algorithm is not AlgorithmKind.SGD
-
-
-_AXES: dict[Strategy, tuple[AlgorithmKind, ConsistencyKind]] = {
-    Strategy.SINGLE: (AlgorithmKind.SINGLE, ConsistencyKind.NONE),
-    Strategy.BSP: (AlgorithmKind.SGD, ConsistencyKind.BSP),
-    Strategy.SSP: (AlgorithmKind.SGD, ConsistencyKind.SSP),
-    Strategy.ASYNC: (AlgorithmKind.SGD, ConsistencyKind.ASYNC),
-    Strategy.EASGD: (AlgorithmKind.EASGD, ConsistencyKind.BSP),
-    Strategy.EASGD_ASYNC: (AlgorithmKind.EASGD, ConsistencyKind.ASYNC),
-    Strategy.ALLREDUCE: (AlgorithmKind.ALLREDUCE, ConsistencyKind.NONE),
-}
-STRATEGIES = tuple(s.value for s in Strategy)
 ENGINES = ("local", "spark")
 # The most workers a shard's clock table may hold (ps/clockrows.py's MAX_TABLE_ROWS, what a
 # reader of a table accepts): the ceiling of max_workers.
 MAX_WORKERS = 1 << 20
+CODECS = ("none", "fp16", "bf16", "int8")  # how exchanges travel; see ps/codec.py
 
 
 @dataclass
@@ -131,6 +50,7 @@ class RunConfig:
     staleness: int = 2  # ssp: how many clocks a worker may run ahead of the slowest
     n_push: int = 1  # sgd: push accumulated gradients every n_push steps
     n_fetch: int = 1  # sgd: pull parameters every n_fetch steps
+    compress: str = "none"  # one of CODECS: gradients, pulls and easgd's differences encoded
     engine: str = "local"  # local | spark
     master: str | None = None  # spark master URL; default local[workers]
     bind_address: str | None = None  # servers listen here; unset: see engines/addresses.py
@@ -185,6 +105,12 @@ class RunConfig:
         self.strategy = self.mode.value  # the plain name, which YAML can write and repr quotes
         _one_of("engine", self.engine, ENGINES)
         check_tau_policy(self.tau_policy, self.strategy)
+        _one_of("compress", self.compress, CODECS)
+        if self.compress != "none" and not self.uses_server:
+            raise ConfigError(
+                f"compress applies to exchanges with a parameter server; strategy "
+                f"{self.strategy!r} has none, so compress must be 'none', got {self.compress!r}"
+            )
         for name in (
             "workers",
             "servers",

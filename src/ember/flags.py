@@ -31,6 +31,8 @@ HELP = {
     "n_push": "bsp, ssp, async: steps whose gradients a worker averages into one push; the"
     " remaining ones are pushed when it finishes",
     "n_fetch": "bsp, ssp, async: steps between a worker's pulls of the current parameters",
+    "compress": "none | fp16 | bf16 | int8: how bsp, ssp, async and easgd exchanges travel;"
+    " int8 is 8-bit with a scale per 4096 values, with error feedback (docs/compression.md)",
     "engine": "local (processes on this machine) | spark (barrier tasks on --master)",
     "master": "--engine spark: Spark master URL, e.g. local[4], spark://host:7077, yarn or"
     " k8s://https://host:443; unset: local[WORKERS]",

@@ -25,16 +25,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from ember import config as _config
-from ember.config import STRATEGIES, AlgorithmKind, ConsistencyKind, Strategy
+from ember.config import CODECS, STRATEGIES, AlgorithmKind, ConsistencyKind, Strategy
 
 FLOAT_BYTES = 4
 INT8_CHUNK = 4096  # values sharing one float32 scale in int8 compression
 # The share of float32's bytes an exchange puts on the wire, per RunConfig.compress choice: push
 # and pull both compressed; int8 is a byte per value plus a 4-byte scale per INT8_CHUNK values.
 WIRE_FRACTION = {"none": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": (1 + 4 / INT8_CHUNK) / 4}
-# ember.config owns the choices once RunConfig has `compress`; until then, they are these.
-COMPRESSIONS: tuple[str, ...] = tuple(getattr(_config, "COMPRESSIONS", WIRE_FRACTION))
+COMPRESSIONS: tuple[str, ...] = CODECS  # RunConfig.compress's choices
 MAX_TAU = 256  # the largest period model_tau names, as `--tau auto` clamps its own
 AUTO_MARGIN = 1.25  # `--tau auto`'s margin of compute over an exchange (algorithms/period.py)
 # an asynchronous server link's queue is named as the bound only when it is this much longer

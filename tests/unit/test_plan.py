@@ -228,3 +228,10 @@ def test_a_row_with_a_codec_the_model_does_not_know_is_left_unpredicted() -> Non
 def test_the_model_picks_tau_with_the_same_margin_and_range_as_tau_auto() -> None:
     assert AUTO_MARGIN == period.MARGIN
     assert (period.TAU_MIN, period.TAU_MAX) == (1, MAX_TAU)
+
+
+def test_the_model_counts_int8_bytes_as_the_codec_writes_them() -> None:
+    from ember.perfmodel import INT8_CHUNK
+    from ember.ps.codec import BLOCK
+
+    assert INT8_CHUNK == BLOCK

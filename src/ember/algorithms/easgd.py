@@ -40,6 +40,8 @@ class _EASGDBase:
             worker=ctx.rank,
             incarnation=ctx.incarnation,
             timeout=ctx.config.request_timeout,
+            compress=ctx.config.compress,
+            differences=True,  # x_i travels as its difference from the server's mirror of it
         )
 
 

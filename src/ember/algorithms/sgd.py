@@ -30,6 +30,7 @@ class ServerSGD:
             worker=ctx.rank,
             incarnation=ctx.incarnation,
             timeout=ctx.config.request_timeout,
+            compress=ctx.config.compress,
         )
         resumed = self.client.register()
         self.client.pull(flat.params_np)

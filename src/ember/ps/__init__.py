@@ -8,6 +8,9 @@ Map:
 - PushPull -> pushpull.py: pushes and pulls held, streamed chunk by chunk, and answered
 - Fold -> fold.py: contribute-then-commit of a payload's chunks, streamed or whole
 - Replies -> replies.py: reply buffers, and the keys replies in flight still read
+- codec.py: fp16, bf16 and int8 encodings of float32 vectors (numpy only)
+- ShardLink, Views -> compress.py: a worker's error feedback and mirror per shard, a server's
+  per-worker views; CodedExchanges -> coded.py: the server's encoded replies
 - PSClient, ExchangeResult, fetch_state, control -> client.py: push/pull/exchange across shards,
   failing over to a shard's replica or restart
 - Replication, Replicator, Role -> replica.py: a primary's copies to its backup, their apply

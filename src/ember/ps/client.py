@@ -10,6 +10,8 @@ import numpy as np
 
 from ember.errors import NotPrimary, ProtocolError, ServerGone, ServerUnavailable
 from ember.ps.clockrows import COLUMNS, MAX_TABLE_ROWS, read_rows, rows_to_table
+from ember.ps.codec import CODECS
+from ember.ps.compress import ShardLink
 from ember.wire import ClientConnection, gather, shared, tensors_from_frames
 
 CONNECT_TIMEOUT = 2.0  # per attempt while a shard fails over or restarts
@@ -31,6 +33,9 @@ class PSClient:
     Each address may list a shard's replicas, comma-separated. When a shard's process dies
     the client re-sends the request in flight to whichever replica serves as primary (or to
     the restarted process at the same address), with bounded back-off, until `timeout`.
+
+    With `compress` (a codec of codec.py) payloads and replies travel encoded, as compress.py
+    describes: `differences` says the pushes carry parameters (EASGD), not gradients.
     """
 
     def __init__(
@@ -41,8 +46,15 @@ class PSClient:
         worker: int,
         incarnation: int = 0,
         timeout: float = 60.0,
+        compress: str = "none",
+        differences: bool = False,
     ) -> None:
+        if compress not in CODECS:
+            raise ValueError(f"compress must be one of {', '.join(CODECS)}; got {compress!r}")
         self.worker, self.incarnation, self.timeout = worker, incarnation, timeout
+        self.compress, self.differences = compress, differences
+        self.links: list[ShardLink] | None = None  # per shard, when compressing
+        self._originals: list[np.ndarray | None] = []  # the push in flight, uncompressed
         self._secret = secret
         self.candidates = [a.split(",") for a in addresses]
         self._current = [0] * len(addresses)  # which replica of each shard we talk to
@@ -60,6 +72,8 @@ class PSClient:
         """Join every shard; returns the clock and step the servers remember for this worker."""
         replies = self._round_trip("register", [None] * len(self.connections), {})
         self.ranges = [(int(h["keys"][0]), int(h["keys"][1])) for h, _ in replies]
+        if self.compress != "none":  # a new membership: every view starts in full precision
+            self.links = [ShardLink(self.compress, b - a, self.differences) for a, b in self.ranges]
         for index in range(len(self.connections)):
             self._share_memory(index)
         clocks = {h["clock"] for h, _ in replies}
@@ -75,8 +89,9 @@ class PSClient:
         """With one shard whose payloads go through shared memory: (request, reply) arrays of
         all parameters that lie in its region. Values written into the first are pushed with
         no copy; a reply into the second arrives with none, and stays there until the next
-        request. None when the payloads travel some other way (several shards, a socket)."""
-        if len(self.connections) != 1 or not self.ranges:
+        request. None when the payloads travel some other way (several shards, a socket, or
+        encoded: the region then carries the encoded bytes, as the socket would)."""
+        if len(self.connections) != 1 or not self.ranges or self.links is not None:
             return None
         return self.connections[0].payload_views(self.size)
 
@@ -89,14 +104,19 @@ class PSClient:
         `values` is sent zero-copy: the caller must not modify it until this call returns.
         """
         started = time.perf_counter()
-        parts: list[np.ndarray | None] = [values[a:b] for a, b in self.ranges]
+        originals = [values[a:b] for a, b in self.ranges]
+        parts: list[np.ndarray | None] = list(originals)
+        if self.links is not None:
+            parts = [link.outgoing(v) for link, v in zip(self.links, originals, strict=True)]
+        self._originals = list(originals)
         into = None if reply_into is None else [reply_into[a:b] for a, b in self.ranges]
         replies = self._round_trip("push", parts, {"pull": pull}, into)
         self.clock += 1
-        pulled = self._scatter(replies, reply_into)
+        pulled = self._scatter(replies, reply_into, push=True)
+        self._originals = []
         return ExchangeResult(
             time.perf_counter() - started,
-            values.nbytes,
+            sum(p.nbytes for p in parts if p is not None),
             pulled,
             max(h.get("staleness", 0) for h, _ in replies),
         )
@@ -104,8 +124,9 @@ class PSClient:
     def pull(self, out: np.ndarray) -> ExchangeResult:
         started = time.perf_counter()
         into = [out[a:b] for a, b in self.ranges]
+        self._originals = [None] * len(self.connections)
         replies = self._round_trip("pull", [None] * len(self.connections), {}, into)
-        pulled = self._scatter(replies, out)
+        pulled = self._scatter(replies, out, push=False)
         return ExchangeResult(time.perf_counter() - started, 0, pulled, 0)
 
     def done(self) -> None:
@@ -157,6 +178,10 @@ class PSClient:
         }
         if part is not None:
             header["keys"] = list(self.ranges[index])
+        # EASGD's pull (its start at the center) is full precision; its pushes are encoded.
+        coded = op == "push" or (op == "pull" and not self.differences)
+        if self.links is not None and coded:
+            header.update(self.links[index].fields())
         return header
 
     def _recover(
@@ -165,6 +190,8 @@ class PSClient:
         """Shard `index` died or handed over: rejoin whichever replica now serves it and send
         the request again (the server's sequence check keeps it from being applied twice)."""
         backoff = _Backoff(self.timeout, f"shard {index} ({', '.join(self.candidates[index])})")
+        if self.links is not None and op in ("push", "pull"):  # the reply may be lost: resync
+            part = self.links[index].resend(self._originals[index])
         while True:
             self.connections[index].close()
             self._next_replica(index)
@@ -210,12 +237,15 @@ class PSClient:
         self._current[index] = (self._current[index] + 1) % len(self.candidates[index])
 
     def _scatter(
-        self, replies: list[tuple[dict[str, Any], list[Any]]], out: np.ndarray | None
+        self, replies: list[tuple[dict[str, Any], list[Any]]], out: np.ndarray | None, push: bool
     ) -> int:
         if out is None:
             return 0
         received = 0
-        for (a, b), (header, frames) in zip(self.ranges, replies, strict=True):
+        for index, ((a, b), (header, frames)) in enumerate(zip(self.ranges, replies, strict=True)):
+            if self.links is not None:
+                received += self.links[index].incoming(header, frames, out[a:b], push)
+                continue
             chunks = tensors_from_frames(header.get("tensors", []), frames, max_bytes=4 * (b - a))
             if len(chunks) != 1:
                 raise ProtocolError(f"expected one tensor in the reply for keys [{a}, {b}]")

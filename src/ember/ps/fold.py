@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from ember.ps.clocks import ClockTable
@@ -12,6 +14,8 @@ from ember.ps.shard import ShardState, UpdateRule
 from ember.wire import CHUNK_BYTES
 
 SLICE = CHUNK_BYTES // 4  # keys a round commits (and checks) at a time: one payload chunk's worth
+# Rounds a reply slice to what an encoded reply carries, in place: (first key, the slice).
+Squeezer = Callable[[int, np.ndarray], None]
 
 
 class Fold:
@@ -32,9 +36,17 @@ class Fold:
         self.counters, self.rejected = counters, rejected
         self._before: dict[str, torch.Tensor] = {}  # scratch: a slice's values before its commit
 
-    def chunk(self, keys: slice, values: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    def chunk(
+        self,
+        keys: slice,
+        values: torch.Tensor,
+        out: torch.Tensor | None,
+        squeeze: Squeezer | None = None,
+    ) -> torch.Tensor:
         """Fold one chunk of a push into `keys`, writing the rule's reply part into `out`; the
-        caller has released `keys` for writing. Returns the parameters at `keys` (a view)."""
+        caller has released `keys` for writing. Returns the parameters at `keys` (a view).
+        With `squeeze`, the reply part is rounded as its encoding will carry it before it is
+        folded, so the shard moves by exactly what the worker is told."""
         params = self.shard.params[keys]
         round_sum = self.shard.round_sum
         # Committed at once, a chunk is checked once, after its commit: the rules' results are
@@ -43,6 +55,8 @@ class Fold:
         if round_sum is not None and not self._finite(values, out):
             return params
         contribution = self.rule.contribute(params, values, out)
+        if squeeze is not None and out is not None:
+            squeeze(keys.start, out.numpy())
         if round_sum is not None:
             # Held for the round, but easgd's reply (the contribution) goes out now: refuse it
             # if finite inputs made it overflow (a pass over the chunk just written).
@@ -58,7 +72,9 @@ class Fold:
             out.zero_()
         return params
 
-    def payload(self, payload: list[torch.Tensor], clock: int) -> torch.Tensor | None:
+    def payload(
+        self, payload: list[torch.Tensor], clock: int, squeeze: Squeezer | None = None
+    ) -> torch.Tensor | None:
         """Fold a whole push chunk by chunk straight from the receive buffers: the rules are
         elementwise, so no contiguous copy of the payload is ever made. Returns the reply
         (a buffer from Replies) if the rule answers pushes."""
@@ -70,7 +86,7 @@ class Fold:
         offset = 0
         for values in payload:
             keys = slice(offset, offset + values.numel())
-            self.chunk(keys, values, None if out is None else out[keys])
+            self.chunk(keys, values, None if out is None else out[keys], squeeze)
             offset = keys.stop
         self.counters["pushes"] += 1
         if synchronous:

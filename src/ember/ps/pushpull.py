@@ -12,8 +12,11 @@ import torch
 
 from ember.errors import ProtocolError
 from ember.ps.clocks import ClockTable, WorkerEntry
+from ember.ps.codec import encoded_size
+from ember.ps.coded import CodedExchanges
+from ember.ps.compress import Squeeze, Views, check_codec
 from ember.ps.consistency import Consistency
-from ember.ps.fold import Fold
+from ember.ps.fold import SLICE, Fold
 from ember.ps.replies import Replies
 from ember.ps.shard import ALL_KEYS, ShardSpec, ShardState, UpdateRule, header_bool, header_int
 from ember.wire import Chunk, Request, SendTicket, ServerEndpoint
@@ -34,9 +37,14 @@ class Held:
     reply: torch.Tensor | None = None  # easgd's elastic difference, filled chunk by chunk
     pooled: bool = True  # the reply buffer returns to the pool (not a shared-memory view)
     tickets: list[SendTicket] = field(default_factory=list)
+    codec: str | None = None  # the worker's codec (compress.py); None: full precision
+
+    @property
+    def resync(self) -> bool:
+        return bool(self.request.header.get("resync"))
 
 
-class PushPull:
+class PushPull(CodedExchanges):
     """Folds pushes into the shard and answers pushes and pulls when the consistency policy
     allows; a push that nothing can make wait is folded and answered chunk by chunk while
     the rest of it is still on the wire."""
@@ -59,6 +67,7 @@ class PushPull:
         self.held: list[Held] = []  # requests the policy does not allow to answer yet
         self.arriving: dict[bytes, Held] = {}  # peer -> push whose payload is on the wire
         self.fold = Fold(shard, rule, clocks, replies, counters, rejected)
+        self.views = Views()  # of the workers that compress
 
     @property
     def mid_update(self) -> bool:
@@ -86,13 +95,15 @@ class PushPull:
             self.rejected["step"] += 1
             raise
         header_bool(header, "pull")  # every field is checked before the request changes anything
+        header_bool(header, "resync")
+        codec = check_codec(header)
         worker.last_seq = seq
         if header["op"] == "pull":
-            self.held.append(Held(request, worker, None))
+            self.held.append(Held(request, worker, None, codec=codec))
             self.drain()
             return
-        self._check_payload(request)
-        held = Held(request, worker, [])
+        self._check_payload(request, codec)
+        held = Held(request, worker, [], codec=codec)
         self.arriving[request.peer] = held
         if self._can_stream(held):
             self._start_stream(held)
@@ -103,8 +114,17 @@ class PushPull:
         elastic difference it never received is answered as zero, a step it does not take."""
         self.counters["duplicates"] += 1
         worker.answered_seq = max(worker.answered_seq, seq)
-        header = {"op": "ok", "duplicate": True, "seq": seq}
+        header: dict[str, Any] = {"op": "ok", "duplicate": True, "seq": seq}
+        coded = check_codec(request.header) is not None
+        worker_id, peer = request.header["worker"], request.peer
+        if coded:  # a full-precision answer makes the view anew; a mirror it cannot
+            self.views.release(worker_id)
+            header["view"] = False
         if request.header["op"] == "pull" or request.header.get("pull"):
+            if coded:
+                params = self.shard.params.numpy()
+                self.views.reset(worker_id, worker.incarnation, peer, params)
+                header["view"] = True
             ticket = self.endpoint.reply(request, header, [self.shard.params.numpy()], track=True)
             if ticket is not None:
                 self.replies.reading(ALL_KEYS, ticket)
@@ -124,7 +144,7 @@ class PushPull:
             self.rejected["incarnation"] += 1
             raise
 
-    def _check_payload(self, request: Request) -> None:
+    def _check_payload(self, request: Request, codec: str | None) -> None:
         """Refuse a push whose header does not fit this shard before any of its payload is used."""
         spec = self.spec
         if request.header.get("keys") != [spec.start, spec.stop]:
@@ -134,10 +154,13 @@ class PushPull:
                 f"[{spec.start}, {spec.stop}]"
             )
         table = request.header.get("tensors")
-        if table != [["float32", [spec.size]]]:
+        wanted = ["float32", [spec.size]]  # EASGD's resync carries x_i in full
+        if codec is not None and not (self.rule.replies and request.header.get("resync")):
+            wanted = ["uint8", [encoded_size(codec, spec.size)]]
+        if table != [wanted]:
             self.rejected["shape"] += 1
             raise ProtocolError(
-                f"push must carry one float32 tensor of shape [{spec.size}], got {table!r}"
+                f"push must carry one {wanted[0]} tensor of shape {wanted[1]}, got {table!r}"
             )
 
     # ---- streaming: a push folded chunk by chunk while the rest is still on the wire ----------
@@ -147,7 +170,8 @@ class PushPull:
         worker, slowest = held.worker, self.clocks.min_clock()
         pull = bool(held.request.header.get("pull"))
         return (
-            self.shard.round_sum is None
+            held.codec is None  # an encoded push is decoded whole, then folded
+            and self.shard.round_sum is None
             and self.consistency.ready(worker.clock, slowest)
             and (not pull or self.consistency.ready(worker.clock + 1, slowest))
             and not any(h.worker is worker for h in self.held)
@@ -173,7 +197,8 @@ class PushPull:
         if chunk.error is not None:
             raise ProtocolError(chunk.error)
         frame = chunk.request.frames[chunk.index]
-        values = torch.from_numpy(np.frombuffer(frame.buffer, dtype=np.float32))
+        dtype = np.float32 if chunk.request.header["tensors"][0][0] == "float32" else np.uint8
+        values = torch.from_numpy(np.frombuffer(frame.buffer, dtype=dtype))
         if held.streaming:
             self._fold_streamed(held, values)
         else:
@@ -184,6 +209,8 @@ class PushPull:
             if held.streaming:
                 self._finish_stream(held)
             else:
+                if held.codec is not None:
+                    held.payload = self._decoded(held)
                 self.held.append(held)
                 self.drain()
 
@@ -235,10 +262,20 @@ class PushPull:
         if held.payload is not None and not held.folded:
             if not self.consistency.ready(worker.clock, self.clocks.min_clock()):
                 return False
-            reply = self.fold.payload(held.payload, worker.clock)
+            squeeze = None
+            if held.codec is not None and self.rule.replies:
+                squeeze = Squeeze(held.codec, self.spec.size)
+            refused = self.rejected["nonfinite"]
+            reply = self.fold.payload(held.payload, worker.clock, squeeze)
             held.folded, worker.clock = True, worker.clock + 1
             worker.step = header["step"]  # recorded when folded: a checkpoint never skips it
             self.fold.maybe_commit_round()
+            if reply is not None and squeeze is not None:
+                if self.rejected["nonfinite"] != refused:
+                    squeeze.refused(reply.numpy(), SLICE)
+                self._answer_encoded(held, reply, squeeze.encoded)
+                worker.pulled_at = shard.step
+                return True
             if reply is not None:  # easgd: the elastic difference answers the push at once
                 self._answer(held, reply_tensor=reply)
                 worker.pulled_at = shard.step
@@ -246,16 +283,25 @@ class PushPull:
         if header.get("pull", header["op"] == "pull"):
             if not self.consistency.ready(worker.clock, self.clocks.min_clock()):
                 return False
-            self._answer(held, reply_tensor=shard.params, aliases_params=True)
+            if held.codec is not None:
+                self._answer_view(held)
+            else:
+                self._answer(held, reply_tensor=shard.params, aliases_params=True)
             worker.pulled_at = shard.step
         else:
             self._answer(held)
         return True
 
     def _answer(
-        self, held: Held, reply_tensor: torch.Tensor | None = None, aliases_params: bool = False
+        self,
+        held: Held,
+        reply_tensor: torch.Tensor | None = None,
+        aliases_params: bool = False,
+        view: bool | None = None,
     ) -> None:
         header = self._reply_fields(held, held.worker.clock, self.shard.step)
+        if view is not None:
+            header["view"] = view
         arrays = [reply_tensor.numpy()] if reply_tensor is not None else []
         ticket = self.endpoint.reply(held.request, header, arrays, track=bool(arrays))
         held.worker.answered_seq = max(held.worker.answered_seq, header["seq"])
@@ -287,8 +333,15 @@ class PushPull:
                 del self.arriving[peer]
                 self.endpoint.forget_stream(peer)
 
+    def forget_views(self) -> None:
+        """Views and mirrors of workers no longer live (done, dropped, pruned) are released."""
+        if len(self.views):
+            entries = self.clocks.entries.items()
+            self.views.prune({w: e.incarnation for w, e in entries if e.live})
+
     def drop_silent_workers(self) -> None:
         if self.clocks.drop_silent({id(h.worker) for h in self.held}):
+            self.forget_views()
             self.forget_dead_streams()
             self.fold.maybe_commit_round()
             self.drain()

@@ -250,6 +250,7 @@ class ParameterServer:
             },
         )
         self.pushes.forget_dead_streams()
+        self.pushes.forget_views()  # an older incarnation's
         self.pushes.drain()
 
     def _done(self, request: Request) -> None:
@@ -260,6 +261,7 @@ class ParameterServer:
         entry = self.clocks.entries.get(worker)
         if entry is not None and entry.incarnation == header_int(header, "incarnation"):
             self.clocks.finish(worker)
+            self.pushes.views.release(worker)
         self.endpoint.reply(request, {"op": "ok"})
         self.pushes.fold.maybe_commit_round()  # the leaver may have been the last a round awaited
         self.pushes.drain()

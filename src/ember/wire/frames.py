@@ -25,6 +25,7 @@ DTYPES: dict[str, np.dtype] = {
     "float64": np.dtype(np.float64),
     "int64": np.dtype(np.int64),
     "int32": np.dtype(np.int32),
+    "uint8": np.dtype(np.uint8),  # encoded payloads (ps/codec.py)
 }
 
 

@@ -1,0 +1,135 @@
+"""Codecs for what crosses the network: float32 vectors as fp16, bf16 or 8-bit bytes (numpy only).
+
+Both ends decode with this same code, so a value decoded by a worker and by a server is the
+same float32 bit for bit: views and mirrors kept on both sides of a connection never drift.
+
+int8 layout, block by block of BLOCK values: a float32 scale s = max|x| / 127, then one int8
+q = round(x / s) per value (round half to even), decoded as q * s; so |x - decode(x)| <= s / 2
+per block. A block of zeros has s = 0 and decodes to zeros. Blocks are independent, so the
+bytes of any BLOCK-aligned slice of a vector are a contiguous slice of its encoding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember.config import CODECS
+from ember.errors import ProtocolError
+
+__all__ = ["BLOCK", "CODECS", "byte_offset", "decode", "encode", "encoded_size"]
+BLOCK = 4096  # int8 values sharing one scale
+FP16_MAX = float(np.finfo(np.float16).max)
+BF16_MAX = float(np.uint32(0x7F7F0000).view(np.float32))  # the largest finite bfloat16
+
+
+def encoded_size(kind: str, count: int) -> int:
+    """Bytes the encoding of `count` float32 values takes."""
+    if kind == "none":
+        return 4 * count
+    if kind in ("fp16", "bf16"):
+        return 2 * count
+    if kind == "int8":
+        return count + 4 * (-(-count // BLOCK))
+    raise ProtocolError(f"codec must be one of {', '.join(CODECS)}; got {kind!r}")
+
+
+def byte_offset(kind: str, start: int) -> int:
+    """Where the encoding of the values from `start` on begins (BLOCK-aligned for int8)."""
+    if kind == "int8" and start % BLOCK:
+        raise ValueError(f"int8 slices start at multiples of {BLOCK}, got {start}")
+    return encoded_size(kind, start)
+
+
+def encode(kind: str, values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The bytes (uint8) of 1-D float32 `values`, written into `out` when given."""
+    values = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+    size = encoded_size(kind, values.size)
+    if out is None:
+        out = np.empty(size, dtype=np.uint8)
+    elif out.dtype != np.uint8 or out.size != size:
+        raise ValueError(f"{kind} of {values.size} values needs {size} bytes, got {out.size}")
+    if kind == "none":
+        out.view(np.float32)[...] = values
+    elif kind == "fp16":
+        # Clipped, not overflowed to inf: error feedback carries the excess to later sends.
+        if values.size and not np.abs(values).max() <= FP16_MAX:  # rare: one pass to check
+            values = np.clip(values, -FP16_MAX, FP16_MAX)
+        out.view(np.float16)[...] = values
+    elif kind == "bf16":
+        _encode_bf16(values, out.view(np.uint16))
+    else:
+        _encode_int8(values, out)
+    return out
+
+
+def decode(kind: str, data: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Decode the bytes `data` into the caller's 1-D float32 array `out`."""
+    data = np.asarray(data).reshape(-1).view(np.uint8)
+    if data.size != encoded_size(kind, out.size):
+        raise ProtocolError(
+            f"{kind} payload of {data.size} bytes, {out.size} values need "
+            f"{encoded_size(kind, out.size)}"
+        )
+    if kind == "none":
+        out[...] = data.view(np.float32)
+    elif kind == "fp16":
+        out[...] = data.view(np.float16)
+    elif kind == "bf16":
+        out.view(np.uint32)[...] = data.view(np.uint16).astype(np.uint32) << 16
+    else:
+        _decode_int8(data, out)
+    return out
+
+
+def _encode_bf16(values: np.ndarray, out: np.ndarray) -> None:
+    """The upper 16 bits of float32, rounded to nearest (ties to even) and clipped to the
+    largest finite bfloat16; NaN stays NaN."""
+    if values.size and not np.abs(values).max() <= BF16_MAX:
+        values = np.clip(values, -BF16_MAX, BF16_MAX)  # NaN passes through
+    bits = values.view(np.uint32)
+    rounded = (bits >> 16) & 1
+    rounded += 0x7FFF
+    rounded += bits  # wraps only for NaN payloads, put back below
+    rounded >>= 16
+    out[...] = rounded
+    nan = np.isnan(values)
+    if nan.any():
+        out[nan] = 0x7FC0
+
+
+def _encode_int8(values: np.ndarray, out: np.ndarray) -> None:
+    full = values.size // BLOCK
+    body = full * BLOCK
+    framed = out[: full * (BLOCK + 4)].reshape(full, BLOCK + 4)
+    _int8_rows(values[:body].reshape(full, BLOCK), framed)
+    if body < values.size:  # the last, partial block
+        tail = values[body:]
+        _int8_rows(tail.reshape(1, -1), out[full * (BLOCK + 4) :].reshape(1, -1))
+
+
+def _int8_rows(rows: np.ndarray, framed: np.ndarray) -> None:
+    """Each row of `rows` into the matching row of `framed`: 4 scale bytes, then int8s."""
+    scales = (np.abs(rows).max(axis=1) / np.float32(127)).astype(np.float32)
+    safe = np.where(scales > 0, scales, np.float32(1))
+    with np.errstate(invalid="ignore"):
+        q = np.divide(rows, safe[:, None])
+    np.rint(q, out=q)
+    if not np.isfinite(scales).all():  # NaN or Inf: the server refuses the decoded block
+        np.clip(np.nan_to_num(q, copy=False), -127, 127, out=q)
+    framed[:, :4] = scales.reshape(-1, 1).view(np.uint8)
+    framed[:, 4:] = q.astype(np.int8).view(np.uint8)  # |q| <= 127 by the choice of the scale
+
+
+@np.errstate(invalid="ignore")  # a non-finite scale times a zero is NaN: the server refuses it
+def _decode_int8(data: np.ndarray, out: np.ndarray) -> None:
+    full = out.size // BLOCK
+    body = full * BLOCK
+    if full:
+        framed = data[: full * (BLOCK + 4)].reshape(full, BLOCK + 4)
+        scales = np.ascontiguousarray(framed[:, :4]).view(np.float32)
+        q = framed[:, 4:].view(np.int8)
+        np.multiply(q, scales, out=out[:body].reshape(full, BLOCK), casting="unsafe")
+    if body < out.size:
+        tail = data[full * (BLOCK + 4) :]
+        scale = np.ascontiguousarray(tail[:4]).view(np.float32)
+        np.multiply(tail[4:].view(np.int8), scale, out=out[body:], casting="unsafe")

@@ -1,0 +1,99 @@
+"""CodedExchanges: the part of PushPull that answers workers that compress (compress.py)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ember.errors import ProtocolError
+from ember.ps.codec import decode
+from ember.ps.compress import Views, delta_reply
+from ember.ps.fold import SLICE
+from ember.ps.replies import Replies
+from ember.ps.shard import ShardSpec, ShardState, UpdateRule
+from ember.wire import ServerEndpoint
+
+if TYPE_CHECKING:
+    from ember.ps.pushpull import Held
+
+
+class CodedExchanges:
+    """Decodes encoded pushes and sends encoded replies; PushPull holds the state it uses."""
+
+    spec: ShardSpec
+    shard: ShardState
+    rule: UpdateRule
+    endpoint: ServerEndpoint
+    replies: Replies
+    counters: Counter[str]
+    rejected: Counter[str]
+    views: Views
+
+    def _answer(
+        self,
+        held: Held,
+        reply_tensor: torch.Tensor | None = None,
+        aliases_params: bool = False,
+        view: bool | None = None,
+    ) -> None:
+        raise NotImplementedError
+
+    def _reply_fields(self, held: Held, clock: int, step: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _decoded(self, held: Held) -> list[torch.Tensor]:
+        """An encoded push as float32 slices: gradients decoded, or EASGD's mirror of x_i
+        moved by the decoded difference (made anew from x_i itself on a resync)."""
+        assert held.payload is not None and held.codec is not None
+        header, peer, size = held.request.header, held.request.peer, self.spec.size
+        data = torch.cat(held.payload).numpy() if len(held.payload) > 1 else held.payload[0].numpy()
+        if not self.rule.replies:
+            values = decode(held.codec, data, np.empty(size, np.float32))
+        elif held.resync:
+            values = self.views.reset(header["worker"], held.worker.incarnation, peer, data)
+        else:
+            mirror = self.views.lookup(header["worker"], held.worker.incarnation, peer)
+            if mirror is None:
+                self.rejected["view"] += 1
+                raise ProtocolError(
+                    f"worker {header['worker']} sent a difference, but this shard holds no "
+                    "mirror of its parameters for this connection; resend with resync"
+                )
+            mirror += decode(held.codec, data, np.empty(size, np.float32))
+            values = mirror
+        return list(torch.from_numpy(values).split(SLICE))
+
+    def _answer_encoded(self, held: Held, reply: torch.Tensor, encoded: np.ndarray) -> None:
+        """EASGD's encoded elastic difference (already folded as decoded): the mirror moves
+        by it as x_i will."""
+        mirror = self.views.lookup(
+            held.request.header["worker"], held.worker.incarnation, held.request.peer
+        )
+        if mirror is not None:
+            mirror -= reply.numpy()
+        self.replies.recycle(reply, None)  # nothing reads it: the encoding is its own array
+        self._send_encoded(held, encoded, {"view": mirror is not None})
+
+    def _answer_view(self, held: Held) -> None:
+        """A pull in codec: the difference from the view this worker holds, or on a resync
+        (or with no view yet) the parameters in full, which become its view."""
+        assert held.codec is not None
+        worker_id, incarnation = held.request.header["worker"], held.worker.incarnation
+        params, peer = self.shard.params.numpy(), held.request.peer
+        view = None if held.resync else self.views.lookup(worker_id, incarnation, peer)
+        if view is None:
+            self.views.reset(worker_id, incarnation, peer, params)
+            self._answer(held, reply_tensor=self.shard.params, aliases_params=True, view=True)
+        else:
+            self._send_encoded(held, delta_reply(held.codec, params, view), {"add": True})
+
+    def _send_encoded(self, held: Held, encoded: np.ndarray, fields: dict[str, Any]) -> None:
+        header = self._reply_fields(held, held.worker.clock, self.shard.step)
+        header.update({"codec": held.codec, "view": True, **fields})
+        self.endpoint.reply(held.request, header, [encoded])
+        held.worker.answered_seq = max(held.worker.answered_seq, header["seq"])
+        self.counters["replies"] += 1
+        self.counters["encoded_replies"] += 1
