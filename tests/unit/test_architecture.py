@@ -19,7 +19,7 @@ LAYERS: list[set[str]] = [
     {"_version", "errors", "metrics"},
     {"network"},
     {"config"},
-    {"wire", "data", "models", "checkpoint", "perfmodel"},
+    {"wire", "data", "models", "checkpoint", "perfmodel", "emulated"},
     {"plan"},
     {"ps"},
     {"algorithms"},
