@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from ember.data import Dataset
 ROW_TIMEOUT = 1800.0  # seconds one row may take on the cluster, on shared cores
 MEASURE_SECONDS = 3.0  # a link's transfer lasts about this long at its nominal rate
 TRANSFER_BYTES = (8 << 20, 512 << 20)  # and moves at least / at most this much
+LOCK_WAIT, LOCK_POLL = 1800.0, 15.0  # seconds to wait for another harness to end, and between tries
 LATENCY = 1e-4  # seconds one way over veths and a bridge; the kernel here has no netem
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}
 
@@ -80,46 +82,83 @@ def run_link_rows(
 ) -> dict[str, Any]:
     """Run the link rows into `records` (and results.jsonl); what was measured of each link,
     or why the rows were skipped."""
-    from ember.bench.runner import append, measure, one_line
-    from ember.emulated.netns import Cluster
+    from ember.emulated.netns import Cluster, ClusterError
 
     reason = unavailable(settings)
     if reason:
         log(f"link rows skipped: {reason}")
         return {"skipped": reason}
     measured: dict[str, Any] = {}
-    logs = settings.out / "cluster-logs"
+    cluster = Cluster(settings.hosts + 1, settings.out / "cluster-logs", worker_cores=1)
     # the hosts' processes (Spark's daemons, their executors, the drivers) import this ember
     source = str(Path(__file__).resolve().parents[2])
     previous = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join([source, *([previous] if previous else [])])
     try:
-        with Cluster(settings.hosts + 1, logs, worker_cores=1, worker_memory="2g") as cluster:
-            for link in settings.links:
-                for host in range(cluster.hosts):
-                    cluster.shape(host, tc_rate(link))
-                measured[link] = figures = measure_link(cluster, link)
-                log(f"link {link}: {8 * figures['bytes_per_second'] / 1e6:,.0f} Mbit/s measured")
-                rows = plan_link_rows(settings, tasks, link)
-                mine = []
-                for repeat in range(settings.repeat):
-                    for number, row in enumerate(rows, 1):
-                        log(f"[{link} {repeat + 1}/{settings.repeat}] {number}/{len(rows)} "
-                            f"{row.task.name}: {row.label}")  # fmt: skip
-                        execute = _on_cluster(cluster, settings)
-                        record = measure(row, repeat, settings, execute, set())
-                        record["link_bytes_per_second"] = figures["bytes_per_second"]
-                        mine.append(record)
-                        append(settings.out / "results.jsonl", record)
-                        log("  " + one_line(record))
-                predict_on_link(mine, calibrations, figures["bytes_per_second"])
-                records += mine
+        try:
+            _start(cluster, log)
+        except ClusterError as error:
+            log(f"link rows skipped: {error}")
+            return {"skipped": f"the emulated cluster could not be built: {error}"}
+        try:
+            _links(cluster, settings, tasks, calibrations, records, log, measured)
+        finally:
+            cluster.close()
     finally:
         if previous is None:
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = previous
     return {"hosts": settings.hosts, "measured": measured, "latency_assumed": LATENCY}
+
+
+def _links(
+    cluster: Any,
+    settings: BenchSettings,
+    tasks: dict[str, Task],
+    calibrations: list[dict[str, Any]],
+    records: list[dict[str, Any]],
+    log: Any,
+    measured: dict[str, Any],
+) -> None:
+    """Per link rate: shape every host's link, measure it, run its rows."""
+    from ember.bench.runner import append, measure, one_line
+
+    for link in settings.links:
+        for host in range(cluster.hosts):
+            cluster.shape(host, tc_rate(link))
+        measured[link] = figures = measure_link(cluster, link)
+        log(f"link {link}: {8 * figures['bytes_per_second'] / 1e6:,.0f} Mbit/s measured")
+        rows = plan_link_rows(settings, tasks, link)
+        mine = []
+        for repeat in range(settings.repeat):
+            for number, row in enumerate(rows, 1):
+                log(f"[{link} {repeat + 1}/{settings.repeat}] {number}/{len(rows)} "
+                    f"{row.task.name}: {row.label}")  # fmt: skip
+                execute = _on_cluster(cluster, settings)
+                record = measure(row, repeat, settings, execute, set())
+                record["link_bytes_per_second"] = figures["bytes_per_second"]
+                mine.append(record)
+                append(settings.out / "results.jsonl", record)
+                log("  " + one_line(record))
+        predict_on_link(mine, calibrations, figures["bytes_per_second"])
+        records += mine
+
+
+def _start(cluster: Any, log: Any) -> None:
+    """Start the cluster, waiting (bounded) while another harness holds the one lock."""
+    from ember.emulated.netns import ClusterError
+
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            cluster.start()
+            return
+        except ClusterError as error:
+            if "another emulated cluster" not in str(error) or time.monotonic() > deadline:
+                raise
+            log(f"waiting for the emulated cluster: {error}")
+            time.sleep(LOCK_POLL)
 
 
 def predict_on_link(

@@ -83,6 +83,8 @@ class BenchSettings:
     compress: list[str] = field(default_factory=list)  # compressed bsp/async rows on links
     torch: bool = True  # the TorchDistributor row on links
     local: bool = True  # the rows on this host (off: only the link rows)
+    links_run: dict[str, Any] = field(default_factory=dict)  # what the link rows measured, or
+    # why they were skipped: set by the run
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as used: a quick run's lr task has sizes of its own."""

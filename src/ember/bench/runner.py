@@ -109,6 +109,7 @@ def run_bench(settings: BenchSettings, log: Log = print) -> list[dict[str, Any]]
         from ember.bench.hosts import run_link_rows
 
         links = run_link_rows(settings, tasks, calibrations, records, log)
+    settings.links_run = links
     add_divergence(records)
     _rewrite(results, records)
     write_json(
@@ -122,7 +123,6 @@ def run_bench(settings: BenchSettings, log: Log = print) -> list[dict[str, Any]]
             },
             "ember_version": __version__,
             "cpus": os.cpu_count(),
-            "links": links,
         },
     )
     return records
