@@ -79,9 +79,11 @@ def run_link_rows(
     calibrations: list[dict[str, Any]],
     records: list[dict[str, Any]],
     log: Any,
+    running: Any = None,
 ) -> dict[str, Any]:
     """Run the link rows into `records` (and results.jsonl); what was measured of each link,
-    or why the rows were skipped."""
+    or why the rows were skipped. On a cluster of its own, or on `running` (a started
+    ember.emulated.netns.Cluster of settings.hosts + 1 hosts with Spark), left running."""
     from ember.emulated.netns import Cluster, ClusterError
 
     reason = unavailable(settings)
@@ -89,6 +91,11 @@ def run_link_rows(
         log(f"link rows skipped: {reason}")
         return {"skipped": reason}
     measured: dict[str, Any] = {}
+    if running is not None:
+        if running.hosts != settings.hosts + 1:
+            raise ClusterError(f"the cluster has {running.hosts} hosts, not {settings.hosts + 1}")
+        _links(running, settings, tasks, calibrations, records, log, measured)
+        return {"hosts": settings.hosts, "measured": measured, "latency_assumed": LATENCY}
     cluster = Cluster(settings.hosts + 1, settings.out / "cluster-logs", worker_cores=1)
     # the hosts' processes (Spark's daemons, their executors, the drivers) import this ember
     source = str(Path(__file__).resolve().parents[2])

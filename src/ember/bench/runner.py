@@ -76,8 +76,11 @@ def run_figures(row: Row, out: Path, config: RunConfig) -> dict[str, Any]:
     }
 
 
-def run_bench(settings: BenchSettings, log: Log = print) -> list[dict[str, Any]]:
-    """Run every row `settings.repeat` times; return the records also in out/results.jsonl."""
+def run_bench(
+    settings: BenchSettings, log: Log = print, cluster: Any = None
+) -> list[dict[str, Any]]:
+    """Run every row `settings.repeat` times; return the records also in out/results.jsonl.
+    The link rows build an emulated cluster, or run on `cluster` when given."""
     from ember.bench.predict import add_predictions, calibrate_tasks
 
     tasks = make_tasks(settings.quick, settings.lr_rows, settings.lr_features)
@@ -108,7 +111,7 @@ def run_bench(settings: BenchSettings, log: Log = print) -> list[dict[str, Any]]
     if settings.hosts:
         from ember.bench.hosts import run_link_rows
 
-        links = run_link_rows(settings, tasks, calibrations, records, log)
+        links = run_link_rows(settings, tasks, calibrations, records, log, cluster)
     settings.links_run = links
     add_divergence(records)
     _rewrite(results, records)
