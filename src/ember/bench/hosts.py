@@ -156,7 +156,7 @@ def _start(cluster: Any, log: Any) -> None:
     """Start the cluster, waiting (bounded) while another harness holds the one lock."""
     from ember.emulated.netns import ClusterError
 
-    deadline = time.monotonic() + LOCK_WAIT
+    deadline, said = time.monotonic() + LOCK_WAIT, False
     while True:
         try:
             cluster.start()
@@ -164,7 +164,9 @@ def _start(cluster: Any, log: Any) -> None:
         except ClusterError as error:
             if "another emulated cluster" not in str(error) or time.monotonic() > deadline:
                 raise
-            log(f"waiting for the emulated cluster: {error}")
+            if not said:
+                log(f"waiting (at most {LOCK_WAIT:g} s) for the emulated cluster: {error}")
+                said = True
             time.sleep(LOCK_POLL)
 
 

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ember.config import ENGINES, STRATEGIES, RunConfig, Strategy
+from ember.config import ENGINES, STRATEGIES, RunConfig, Strategy, make_config
 from ember.data import Dataset, load_dataset
 from ember.errors import ConfigError
 
@@ -107,9 +107,10 @@ class BenchSettings:
                 )
         for link in self.links:
             tc_rate(link)
-        unsupported = [kind for kind in self.compress if not has_field("compress")]
-        if unsupported:
-            raise ConfigError(f"--compress {unsupported[0]}: this ember has no compression")
+        for kind in self.compress:
+            if not has_field("compress"):
+                raise ConfigError(f"--compress {kind}: this ember has no compression")
+            make_config({"compress": kind})  # a bad name is refused before any row runs
         if (self.out / "results.jsonl").exists():
             raise ConfigError(
                 f"{self.out} already holds a benchmark's results.jsonl; choose another --out"
