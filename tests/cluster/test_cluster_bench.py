@@ -1,5 +1,6 @@
-"""`ember bench --hosts 2 --link unlimited` on the session's cluster, at the smallest settings:
-the rows run with their drivers in host 0 and come back as records and a report section."""
+"""`ember bench --hosts 2 --link unlimited` on the session's cluster, at the smallest settings
+(TorchDistributor and one ember strategy): the rows run with their drivers in host 0 and come
+back as records and a report section."""
 
 from __future__ import annotations
 
@@ -21,12 +22,12 @@ def test_bench_rows_run_across_hosts_and_the_report_has_their_link(
     out = tmp_path / "bench"
     settings = BenchSettings(
         out=out, quick=True, tasks=["mlp"], strategies=["easgd-async"], sweep_tasks=[],
-        hosts=2, links=["unlimited"], local=False,
+        hosts=2, links=["unlimited"], local=False, mllib=False,  # MLlib: minutes on 2 cores
     )  # fmt: skip
     lines: list[str] = []
     records = run_bench(settings, log=lines.append, cluster=cluster)
     by_row = {r["row"]: r for r in records}
-    assert set(by_row) == {"mllib", "torchdistributor", "easgd-async"}, lines
+    assert set(by_row) == {"torchdistributor", "easgd-async"}, lines
     failed = {r["row"]: r["error"] for r in records if r["status"] != "ok"}
     assert not failed, failed
     for record in records:

@@ -13,7 +13,14 @@ from ember.bench.groups import group_records
 from ember.bench.hosts import config_file, nominal_rate, transfer_bytes
 from ember.bench.linkreport import speedups
 from ember.bench.report import write_report
-from ember.bench.rows import BenchSettings, has_field, make_tasks, plan_link_rows, tc_rate
+from ember.bench.rows import (
+    BenchSettings,
+    has_field,
+    make_tasks,
+    plan_link_rows,
+    plan_rows,
+    tc_rate,
+)
 from ember.config import make_config
 from ember.errors import ConfigError
 from tests.unit.test_bench_report import record, sweep
@@ -31,16 +38,23 @@ def test_link_rows_are_mllib_torch_every_strategy_on_spark_then_the_sweep(
     rows = plan_link_rows(settings, TASKS, "100mbit")
     labels = [r.label for r in rows]
     policies = [f"easgd-async tau={p}" for p in ("auto", "loss")] if has_field("tau_policy") else []
+    # single and allreduce have no server, so no Spark-engine row: TorchDistributor all-reduces
     assert labels == [
-        "mllib", "torchdistributor", "single", "bsp", "allreduce", *policies,
-        "easgd-async tau=4", "easgd-async tau=16",
+        "mllib", "torchdistributor", "bsp", *policies, "easgd-async tau=4", "easgd-async tau=16",
     ]  # fmt: skip
     assert {r.link for r in rows} == {"100mbit"}
     ember = [r for r in rows if r.config is not None]
     assert {r.engine for r in ember} == {"spark"}
-    assert {r.config.workers for r in ember if r.label != "single"} == {3}  # type: ignore[union-attr]
-    assert next(r for r in ember if r.label == "single").config.workers == 1  # type: ignore[union-attr]
+    assert {r.config.workers for r in ember} == {3}  # type: ignore[union-attr]
     assert [r.config.tau for r in rows if r.sweep] == [4, 16]  # type: ignore[union-attr]
+
+
+def test_only_link_rows_still_run_single_here_for_the_speedup(tmp_path: Path) -> None:
+    settings = BenchSettings(
+        out=tmp_path, tasks=["mlp"], strategies=["single", "bsp"], hosts=2, local=False
+    )
+    rows = plan_rows(settings, TASKS)
+    assert [(r.label, r.engine, r.link) for r in rows] == [("single", "local", None)]
 
 
 def test_without_mllib_torch_or_a_sweep_task_those_rows_are_left_out(tmp_path: Path) -> None:

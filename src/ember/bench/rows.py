@@ -117,6 +117,10 @@ class BenchSettings:
             )
 
 
+# strategies without a parameter server, which the Spark engine does not run
+OFF_SPARK = (Strategy.SINGLE, Strategy.ALLREDUCE)
+
+
 @dataclass(frozen=True)
 class Row:
     task: Task
@@ -130,6 +134,10 @@ class Row:
 
 def plan_rows(settings: BenchSettings, tasks: dict[str, Task]) -> list[Row]:
     rows: list[Row] = []
+    if not settings.local:  # single, for the link rows' speedup: it has no Spark-engine row
+        for name in settings.tasks if Strategy.SINGLE in settings.strategies else []:
+            config = _config(settings, tasks[name], Strategy.SINGLE, "local")
+            rows.append(Row(tasks[name], Strategy.SINGLE, "ember", "local", config))
     for name in settings.tasks if settings.local else []:
         task = tasks[name]
         if settings.mllib:
@@ -176,6 +184,8 @@ def plan_link_rows(settings: BenchSettings, tasks: dict[str, Task], link: str) -
         if settings.torch:
             rows.append(Row(task, "torchdistributor", "torch", "torch", link=link))
         for strategy in settings.strategies:
+            if Strategy(strategy) in OFF_SPARK:
+                continue  # TorchDistributor is the all-reduce row on links
             config = _config(settings, task, strategy, "spark", settings.hosts)
             rows.append(Row(task, strategy, "ember", "spark", config, link=link))
         for kind in [k for k in settings.compress if k != "none"]:
