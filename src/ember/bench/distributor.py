@@ -42,7 +42,7 @@ def run_distributor(spark: Any, spec: dict[str, Any], dataset: Dataset) -> dict[
     if not isinstance(text, str) or not text:
         raise RuntimeError(f"TorchDistributor's rank 0 returned no figures, but {text!r}")
     figures: dict[str, Any] = json.loads(text)
-    figures["config"] = {"system": "TorchDistributor", "backend": "gloo", **job}
+    figures["config"] = {**job, "system": "TorchDistributor", "backend": "gloo"}
     return figures
 
 
