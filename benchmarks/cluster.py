@@ -1,4 +1,4 @@
-"""cluster: ember across emulated hosts (tests/cluster/netns.py), against the same work on one.
+"""cluster: ember across emulated hosts (ember.emulated), against the same work on one.
 
 - training: 3-epoch MNIST easgd-async, 2 workers, `ember train` on the local engine against the
   Spark engine on the emulated standalone cluster (driver and servers in host 0, one worker in
@@ -42,8 +42,6 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, for tests.cluster
 
 from common import fmt, make_parser, markdown_table, positive_int, report, set_threads, spread
 from exchange import TIMEOUT_MS, iterations_for, parse_size, size_label, time_round_trips
@@ -174,7 +172,7 @@ class Hosts:
         return process
 
     def address(self, host: int) -> str:
-        from tests.cluster.netns import address
+        from ember.emulated.netns import address
 
         return address(host) if self.cluster else "127.0.0.1"
 
@@ -445,7 +443,7 @@ def _cell(figures: dict[str, Any], name: str) -> str:
 
 
 def unavailable() -> str | None:
-    from tests.cluster import netns
+    from ember.emulated import netns
 
     return netns.available() or netns.spark_available()
 
@@ -464,7 +462,7 @@ def main() -> None:
     if reason:
         print(f"cluster: skipped: {reason}")
         return
-    from tests.cluster.netns import Cluster
+    from ember.emulated.netns import Cluster
 
     quick = args.quick
     repeat, epochs = (1, 1) if quick else (args.repeat, args.epochs)

@@ -145,6 +145,18 @@ def _add_bench_parser(sub: Any) -> None:
     )
     bench.add_argument("--lr-rows", type=positive_int, default=1_000_000, help="lr training rows")
     bench.add_argument("--lr-features", type=positive_int, default=100, help="lr feature columns")
+    bench.add_argument(
+        "--hosts", type=positive_int, default=0,
+        help="also run the rows on an emulated cluster of this many worker hosts (root)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--link", default="1gbit,100mbit", help="link rates for --hosts (tc rates, or unlimited)"
+    )
+    bench.add_argument(
+        "--compress", default="", help="compressed bsp/async rows on links, e.g. fp16,int8"
+    )
+    bench.add_argument("--no-torch", action="store_true", help="no TorchDistributor row on links")
+    bench.add_argument("--no-local", action="store_true", help="only the rows on emulated links")
 
 
 def _add_plan_parser(sub: Any) -> None:
@@ -259,6 +271,11 @@ def _bench(args: argparse.Namespace) -> int:
         workers=args.workers,
         lr_rows=args.lr_rows,
         lr_features=args.lr_features,
+        hosts=args.hosts,
+        links=_names(args.link),
+        compress=_names(args.compress),
+        torch=not args.no_torch,
+        local=not args.no_local,
     )
     _require("matplotlib", "ember bench draws its plots with matplotlib", "bench")
     if settings.mllib or "spark" in settings.engines:

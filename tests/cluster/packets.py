@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.cluster.netns import Cluster
+from ember.emulated.netns import Cluster
 
 SCRIPT = Path(__file__).parent / "scripts" / "capture.py"
 CHUNK = 32

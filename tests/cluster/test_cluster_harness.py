@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import netns
-from tests.cluster.links import transfer
+from ember.emulated import netns
+from ember.emulated.links import transfer
 
 pytestmark = pytest.mark.timeout(300)
 SCRIPTS = Path(__file__).parent / "scripts"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import netns
+from ember.emulated import netns
 from tests.cluster.conftest import missing
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.lifecycle]
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HARNESS = """
 import os, sys, time
 from pathlib import Path
-from tests.cluster.netns import Cluster
+from ember.emulated.netns import Cluster
 cluster = Cluster(3, Path(sys.argv[1]), spark=False, rate="100mbit")
 with cluster:
     # a process tree inside a host: sh and the sleep it forks

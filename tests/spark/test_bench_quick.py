@@ -56,6 +56,7 @@ def test_quick_bench_writes_a_row_for_mllib_and_every_strategy_a_report_and_plot
     report = (out / "report.md").read_text()
     for label in ("mllib", *STRATEGIES, "Tau sweep", "Model vs measurement"):
         assert label in report
+    assert "Link rows were not run: not asked for" in report  # no --hosts given
     plots = sorted(out.glob("*.png"))
     assert len(plots) >= 3, plots
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)

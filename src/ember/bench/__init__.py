@@ -1,5 +1,6 @@
 """`ember bench`: the seeds' platform comparison (Spark MLlib, and every ember strategy) on this
-machine, with a report and plots.
+machine and, with --hosts and --link, on emulated links (TorchDistributor too), with a report and
+plots.
 
 `results.jsonl` holds one record per row and repetition. Its fields (None where a figure does not
 apply or was not measured):
@@ -7,9 +8,11 @@ apply or was not measured):
     kind            "row"
     task            "lr" | "mlp" | "lenet"
     row             the label in tables and plots: "mllib", a strategy, or "easgd-async tau=4"
-    system          "ember" | "mllib"
-    strategy        an ember strategy, or None for mllib
-    engine          "local" | "spark" (ember), "mllib"
+    system          "ember" | "mllib" | "torch" (TorchDistributor, on emulated links)
+    strategy        an ember strategy, or None for mllib and torch
+    engine          "local" | "spark" (ember), "mllib", "torch"
+    link, hosts     the emulated link's rate and worker hosts (rows on links), else None
+    link_bytes_per_second  what a timed TCP transfer measured on that link (rows on links)
     workers         worker processes (mllib: Spark task slots)
     tau             easgd's communication period, else None
     sweep           True for the rows of the tau sweep

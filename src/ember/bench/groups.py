@@ -26,6 +26,7 @@ class Group:
     row: str
     engine: str
     records: list[Record]
+    link: str | None = None  # the emulated link's rate, for rows on the cluster
 
     @property
     def ok(self) -> list[Record]:
@@ -66,15 +67,20 @@ class Group:
 
 def group_records(records: list[Record]) -> dict[str, list[Group]]:
     """Groups by task, in the order lr, mlp, lenet, then any other task as first seen."""
-    groups: dict[tuple[str, str, str], list[Record]] = {}
+    groups: dict[tuple[str, str, str, str | None], list[Record]] = {}
     for record in records:
         if record.get("kind", "row") == "row":
-            key = (str(record.get("task")), str(record.get("row")), str(record.get("engine")))
+            key = (
+                str(record.get("task")),
+                str(record.get("row")),
+                str(record.get("engine")),
+                record.get("link"),
+            )
             groups.setdefault(key, []).append(record)
     by_task: dict[str, list[Group]] = {}
-    for (task, row, engine), members in groups.items():
+    for (task, row, engine, link), members in groups.items():
         members.sort(key=lambda r: r.get("repeat") or 0)
-        by_task.setdefault(task, []).append(Group(task, row, engine, members))
+        by_task.setdefault(task, []).append(Group(task, row, engine, members, link))
     known = [t for t in TASK_TITLES if t in by_task]
     tasks = known + [t for t in by_task if t not in known]
     return {t: sorted(by_task[t], key=Group.order) for t in tasks}

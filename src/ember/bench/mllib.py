@@ -32,9 +32,9 @@ _ROW_GROUP_BYTES = 32 << 20
 
 
 @contextmanager
-def bench_session(workers: int, needed: bool) -> Iterator[Any]:
-    """One local SparkSession for the MLlib and Spark-engine rows (None when no row needs
-    it), ended with its JVM."""
+def bench_session(workers: int, needed: bool, master: str | None = None) -> Iterator[Any]:
+    """One SparkSession for the MLlib and Spark-engine rows (None when no row needs it), ended
+    with its JVM: local[workers], or on `master` with `workers` executors of one core."""
     if not needed:
         yield None
         return
@@ -44,13 +44,18 @@ def bench_session(workers: int, needed: bool) -> Iterator[Any]:
 
     from ember.engines.spark.session import end_spark
 
-    session = (
-        SparkSession.builder.master(f"local[{workers}]")
+    builder = (
+        SparkSession.builder.master(master or f"local[{workers}]")
         .appName("ember-bench")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", "4g")
-        .getOrCreate()
     )
+    if master:  # one executor of one core per worker host, as ember's rows get
+        builder = builder.config("spark.executor.cores", "1").config("spark.cores.max", workers)
+        builder = builder.config("spark.executor.memory", "1g")
+        # gloo (TorchDistributor) binds the host's own interface, not the loopback
+        builder = builder.config("spark.executorEnv.GLOO_SOCKET_IFNAME", "eth0")
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     try:
         yield session

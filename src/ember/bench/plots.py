@@ -144,3 +144,35 @@ def plot_sweep(tasks: dict[str, list[Group]], out: Path) -> Path | None:
         ax.grid(alpha=0.3)
         ax.legend(lines, [str(line.get_label()) for line in lines], fontsize="small")
     return _save(fig, out / "tau-sweep.png")
+
+
+def plot_speedup(panels: dict[str, list[dict[str, float | None]]], path: Path, link: str) -> Path:
+    """Speedup against tau per task: measured and predicted samples/s, time to target, n / d."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7 * len(panels), 4.5))
+    series = [
+        ("measured", "o-", "tab:blue", "samples/s, measured"),
+        ("predicted", "s--", "tab:cyan", "samples/s, predicted"),
+        ("time", "^-", "tab:orange", "time to target, measured"),
+        ("bound", ":", "black", "n / d"),
+    ]
+    for index, (task, points) in enumerate(panels.items()):
+        ax = fig.add_subplot(1, len(panels), index + 1)
+        taus = [float(p["tau"] or 0) for p in points]
+        for key, style, color, label in series:
+            values = [p[key] for p in points]
+            if any(v is not None for v in values):
+                ys = [float("nan") if v is None else v for v in values]
+                ax.plot(taus, ys, style, color=color, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(taus, [f"{tau:g}" for tau in taus])
+        ax.minorticks_off()
+        ax.set(
+            title=f"{task}: easgd-async speedup over single at {link}",
+            xlabel="tau (steps between exchanges)",
+            ylabel="speedup (x)",
+        )
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    return _save(fig, path)

@@ -231,7 +231,13 @@ def _model_section(tasks: dict[str, list[Group]]) -> list[str]:
             continue
         lines += [f"### {task}", ""]
         table = [
-            [_label(g), g.engine, _thousands(p), _thousands(m), f"{100 * e:+.1f}%"]
+            [
+                _label(g),
+                f"{g.engine} at {g.link}" if g.link else g.engine,
+                _thousands(p),
+                _thousands(m),
+                f"{100 * e:+.1f}%",
+            ]
             for g, (p, m, e) in rows
         ]
         lines += _table(
@@ -252,8 +258,10 @@ def _image(path: Path | None, what: str, missing: str) -> list[str]:
 
 def write_report(records: list[dict[str, Any]], out: Path, settings: dict[str, Any]) -> list[Path]:
     """Write out/report.md and the PNG plots; return the paths written."""
+    from ember.bench.linkreport import link_section
+
     out.mkdir(parents=True, exist_ok=True)
-    tasks = group_records(records)
+    tasks = group_records([r for r in records if not r.get("link")])
     plots: list[Path] = []
 
     def keep(path: Path | None, stale: str) -> Path | None:
@@ -305,7 +313,8 @@ def write_report(records: list[dict[str, Any]], out: Path, settings: dict[str, A
     else:
         lines += _image(sweep_plot, "tau sweep", "no sweep row with a positive tau succeeded")
 
-    lines += _model_section(tasks)
+    lines += link_section(records, settings, out, keep, _cells, _table)
+    lines += _model_section(group_records(records))
     failures = [r for groups in tasks.values() for g in groups for r in g.failed]
     lines += ["## Failures", ""]
     lines += [

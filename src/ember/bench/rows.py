@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ember.config import ENGINES, STRATEGIES, RunConfig, Strategy
+from ember.config import ENGINES, STRATEGIES, RunConfig, Strategy, make_config
 from ember.data import Dataset, load_dataset
 from ember.errors import ConfigError
 
@@ -76,6 +78,13 @@ class BenchSettings:
     lr_rows: int = 1_000_000
     lr_features: int = 100
     seed: int = 0
+    hosts: int = 0  # worker hosts of the emulated cluster for the link rows; 0: no link rows
+    links: list[str] = field(default_factory=lambda: ["1gbit", "100mbit"])
+    compress: list[str] = field(default_factory=list)  # compressed bsp/async rows on links
+    torch: bool = True  # the TorchDistributor row on links
+    local: bool = True  # the rows on this host (off: only the link rows)
+    links_run: dict[str, Any] = field(default_factory=dict)  # what the link rows measured, or
+    # why they were skipped: set by the run
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as used: a quick run's lr task has sizes of its own."""
@@ -96,25 +105,40 @@ class BenchSettings:
                 raise ConfigError(
                     f"unknown {what} {', '.join(unknown)}; choose from {', '.join(known)}"
                 )
+        for link in self.links:
+            tc_rate(link)
+        for kind in self.compress:
+            if not has_field("compress"):
+                raise ConfigError(f"--compress {kind}: this ember has no compression")
+            make_config({"compress": kind})  # a bad name is refused before any row runs
         if (self.out / "results.jsonl").exists():
             raise ConfigError(
                 f"{self.out} already holds a benchmark's results.jsonl; choose another --out"
             )
 
 
+# strategies without a parameter server, which the Spark engine does not run
+OFF_SPARK = (Strategy.SINGLE, Strategy.ALLREDUCE)
+
+
 @dataclass(frozen=True)
 class Row:
     task: Task
     label: str
-    system: str  # ember | mllib
+    system: str  # ember | mllib | torch
     engine: str
     config: RunConfig | None = None  # ember rows
     sweep: bool = False
+    link: str | None = None  # the emulated link's rate for rows on the cluster, else None
 
 
 def plan_rows(settings: BenchSettings, tasks: dict[str, Task]) -> list[Row]:
-    rows = []
-    for name in settings.tasks:
+    rows: list[Row] = []
+    if not settings.local:  # single, for the link rows' speedup: it has no Spark-engine row
+        for name in settings.tasks if Strategy.SINGLE in settings.strategies else []:
+            config = _config(settings, tasks[name], Strategy.SINGLE, "local")
+            rows.append(Row(tasks[name], Strategy.SINGLE, "ember", "local", config))
+    for name in settings.tasks if settings.local else []:
         task = tasks[name]
         if settings.mllib:
             rows.append(Row(task, "mllib", "mllib", "mllib"))
@@ -130,8 +154,64 @@ def plan_rows(settings: BenchSettings, tasks: dict[str, Task]) -> list[Row]:
     return rows
 
 
-def _config(settings: BenchSettings, task: Task, strategy: str, engine: str) -> RunConfig:
-    workers = 1 if strategy == Strategy.SINGLE else settings.workers
+def has_field(name: str) -> bool:
+    """Whether this ember's RunConfig has a field (tau_policy, compress): rows that need one
+    are planned only where it exists."""
+    return name in {f.name for f in dataclasses.fields(RunConfig)}
+
+
+def tc_rate(link: str) -> str | None:
+    """A --link name as a tc rate ("100mbit"), or None for "unlimited"; a ConfigError naming it
+    when it is neither."""
+    if link == "unlimited":
+        return None
+    if not re.fullmatch(r"[1-9]\d*(\.\d+)?[kmg]?bit", link):
+        raise ConfigError(
+            f"--link {link!r}: expected a rate such as 1gbit, 100mbit, 500kbit, or unlimited"
+        )
+    return link
+
+
+def plan_link_rows(settings: BenchSettings, tasks: dict[str, Task], link: str) -> list[Row]:
+    """The rows on the emulated cluster at one link rate: MLlib, TorchDistributor, every
+    strategy on the Spark engine across hosts, compressed bsp/async, the easgd-async tau sweep
+    and, where RunConfig has tau_policy, easgd-async with tau auto and loss."""
+    rows = []
+    for name in settings.tasks:
+        task = tasks[name]
+        if settings.mllib:
+            rows.append(Row(task, "mllib", "mllib", "mllib", link=link))
+        if settings.torch:
+            rows.append(Row(task, "torchdistributor", "torch", "torch", link=link))
+        for strategy in settings.strategies:
+            if Strategy(strategy) in OFF_SPARK:
+                continue  # TorchDistributor is the all-reduce row on links
+            config = _config(settings, task, strategy, "spark", settings.hosts)
+            rows.append(Row(task, strategy, "ember", "spark", config, link=link))
+        for kind in [k for k in settings.compress if k != "none"]:
+            for strategy in (Strategy.BSP, Strategy.ASYNC):
+                config = _config(settings, task, strategy, "spark", settings.hosts)
+                config = replace(config, compress=kind).validate()  # type: ignore[call-arg]
+                rows.append(Row(task, f"{strategy} {kind}", "ember", "spark", config, link=link))
+        if name not in settings.sweep_tasks:
+            continue
+        easgd = _config(settings, task, Strategy.EASGD_ASYNC, "spark", settings.hosts)
+        if has_field("tau_policy"):
+            for policy in ("auto", "loss"):
+                config = replace(easgd, tau_policy=policy).validate()  # type: ignore[call-arg]
+                rows.append(
+                    Row(task, f"easgd-async tau={policy}", "ember", "spark", config, link=link)
+                )
+        for tau in settings.taus:
+            config = replace(easgd, tau=tau)
+            rows.append(Row(task, f"easgd-async tau={tau}", "ember", "spark", config, True, link))
+    return rows
+
+
+def _config(
+    settings: BenchSettings, task: Task, strategy: str, engine: str, workers: int = 0
+) -> RunConfig:
+    workers = 1 if strategy == Strategy.SINGLE else workers or settings.workers
     return RunConfig(
         data=task.data,
         model=task.model,

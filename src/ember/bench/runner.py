@@ -21,7 +21,7 @@ from ember._version import __version__
 from ember.bench.measure import TreeSampler
 from ember.bench.mllib import bench_session, jvm_pids
 from ember.bench.rows import BenchSettings, Row, make_tasks, plan_rows
-from ember.config import AlgorithmKind, Strategy
+from ember.config import AlgorithmKind, RunConfig, Strategy
 from ember.data import Dataset
 from ember.metrics import write_json
 
@@ -37,10 +37,21 @@ def run_ember(row: Row, out: Path, dataset: Dataset) -> dict[str, Any]:
     """Train one ember row in its own run directory; figures from its summary and metrics."""
     from ember.engines import train
 
+    config = eval_config(row, out, dataset)
+    train(config, show_progress=False)
+    return run_figures(row, out, config)
+
+
+def eval_config(row: Row, out: Path, dataset: Dataset) -> RunConfig:
+    """The row's config for a run in `out`, worker 0 evaluating four times an epoch."""
     assert row.config is not None
     steps_per_epoch = len(dataset.x_train) // row.config.workers // row.config.batch_size
-    config = replace(row.config, out=str(out), eval_every=max(1, steps_per_epoch // 4))
-    summary = train(config, show_progress=False).summary
+    return replace(row.config, out=str(out), eval_every=max(1, steps_per_epoch // 4))
+
+
+def run_figures(row: Row, out: Path, config: RunConfig) -> dict[str, Any]:
+    """A finished run's figures, from its summary.json and metrics.jsonl."""
+    summary = json.loads((out / "summary.json").read_text())
     curve = []
     for line in (out / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
@@ -65,8 +76,11 @@ def run_ember(row: Row, out: Path, dataset: Dataset) -> dict[str, Any]:
     }
 
 
-def run_bench(settings: BenchSettings, log: Log = print) -> list[dict[str, Any]]:
-    """Run every row `settings.repeat` times; return the records also in out/results.jsonl."""
+def run_bench(
+    settings: BenchSettings, log: Log = print, cluster: Any = None
+) -> list[dict[str, Any]]:
+    """Run every row `settings.repeat` times; return the records also in out/results.jsonl.
+    The link rows build an emulated cluster, or run on `cluster` when given."""
     from ember.bench.predict import add_predictions, calibrate_tasks
 
     tasks = make_tasks(settings.quick, settings.lr_rows, settings.lr_features)
@@ -86,13 +100,20 @@ def run_bench(settings: BenchSettings, log: Log = print) -> list[dict[str, Any]]
                     f"[{repeat + 1}/{settings.repeat}] {number}/{len(rows)} {row.task.name}: "
                     f"{row.label}"
                 )
-                record = _measure(row, repeat, settings, spark)
+                local = row.system == "mllib" or row.engine == "spark"
+                exclude = set() if local else jvm_pids(spark)
+                record = measure(row, repeat, settings, _local(spark, settings), exclude)
                 records.append(record)
-                with results.open("a") as stream:  # a later crash keeps the rows already run
-                    stream.write(json.dumps(record) + "\n")
-                log("  " + _one_line(record))
-    add_divergence(records)
+                append(results, record)
+                log("  " + one_line(record))
     add_predictions(records, calibrations)
+    links: dict[str, Any] = {"skipped": NO_HOSTS}
+    if settings.hosts:
+        from ember.bench.hosts import run_link_rows
+
+        links = run_link_rows(settings, tasks, calibrations, records, log, cluster)
+    settings.links_run = links
+    add_divergence(records)
     _rewrite(results, records)
     write_json(
         settings.out / "settings.json",
@@ -110,7 +131,36 @@ def run_bench(settings: BenchSettings, log: Log = print) -> list[dict[str, Any]]
     return records
 
 
-def _measure(row: Row, repeat: int, settings: BenchSettings, spark: Any) -> dict[str, Any]:
+NO_HOSTS = "not asked for: `ember bench --hosts H --link 1gbit,100mbit` runs them, as root"
+Execute = Callable[[Row, Path, Dataset], dict[str, Any]]
+
+
+def _local(spark: Any, settings: BenchSettings) -> Execute:
+    """How a row runs on this host: MLlib in the bench's session, ember by its engine."""
+
+    def execute(row: Row, out: Path, dataset: Dataset) -> dict[str, Any]:
+        if row.system != "mllib":
+            return run_ember(row, out, dataset)
+        from ember.bench.mllib import run_mllib
+
+        task = row.task
+        return run_mllib(
+            spark, task.name, dataset, task.mllib_iterations, task.target_metric,
+            task.target_value, settings.seed, task.mllib_segments,
+        )  # fmt: skip
+
+    return execute
+
+
+def append(results: Path, record: dict[str, Any]) -> None:
+    with results.open("a") as stream:  # a later crash keeps the rows already run
+        stream.write(json.dumps(record) + "\n")
+
+
+def measure(
+    row: Row, repeat: int, settings: BenchSettings, execute: Execute, exclude: set[int]
+) -> dict[str, Any]:
+    """One row's record: run by `execute`, sampled from outside, its target reached when."""
     record: dict[str, Any] = {
         "kind": "row",
         "task": row.task.name,
@@ -118,7 +168,9 @@ def _measure(row: Row, repeat: int, settings: BenchSettings, spark: Any) -> dict
         "system": row.system,
         "strategy": row.config.strategy if row.config else None,
         "engine": row.engine,
-        "workers": row.config.workers if row.config else settings.workers,
+        "workers": row.config.workers
+        if row.config
+        else (settings.hosts if row.link else settings.workers),
         "tau": row.config.tau
         if row.config and row.config.algorithm is AlgorithmKind.EASGD
         else None,
@@ -131,11 +183,12 @@ def _measure(row: Row, repeat: int, settings: BenchSettings, spark: Any) -> dict
         "data": row.task.data,
         "epochs": None if row.system == "mllib" else row.task.epochs,
         "iterations": row.task.mllib_iterations if row.system == "mllib" else None,
+        "link": row.link,
+        "hosts": settings.hosts if row.link else None,
         "ember_version": __version__,
         **dict.fromkeys(FIGURES),  # None until measured; some never are for some rows
     }
     started = time.perf_counter()
-    exclude = set() if row.system == "mllib" or row.engine == "spark" else jvm_pids(spark)
     with TreeSampler(exclude) as sampler, tempfile.TemporaryDirectory(prefix="ember-bench-") as tmp:
         try:
             dataset = row.task.load(settings.seed)
@@ -144,21 +197,7 @@ def _measure(row: Row, repeat: int, settings: BenchSettings, spark: Any) -> dict
                 test_samples=len(dataset.x_test),
                 features=math.prod(dataset.input_shape),
             )
-            if row.system == "mllib":
-                from ember.bench.mllib import run_mllib
-
-                figures = run_mllib(
-                    spark,
-                    row.task.name,
-                    dataset,
-                    row.task.mllib_iterations,
-                    row.task.target_metric,
-                    row.task.target_value,
-                    settings.seed,
-                    row.task.mllib_segments,
-                )
-            else:
-                figures = run_ember(row, Path(tmp) / "run", dataset)
+            figures = execute(row, Path(tmp) / "run", dataset)
             record.update(figures)
         except Exception as exc:  # one failed row is reported, and the others still run
             record.update(status="failed", error=f"{type(exc).__name__}: {exc}".splitlines()[0])
@@ -173,21 +212,23 @@ def _measure(row: Row, repeat: int, settings: BenchSettings, spark: Any) -> dict
 
 
 def add_divergence(records: list[dict[str, Any]]) -> None:
-    """d = samples to target / single's samples to target, within a task and repetition."""
+    """d = samples to target / single's samples to target, within a task and repetition (and
+    link: a link's own single row, else the local one)."""
     single = {
-        (r["task"], r["repeat"]): r["samples_to_target"]
+        (r["task"], r["repeat"], r.get("link")): r["samples_to_target"]
         for r in records
         if r["strategy"] == Strategy.SINGLE
-        and r["engine"] == "local"
+        and (r["engine"] == "local" or r.get("link"))
         and r.get("samples_to_target")
     }
     for r in records:
-        base = single.get((r["task"], r["repeat"]))
+        key = (r["task"], r["repeat"])
+        base = single.get((*key, r.get("link"))) or single.get((*key, None))
         reached = r.get("samples_to_target")
         r["divergence"] = reached / base if base and reached and r["system"] == "ember" else None
 
 
-def _one_line(record: dict[str, Any]) -> str:
+def one_line(record: dict[str, Any]) -> str:
     if record["status"] != "ok":
         return f"failed: {record['error']}"
     ttt = record["time_to_target"]

@@ -1,24 +1,20 @@
 """Emulated hosts on this machine: network namespaces on a bridge, and a Spark standalone cluster
-over them.
+over them (docs/cluster.md draws it).
 
-Host i is the namespace `ember-h<i>` with `lo` and one veth, `eth0`, at 198.18.0.(10+i)/24 (the
-range RFC 2544 reserves for benchmarking). The other end of every veth, `h<i>`, is a port of the
-bridge `br0`, which lives in a namespace of its own, `ember-sw`: the switch, where a capture sees
-every frame between hosts. The machine's own namespace gets a blackhole route for 198.18.0.0/24,
-so nothing outside the namespaces reaches those addresses by mistake (nor leaks them to a real
-network). With `rate`, a `tc tbf` qdisc shapes both directions of every host's link: one on the
-host's `eth0` (what it sends) and one on its bridge port (what it receives).
+Host i is the namespace `ember-h<i>` with `lo` and one veth, `eth0`, at 198.18.0.(10+i)/24 (RFC
+2544's benchmarking range). Every veth's other end, `h<i>`, is a port of the bridge `br0` in the
+switch's namespace, `ember-sw`, where a capture sees every frame between hosts. The machine's own
+namespace gets a blackhole route for 198.18.0.0/24, so nothing outside reaches those addresses by
+mistake. With `rate`, a `tc tbf` qdisc shapes both directions of every host's link (on `eth0`
+what it sends, on its bridge port what it receives). With `spark=True`, host 0 runs a standalone
+master and every other host one worker, each JVM started by `ip netns exec` with SPARK_LOCAL_IP
+its host's address; the driver belongs in host 0 too (`run`/`popen` with `env(0)`).
 
-With `spark=True`, host 0 runs a standalone master and every other host one worker, each JVM
-started by `ip netns exec` with SPARK_LOCAL_IP set to its host's address; the driver belongs in
-host 0 too (`run`/`popen` with `spark_env(0)`).
-
-Teardown (on leaving the `with`, on an exception, SIGTERM/SIGHUP, Ctrl-C or at exit) kills every
-process started here with its whole tree (the workers' executor JVMs and their Python workers
-too), then every process still inside a namespace, then the namespaces (which takes their veths
-and the bridge) and the route, if this harness added it. One harness runs at a time: a second is
-refused while a flock on LOCK is held; one that finds leftovers of a crashed harness (no lock
-holder) removes them first.
+Teardown (leaving the `with`, an exception, SIGTERM/SIGHUP, Ctrl-C, interpreter exit) kills every
+process started here with its whole tree (executor JVMs and their Python workers too), then every
+process still inside a namespace, then the namespaces (their veths and the bridge with them) and
+the route, if this harness added it. One harness runs at a time (a flock on LOCK); one that finds
+leftovers of a crashed harness removes them first.
 
 Needs Linux, root and iproute2 (`available()` says which is missing); Spark needs Java and pyspark.
 """
@@ -28,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
 import re
@@ -83,11 +80,11 @@ def spark_available() -> str | None:
 
 
 def spark_class() -> str:
-    try:
-        import pyspark
-    except ImportError:
-        raise ClusterError("the Spark cluster needs pyspark: pip install -e '.[spark]'") from None
-    path = Path(pyspark.__file__).parent / "bin" / "spark-class"
+    # found, not imported: the daemons are started from pyspark's scripts, never its Python
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise ClusterError("the Spark cluster needs pyspark: pip install -e '.[spark]'")
+    path = Path(spec.origin).parent / "bin" / "spark-class"
     if not path.exists():
         raise ClusterError(f"pyspark has no {path}")
     return str(path)
@@ -202,7 +199,7 @@ class Cluster:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             self._build_network()
             if self.spark:
-                from tests.cluster.standalone import start_standalone
+                from ember.emulated.standalone import start_standalone
 
                 self.daemons = start_standalone(self)
         except BaseException:
@@ -386,14 +383,14 @@ class Cluster:
                 continue
         return found
 
-    # ---- Spark standalone (tests/cluster/standalone.py) ---------------------------------------
+    # ---- Spark standalone (standalone.py) -------------------------------------------------------
     @property
     def master_url(self) -> str:
         return f"spark://{address(0)}:{MASTER_PORT}"
 
     def alive_workers(self) -> int:
         """How many workers the master reports ALIVE (0 while it does not answer)."""
-        from tests.cluster.standalone import alive_workers
+        from ember.emulated.standalone import alive_workers
 
         return alive_workers()
 

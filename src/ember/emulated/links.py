@@ -1,4 +1,4 @@
-"""Link figures between emulated hosts: a bounded TCP bulk transfer (scripts/tcp_transfer.py)."""
+"""Link figures between emulated hosts: a bounded TCP bulk transfer (tcp_transfer.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.cluster.netns import Cluster, address
+from ember.emulated.netns import Cluster, address
 
-SCRIPT = Path(__file__).parent / "scripts" / "tcp_transfer.py"
+SCRIPT = Path(__file__).parent / "tcp_transfer.py"  # run by path: stdlib only
 PORT = 5201  # iperf's; nothing else listens on the emulated hosts' own addresses
 TIMEOUT = 120.0
 
 
 def block(seed: int | None) -> bytes:
-    """The 1 MiB block scripts/tcp_transfer.py repeats for a seed (the same code)."""
+    """The 1 MiB block tcp_transfer.py repeats for a seed (the same code)."""
     return bytes(1 << 20) if seed is None else random.Random(seed).randbytes(1 << 20)
 
 

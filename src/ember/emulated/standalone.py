@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from tests.cluster.netns import (
+from ember.emulated.netns import (
     COMMAND_TIMEOUT,
     MASTER_PORT,
     MASTER_UI_PORT,
@@ -23,7 +23,7 @@ from tests.cluster.netns import (
 )
 
 if TYPE_CHECKING:
-    from tests.cluster.netns import Cluster
+    from ember.emulated.netns import Cluster
 
 MASTER = "org.apache.spark.deploy.master.Master"
 WORKER = "org.apache.spark.deploy.worker.Worker"
