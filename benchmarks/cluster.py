@@ -296,8 +296,8 @@ def cluster_summary(cluster: Any, flags: list[str]) -> dict[str, Any]:
 
 def link_bytes_per_second(cluster: Any, rate: str | None) -> float:
     """Host 1 to host 0 over TCP, as the exchanges go: a couple of seconds' worth of the rate."""
+    from ember.emulated.links import transfer
     from ember.perfmodel import parse_bandwidth
-    from tests.cluster.links import transfer
 
     size = int(parse_bandwidth(rate) * LINK_PROBE_SECONDS) if rate else 1 << 30
     result = transfer(cluster, 1, 0, max(size, 1 << 20))

@@ -15,7 +15,6 @@ from ember.bench.linkreport import speedups
 from ember.bench.report import write_report
 from ember.bench.rows import (
     BenchSettings,
-    has_field,
     make_tasks,
     plan_link_rows,
     plan_rows,
@@ -37,10 +36,10 @@ def test_link_rows_are_mllib_torch_every_strategy_on_spark_then_the_sweep(
     )  # fmt: skip
     rows = plan_link_rows(settings, TASKS, "100mbit")
     labels = [r.label for r in rows]
-    policies = [f"easgd-async tau={p}" for p in ("auto", "loss")] if has_field("tau_policy") else []
     # single and allreduce have no server, so no Spark-engine row: TorchDistributor all-reduces
     assert labels == [
-        "mllib", "torchdistributor", "bsp", *policies, "easgd-async tau=4", "easgd-async tau=16",
+        "mllib", "torchdistributor", "bsp", "easgd-async tau=auto", "easgd-async tau=loss",
+        "easgd-async tau=4", "easgd-async tau=16",
     ]  # fmt: skip
     assert {r.link for r in rows} == {"100mbit"}
     ember = [r for r in rows if r.config is not None]
@@ -77,11 +76,19 @@ def test_a_bad_link_is_one_config_error_naming_it(link: str, tmp_path: Path) -> 
         settings.validate(TASKS)
 
 
-@pytest.mark.skipif(has_field("compress"), reason="this ember compresses")
-def test_compressed_rows_without_compression_are_refused(tmp_path: Path) -> None:
-    settings = BenchSettings(out=tmp_path / "b", compress=["int8"], hosts=2)
-    with pytest.raises(ConfigError, match="--compress int8"):
-        settings.validate(TASKS)
+def test_compressed_link_rows_are_bsp_and_async_and_a_bad_codec_is_refused(
+    tmp_path: Path,
+) -> None:
+    settings = BenchSettings(
+        out=tmp_path, tasks=["mlp"], strategies=["bsp"], compress=["int8"], mllib=False,
+        torch=False, sweep_tasks=[], hosts=2,
+    )  # fmt: skip
+    rows = plan_link_rows(settings, TASKS, "100mbit")
+    assert [r.label for r in rows] == ["bsp", "bsp int8", "async int8"]
+    assert [r.config.compress for r in rows] == ["none", "int8", "int8"]  # type: ignore[union-attr]
+    bad = BenchSettings(out=tmp_path / "b", compress=["int3"], hosts=2)
+    with pytest.raises(ConfigError, match="int3"):
+        bad.validate(TASKS)
 
 
 def test_a_link_is_measured_for_about_three_seconds_at_its_nominal_rate() -> None:

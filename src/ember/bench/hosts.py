@@ -173,18 +173,11 @@ def _start(cluster: Any, log: Any) -> None:
 def predict_on_link(
     records: list[dict[str, Any]], calibrations: list[dict[str, Any]], bandwidth: float
 ) -> None:
-    """The model's figures for rows on a link: with the measured rate where add_predictions
-    takes a network, else as it predicts every row."""
-    import inspect
-
+    """The model's figures for rows on a link, at the link's measured rate."""
     from ember.bench.predict import add_predictions
     from ember.perfmodel import Network
 
-    if "network" in inspect.signature(add_predictions).parameters:
-        network = Network(bandwidth=bandwidth, latency=LATENCY)
-        add_predictions(records, calibrations, network=network)  # type: ignore[call-arg]
-    else:
-        add_predictions(records, calibrations)
+    add_predictions(records, calibrations, network=Network(bandwidth=bandwidth, latency=LATENCY))
 
 
 def _on_cluster(cluster: Any, settings: BenchSettings) -> Any:
