@@ -175,3 +175,12 @@ def test_a_report_without_link_rows_says_why(tmp_path: Path) -> None:
     reason = "the emulated cluster needs root (network namespaces, veths, a bridge)"
     write_report([record("mlp", "bsp", 0)], tmp_path, {"links_run": {"skipped": reason}})
     assert f"Link rows were not run: {reason}." in (tmp_path / "report.md").read_text()
+
+
+def test_the_spark_engine_gets_rows_only_for_strategies_with_a_server(tmp_path: Path) -> None:
+    settings = BenchSettings(
+        out=tmp_path, tasks=["mlp"], strategies=["single", "bsp", "allreduce"],
+        engines=["local", "spark"], mllib=False, sweep_tasks=[],
+    )  # fmt: skip
+    labels = [r.label for r in plan_rows(settings, TASKS)]
+    assert labels == ["single", "bsp", "allreduce", "bsp (spark)"]

@@ -141,6 +141,8 @@ def plan_rows(settings: BenchSettings, tasks: dict[str, Task]) -> list[Row]:
             rows.append(Row(task, "mllib", "mllib", "mllib"))
         for engine in settings.engines:
             for strategy in settings.strategies:
+                if engine == "spark" and Strategy(strategy) in OFF_SPARK:
+                    continue  # no server to run beside the driver: their local rows stand
                 config = _config(settings, task, strategy, engine)
                 label = strategy if engine == "local" else f"{strategy} (spark)"
                 rows.append(Row(task, label, "ember", engine, config))
