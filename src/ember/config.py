@@ -318,6 +318,8 @@ def resumed_values(
     if fixed:
         was = " and ".join(f"{name} was {old!r}" for name, old, _ in fixed)
         got = " and ".join(repr(new) for _, _, new in fixed)
-        flags = " and ".join("--" + name.replace("_", "-") for name, _, _ in fixed)
+        # tau_policy is set by `--tau auto|loss`, the flag a user types for it
+        names = ["tau" if name == "tau_policy" else name for name, _, _ in fixed]
+        flags = " and ".join("--" + name.replace("_", "-") for name in names)
         raise ConfigError(f"resume: {was} in {where}, got {got}; drop {flags} or start a new --out")
     return values, [f"{name} {old!r} -> {new!r}" for name, old, new in notes]

@@ -96,3 +96,11 @@ def test_help_names_the_policies(capsys) -> None:
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "also takes auto" in text and "or loss" in text and "--tau-policy" in text
+
+
+def test_resuming_a_fixed_tau_run_with_tau_auto_names_the_flag_typed() -> None:
+    from ember.config import resumed_values
+
+    saved = RunConfig(strategy="easgd-async").to_dict()
+    with pytest.raises(ConfigError, match=r"drop --tau or start a new --out"):
+        resumed_values(saved, {"tau_policy": "auto"}, "runs/x/checkpoints/last")
