@@ -15,7 +15,6 @@ from ember.perfmodel import (
     AUTO_MARGIN,
     MAX_TAU,
     WIRE_FRACTION,
-    Calibration,
     Network,
     model_tau,
     parse_bandwidths,
@@ -24,17 +23,10 @@ from ember.perfmodel import (
     wire_fraction,
 )
 from ember.plan import saturation, scale_report, servers_needed
-
-# The reference mlp: 2 ms per minibatch of 64, 269,322 floats (2.15 MB an exchange both ways)
-MLP = Calibration(
-    batch_size=64,
-    t_comp=0.002,
-    parameters=269_322,
-    exchange_wall=0.0022,
-    client_cpu=0.0009,
-    server_cpu=0.0011,
-    cores=2,
+from tests.unit.test_perfmodel import (
+    MLP,  # the reference mlp: 2 ms a minibatch, 2.15 MB an exchange
 )
+
 GIGABIT = Network(bandwidth=125e6, latency=0.0005)
 SLOW = Network(bandwidth=12.5e6)  # 100 Mbit/s, no latency: the wire is all of an exchange
 WORKERS = [1, 2, 4, 8, 16, 32, 64]
