@@ -150,9 +150,11 @@ class Worker:
         )
         self.algorithm = make_algorithm(context)
         self.first_step = max(self.algorithm.start(flat, optimizer), spec.initial_step)
-        period = getattr(self.algorithm, "period", None)  # easgd's; the others have none
+        # easgd's exchange period; the other algorithms have none
+        self.exchange_period: Period | None = getattr(self.algorithm, "period", None)
+        period = self.exchange_period
         # a period that adapts is fed each step's compute seconds, and the loss if it asks
-        self.period: Period | None = period if period is not None and period.adaptive else None
+        self.period = period if period is not None and period.adaptive else None
         self.feeds_loss = self.period is not None and self.period.wants_loss
         self.total_steps = config.epochs * self.steps_per_epoch
         self.order = torch.empty(0, dtype=torch.int64)  # this epoch's shuffle of the shard
@@ -281,7 +283,7 @@ class Worker:
         """Leave the servers, save what a strategy without a server has not, and total up."""
         spec, config = self.spec, self.config
         self.algorithm.finish()
-        period = getattr(self.algorithm, "period", None)
+        period = self.exchange_period
         if self.period is not None and self.period.changes:  # chosen at the final exchange
             self.report_tau(self.period)
         seconds = time.perf_counter() - self.started - self.aside

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ember.bench.groups import Group, sweep_rows, target_of
 
@@ -132,14 +132,7 @@ def plot_sweep(tasks: dict[str, list[Group]], out: Path) -> Path | None:
             if any(v is not None for v in values):
                 ys = [float("nan") if v is None else v for v in values]
                 lines += axes.plot(taus, ys, style, color=color, label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(taus, [f"{tau:g}" for tau in taus])
-        ax.minorticks_off()
-        ax.set(
-            title=f"{task}: easgd-async tau sweep",
-            xlabel="tau (steps between exchanges)",
-            ylabel="samples/s",
-        )
+        _tau_axis(ax, taus, f"{task}: easgd-async tau sweep", "samples/s")
         twin.set_ylabel(quality.replace("_", " "))
         ax.grid(alpha=0.3)
         ax.legend(lines, [str(line.get_label()) for line in lines], fontsize="small")
@@ -165,14 +158,15 @@ def plot_speedup(panels: dict[str, list[dict[str, float | None]]], path: Path, l
             if any(v is not None for v in values):
                 ys = [float("nan") if v is None else v for v in values]
                 ax.plot(taus, ys, style, color=color, label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(taus, [f"{tau:g}" for tau in taus])
-        ax.minorticks_off()
-        ax.set(
-            title=f"{task}: easgd-async speedup over single at {link}",
-            xlabel="tau (steps between exchanges)",
-            ylabel="speedup (x)",
-        )
+        _tau_axis(ax, taus, f"{task}: easgd-async speedup over single at {link}", "speedup (x)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     return _save(fig, path)
+
+
+def _tau_axis(ax: Any, taus: list[float], title: str, ylabel: str) -> None:
+    """A tau sweep's x axis: powers of two, each tau of the sweep a tick."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(taus, [f"{tau:g}" for tau in taus])
+    ax.minorticks_off()
+    ax.set(title=title, xlabel="tau (steps between exchanges)", ylabel=ylabel)
