@@ -143,6 +143,9 @@ def _add_bench_parser(sub: Any) -> None:
     bench.add_argument(
         "--workers", type=positive_int, default=2, help="workers per row (default 2)"
     )
+    bench.add_argument(
+        "--epochs", type=positive_int, default=None, help="epochs of every task (default its own)"
+    )
     bench.add_argument("--lr-rows", type=positive_int, default=1_000_000, help="lr training rows")
     bench.add_argument("--lr-features", type=positive_int, default=100, help="lr feature columns")
     bench.add_argument(
@@ -271,6 +274,7 @@ def _bench(args: argparse.Namespace) -> int:
         workers=args.workers,
         lr_rows=args.lr_rows,
         lr_features=args.lr_features,
+        epochs=args.epochs,
         hosts=args.hosts,
         links=_names(args.link),
         compress=_names(args.compress),

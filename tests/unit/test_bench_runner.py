@@ -115,3 +115,13 @@ def test_bad_bench_and_plan_flags_exit_2_naming_the_flag(
     assert main([*argv, *extra]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "bench" / "results.jsonl").exists()
+
+
+def test_epochs_replace_every_tasks_own_and_keep_its_target() -> None:
+    own = make_tasks(False, 1000, 10)
+    tasks = make_tasks(False, 1000, 10, epochs=3)
+    assert {t.epochs for t in tasks.values()} == {3}
+    assert {k: t.target_value for k, t in tasks.items()} == {
+        k: t.target_value for k, t in own.items()
+    }
+    assert own["mlp"].epochs == 5

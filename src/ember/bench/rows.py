@@ -42,8 +42,16 @@ class Task:
         )
 
 
-def make_tasks(quick: bool, lr_rows: int, lr_features: int) -> dict[str, Task]:
-    """The seeds' two workloads (and LeNet), full size or reduced for --quick."""
+def make_tasks(
+    quick: bool, lr_rows: int, lr_features: int, epochs: int | None = None
+) -> dict[str, Task]:
+    """The seeds' two workloads (and LeNet), full size or reduced for --quick; `epochs`, when
+    given, replaces every task's own (each still races to its target)."""
+    tasks = _tasks(quick, lr_rows, lr_features)
+    return tasks if epochs is None else {k: replace(t, epochs=epochs) for k, t in tasks.items()}
+
+
+def _tasks(quick: bool, lr_rows: int, lr_features: int) -> dict[str, Task]:
     if quick:
         return {
             "lr": Task(
@@ -76,6 +84,7 @@ class BenchSettings:
     workers: int = 2
     lr_rows: int = 1_000_000
     lr_features: int = 100
+    epochs: int | None = None  # every task's epochs instead of its own
     seed: int = 0
     hosts: int = 0  # worker hosts of the emulated cluster for the link rows; 0: no link rows
     links: list[str] = field(default_factory=lambda: ["1gbit", "100mbit"])

@@ -83,7 +83,7 @@ def run_bench(
     The link rows build an emulated cluster, or run on `cluster` when given."""
     from ember.bench.predict import add_predictions, calibrate_tasks
 
-    tasks = make_tasks(settings.quick, settings.lr_rows, settings.lr_features)
+    tasks = make_tasks(settings.quick, settings.lr_rows, settings.lr_features, settings.epochs)
     settings.validate(tasks)
     settings.out.mkdir(parents=True, exist_ok=True)
     results = settings.out / "results.jsonl"
