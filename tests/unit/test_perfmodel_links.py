@@ -1,0 +1,127 @@
+"""The model on emulated links against what the emulated cluster measured, its properties in
+bandwidth and tau, and the codec's CPU in an exchange."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from ember.perfmodel import RESIDUAL, Calibration, Network, predict, shared_link_cycle
+from tests.unit.test_perfmodel import MLP
+
+# The calibration before the two runs of `benchmarks/cluster.py --parts model --link 100mbit`
+# (docs/perfmodel.md): MNIST mlp, an idle two-core host.
+RUNS = Calibration(
+    batch_size=64,
+    t_comp=0.00223,
+    parameters=269_322,
+    exchange_wall=0.0013,
+    client_cpu=0.00049,
+    server_cpu=0.0009,
+    cores=2,
+)
+# and the one before the 5-epoch run of docs/comparison/links-100mbit (its settings.json)
+FIVE_EPOCHS = Calibration(
+    batch_size=64,
+    t_comp=0.002807681011245222,
+    parameters=269_322,
+    exchange_wall=0.001259958000446204,
+    client_cpu=0.00045555052000000095,
+    server_cpu=0.0008,
+    cores=2,
+)
+MEASURED_100MBIT = Network(bandwidth=95.9e6 / 8)  # host 1 to host 0, a bulk TCP transfer
+
+
+@pytest.mark.parametrize(
+    ("strategy", "tau", "calibration", "network", "measured"),
+    [
+        ("easgd-async", 1, RUNS, MEASURED_100MBIT, 569.0),  # run 1
+        ("easgd-async", 1, RUNS, MEASURED_100MBIT, 590.0),  # run 2
+        ("easgd-async", 8, RUNS, MEASURED_100MBIT, 4611.0),  # run 2
+        ("bsp", 1, RUNS, MEASURED_100MBIT, 369.0),
+        ("bsp", 1, RUNS, MEASURED_100MBIT, 364.0),
+        ("easgd-async", 8, FIVE_EPOCHS, Network(11_974_157.0, 1e-4), 4860.0),
+    ],
+)
+def test_two_hosts_at_100mbit_are_predicted_within_15_percent(
+    strategy: str, tau: int, calibration: Calibration, network: Network, measured: float
+) -> None:
+    predicted = predict(strategy, 2, calibration, network, tau).samples_per_second
+    assert abs(predicted - measured) / measured <= 0.15
+
+
+def test_two_workers_exchanging_back_to_back_take_a_quarter_more_per_exchange() -> None:
+    bare = Network(bandwidth=12.5e6)
+    one_way = MLP.exchange_bytes / 2 / 12.5e6
+    alone = shared_link_cycle(MLP, bare, 1, 1, 0.0)
+    assert alone == pytest.approx(2 * one_way)
+    # the other's transfer holds a direction half the time, with half of it left: each
+    # direction waits a quarter of a transfer; a memoryless service would charge a half
+    assert RESIDUAL == 0.5
+    assert shared_link_cycle(MLP, bare, 2, 1, 0.0) == pytest.approx(1.25 * alone)
+    # time away from the links thins the queue towards no waiting at all
+    think = 10 * alone
+    assert shared_link_cycle(MLP, bare, 2, 1, think) < think + 1.05 * alone
+    # many workers: each direction of the server's link full, one transfer per worker a cycle
+    assert shared_link_cycle(MLP, bare, 128, 1, 0.0) == pytest.approx(128 * one_way, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "tau"), [("easgd-async", 1), ("easgd-async", 16), ("async", 1), ("bsp", 1)]
+)
+@pytest.mark.parametrize("workers", [1, 2, 8])
+def test_more_bandwidth_is_never_slower(strategy: str, tau: int, workers: int) -> None:
+    rates = [1e6 * 2**k for k in range(12)]  # 8 Mbit/s to 16 Gbit/s
+    speeds = [
+        predict(strategy, workers, MLP, Network(rate, 1e-4), tau).samples_per_second
+        for rate in rates
+    ]
+    assert all(b >= a * (1 - 1e-9) for a, b in itertools.pairwise(speeds))
+    assert speeds[-1] > speeds[0]
+
+
+@pytest.mark.parametrize("network", [Network(12.5e6, 1e-4), Network(125e6, 5e-4)])
+@pytest.mark.parametrize("workers", [1, 2, 8])
+def test_a_longer_period_is_never_slower(network: Network, workers: int) -> None:
+    taus = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    speeds = [predict("easgd-async", workers, MLP, network, t).samples_per_second for t in taus]
+    assert all(b >= a * (1 - 1e-9) for a, b in itertools.pairwise(speeds))
+
+
+# int8 at 2 ns a float to encode and 1 to decode: 269,322 floats, 1.08 ms an end an exchange
+CODED = Calibration(**{**MLP.__dict__, "codecs": {"int8": (2e-9, 1e-9), "fp16": (4e-9, 1e-9)}})
+
+
+def test_each_end_of_a_compressed_exchange_encodes_once_and_decodes_twice() -> None:
+    assert CODED.compressed("int8").codec_cpu == pytest.approx(269_322 * 4e-9)
+    assert CODED.compressed("fp16").codec_cpu == pytest.approx(269_322 * 6e-9)
+    assert CODED.compressed("none").codec_cpu == 0.0
+    # a codec the calibration did not time costs nothing it could name
+    assert MLP.compressed("int8").codec_cpu == 0.0
+
+
+@pytest.mark.parametrize("servers", [1, 4])
+def test_the_codec_adds_to_an_exchange_and_to_a_servers_work(servers: int) -> None:
+    slow = Network(bandwidth=12.5e6, latency=1e-4)
+    timed, free = CODED.compressed("int8"), MLP.compressed("int8")
+    codec = timed.codec_cpu
+    for strategy in ("async", "bsp", "easgd-async"):
+        with_codec = predict(strategy, 2, timed, slow, 1, servers)
+        without = predict(strategy, 2, free, slow, 1, servers)
+        # the worker's encoding and decoding, then each shard's share, one after the other
+        assert with_codec.t_comm - without.t_comm == pytest.approx(codec * (1 + 1 / servers))
+        assert with_codec.bounds["server"] - without.bounds["server"] == pytest.approx(
+            2 * codec / servers
+        )
+        assert with_codec.samples_per_second <= without.samples_per_second
+    # the exchanger's codec work comes out of easgd-async's compute
+    overlapped = predict("easgd-async", 2, timed, slow, 64, servers)
+    assert overlapped.compute == pytest.approx(64 * MLP.t_comp + MLP.client_cpu + codec)
+    # on one host too: the cores do the codec's work as well
+    here = Network(cores=2)
+    assert (
+        predict("async", 2, timed, here).bounds["cpu"]
+        - predict("async", 2, free, here).bounds["cpu"]
+    ) == pytest.approx(2 * 2 * codec / 2)
