@@ -4,9 +4,15 @@ bandwidth and tau, and the codec's CPU in an exchange."""
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import sys
 
 import pytest
 
+from ember.bench.hosts import predict_on_link
+from ember.emulated.links import SCRIPT, one_way_latency
+from ember.engines.process import free_port
 from ember.perfmodel import RESIDUAL, Calibration, Network, predict, shared_link_cycle
 from tests.unit.test_perfmodel import MLP
 
@@ -125,3 +131,51 @@ def test_the_codec_adds_to_an_exchange_and_to_a_servers_work(servers: int) -> No
         predict("async", 2, timed, here).bounds["cpu"]
         - predict("async", 2, free, here).bounds["cpu"]
     ) == pytest.approx(2 * 2 * codec / 2)
+
+
+def test_a_links_latency_is_half_its_median_round_trip() -> None:
+    # one round trip the scheduler held up does not move it
+    assert one_way_latency([0.0002, 0.0003, 0.0004, 0.5]) == pytest.approx(0.00035 / 2)
+    assert one_way_latency([0.001]) == pytest.approx(0.0005)
+    for bad in ([], [0.001, -0.001]):
+        with pytest.raises(ValueError, match="round trip"):
+            one_way_latency(bad)
+
+
+def test_the_ping_pong_times_every_round_trip_on_loopback() -> None:
+    port = str(free_port())
+    command = [sys.executable, str(SCRIPT)]
+    echo = subprocess.Popen(
+        [*command, "echo", "127.0.0.1", port, "20"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert echo.stdout is not None and echo.stdout.readline().strip() == "listening"
+        done = subprocess.run(
+            [*command, "ping", "127.0.0.1", port, "20"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        assert echo.wait(60) == 0
+    finally:
+        if echo.poll() is None:
+            echo.kill()
+            echo.wait(10)
+        assert echo.stdout is not None
+        echo.stdout.close()
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["round_trips"] == len(figures["seconds"]) == 20
+    assert 0 < one_way_latency(figures["seconds"]) < 1.0
+
+
+def test_link_rows_are_predicted_at_the_latency_their_link_measured() -> None:
+    from tests.unit.test_plan import _rows
+
+    slow, near = _rows(1.0), _rows(1.0)
+    predict_on_link(slow, [{"mlp": MLP}], 12.5e6, 0.05)
+    predict_on_link(near, [{"mlp": MLP}], 12.5e6, 0.0)
+    # async (the third row) pays the latency twice an exchange, at each of its minibatches
+    at_50ms = predict("async", 2, MLP, Network(12.5e6, 0.05)).samples_per_second
+    assert slow[2]["predicted_samples_per_second"] == pytest.approx(at_50ms)
+    assert slow[2]["predicted_samples_per_second"] < near[2]["predicted_samples_per_second"]
