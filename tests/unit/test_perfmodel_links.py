@@ -7,6 +7,8 @@ import itertools
 import json
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -179,3 +181,31 @@ def test_link_rows_are_predicted_at_the_latency_their_link_measured() -> None:
     at_50ms = predict("async", 2, MLP, Network(12.5e6, 0.05)).samples_per_second
     assert slow[2]["predicted_samples_per_second"] == pytest.approx(at_50ms)
     assert slow[2]["predicted_samples_per_second"] < near[2]["predicted_samples_per_second"]
+
+
+def test_every_link_row_shows_predicted_against_measured_speed_and_time_to_target(
+    tmp_path: Path,
+) -> None:
+    from ember.bench.report import write_report
+    from tests.unit.test_bench_links import link_record
+
+    def on_link(row: str, **fields: Any) -> dict[str, Any]:
+        return link_record(row, "100mbit", 11.9e6, link_latency_seconds=0.00012, **fields)
+
+    rows = [
+        on_link("single", samples_per_second=100.0, time_to_target=20.0),
+        on_link("bsp", samples_per_second=400.0, predicted_samples_per_second=360.0,
+                time_to_target=50.0, predicted_time_to_target=55.0),
+        on_link("", tau=4, time_to_target=10.0, predicted_time_to_target=9.0),
+    ]  # fmt: skip
+    write_report(rows, tmp_path, {"links": ["100mbit"], "links_run": {"hosts": 2}})
+    report = (tmp_path / "report.md").read_text()
+    assert "### 100mbit (95 Mbit/s, 0.12 ms one way measured; 2 worker hosts" in report
+    header = next(line for line in report.splitlines() if line.startswith("| row | time to"))
+    assert header.endswith("| predicted samples/s, error | predicted time to target (s), error |")
+    bsp = next(line for line in report.splitlines() if line.startswith("| bsp |"))
+    assert bsp.endswith("| 360, -10.0% | 55.0, +10.0% |")
+    tau_4 = next(line for line in report.splitlines() if line.startswith("| 4 |"))
+    assert tau_4.endswith("| 440, +10.0% | 9.0, -10.0% |")
+    single = next(line for line in report.splitlines() if line.startswith("| single |"))
+    assert single.endswith("| — |")  # no prediction: none shown
