@@ -85,7 +85,7 @@ class Calibration:
         return replace(self, compression=wire_fraction(compress), codec_cpu=cpu)
 
     def sharing(
-        self, strategy: str, workers: int, servers: int, tau: int = 1
+        self, strategy: str, workers: int, servers: int, tau: float = 1
     ) -> tuple[float, float]:
         """(seconds per minibatch, seconds per exchange) with `workers` workers and `servers`
         servers on this one host: the figures alone for one worker; else the two-worker run
@@ -150,7 +150,7 @@ class Prediction:
     strategy: str
     workers: int
     servers: int
-    tau: int
+    tau: float  # a mean, for a run whose tau moved
     samples_per_second: float
     period: float  # seconds per worker period of tau steps
     t_comm: float  # seconds per exchange
@@ -169,11 +169,12 @@ def predict(
     workers: int,
     calibration: Calibration,
     network: Network,
-    tau: int = 1,
+    tau: float = 1,
     servers: int = 1,
 ) -> Prediction:
     """Predicted samples/s of `strategy` on `workers` workers; tau is easgd's communication
-    period and sgd's n_push (both: minibatches between exchanges)."""
+    period and sgd's n_push (both: minibatches between exchanges; a mean one for a run whose
+    tau moved)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
     mode = Strategy(strategy)

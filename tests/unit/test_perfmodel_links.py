@@ -209,3 +209,54 @@ def test_every_link_row_shows_predicted_against_measured_speed_and_time_to_targe
     assert tau_4.endswith("| 440, +10.0% | 9.0, -10.0% |")
     single = next(line for line in report.splitlines() if line.startswith("| single |"))
     assert single.endswith("| — |")  # no prediction: none shown
+
+
+def _link_rows(link: str, rate: float, latency: float | None) -> list[dict[str, Any]]:
+    from tests.unit.test_plan import _rows
+
+    rows = _rows(1.0)
+    for row in rows:
+        row.update(link=link, link_bytes_per_second=rate, divergence=None)
+        if latency is not None:
+            row["link_latency_seconds"] = latency
+    return rows
+
+
+def test_a_results_file_is_predicted_again_per_link_at_what_each_link_measured() -> None:
+    from dataclasses import asdict
+
+    from ember.bench.predict import UNMEASURED_LATENCY, predict_results
+
+    rows = _link_rows("100mbit", 11.9e6, 0.0003) + _link_rows("1gbit", 118e6, None)
+    predict_results(rows, {"mlp": [asdict(MLP)]})
+    slow, fast = rows[:3], rows[3:]
+    at_100 = predict("easgd-async", 2, MLP, Network(11.9e6, 0.0003), 8).samples_per_second
+    at_1g = predict("easgd-async", 2, MLP, Network(118e6, UNMEASURED_LATENCY), 8)
+    assert slow[1]["predicted_samples_per_second"] == pytest.approx(at_100)
+    assert fast[1]["predicted_samples_per_second"] == pytest.approx(at_1g.samples_per_second)
+    # before the bench sets d, it is the row's samples to target over its link's single's
+    assert slow[1]["predicted_time_to_target"] == pytest.approx(45_000 / at_100)
+    assert slow[1]["time_to_target_error"] == pytest.approx(45_000 / at_100 / 2.0 - 1)
+
+
+def test_tau_auto_is_predicted_at_the_models_pick_and_tau_loss_at_its_mean() -> None:
+    from ember.bench.predict import add_predictions
+    from ember.perfmodel import AUTO_MARGIN, model_tau
+
+    slow = Network(12.5e6, 1e-4)
+    rows = _link_rows("100mbit", 12.5e6, 1e-4)[:2] + _link_rows("100mbit", 12.5e6, 1e-4)[1:2]
+    auto, loss = rows[1], rows[2]
+    auto["config"] = {**auto["config"], "tau_policy": "auto"}
+    # an exchange of 2.15 MB per 20 minibatches of 64 of a worker: a mean tau of 20
+    loss["config"] = {**loss["config"], "tau_policy": "loss"}
+    loss["bytes_per_sample"] = MLP.exchange_bytes / (20 * 64)
+    add_predictions(rows, [{"mlp": MLP}], network=slow)
+    tau = model_tau(MLP, slow, 2, 1, AUTO_MARGIN)
+    assert tau > 8
+    expected = predict("easgd-async", 2, MLP, slow, tau).samples_per_second
+    assert auto["predicted_samples_per_second"] == pytest.approx(expected)
+    at_20 = predict("easgd-async", 2, MLP, slow, 20).samples_per_second
+    assert loss["predicted_samples_per_second"] == pytest.approx(at_20)
+    loss["bytes_per_sample"] = None  # nothing to read its tau from: no prediction
+    add_predictions(rows, [{"mlp": MLP}], network=slow)
+    assert loss["predicted_samples_per_second"] is None

@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import os
+import statistics
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 from ember.bench.calibrate import calibrate
 from ember.config import AlgorithmKind, RunConfig, Strategy
-from ember.perfmodel import Calibration, Network, evaluation_wait, predict, time_to_target
+from ember.perfmodel import (
+    AUTO_MARGIN,
+    Calibration,
+    Network,
+    evaluation_wait,
+    model_tau,
+    predict,
+    time_to_target,
+)
 from ember.worker import evaluates_after
+
+# One-way seconds of a link whose rows recorded no latency: what runs before it was measured
+# assumed for veths and a bridge.
+UNMEASURED_LATENCY = 1e-4
 
 
 def calibrate_tasks(
@@ -48,7 +62,7 @@ def add_predictions(
     with its own compression."""
     link = network or Network(bandwidth=None, cores=os.cpu_count() or 1)
     single = {
-        (r["task"], r.get("repeat", 0)): r["samples_to_target"]
+        (r["task"], r.get("repeat", 0), r.get("link")): r["samples_to_target"]
         for r in records
         if r.get("strategy") == Strategy.SINGLE and r.get("samples_to_target")
     }
@@ -65,8 +79,9 @@ def add_predictions(
             calibration = calibration.compressed(config.get("compress") or "none")
         except ValueError:  # a codec the model has no byte count for: no prediction
             continue
-        easgd = Strategy(config["strategy"]).algorithm is AlgorithmKind.EASGD
-        period = config["tau"] if easgd else config["n_push"]
+        period = _period(record, config, calibration, link)
+        if period is None:
+            continue
         predicted = predict(
             config["strategy"], config["workers"], calibration, link, period, config["servers"]
         ).samples_per_second
@@ -78,12 +93,58 @@ def add_predictions(
         measured = record.get("samples_per_second")
         if record["status"] == "ok" and measured:
             record["prediction_error"] = (predicted - measured) / measured
-        base, d = single.get((record["task"], repeat)), record.get("divergence")
+        key = (record["task"], repeat)
+        base = single.get((*key, record.get("link"))) or single.get((*key, None))
+        reached = record.get("samples_to_target")
+        # d as the bench sets it once every row is in, for rows predicted before that
+        d = record.get("divergence") or (reached / base if base and reached else None)
         if base and d:
             ttt = time_to_target(predicted, base, d)
             record["predicted_time_to_target"] = ttt
             if record.get("time_to_target"):
                 record["time_to_target_error"] = ttt / record["time_to_target"] - 1
+
+
+def _period(
+    record: dict[str, Any], config: dict[str, Any], c: Calibration, link: Network
+) -> float | None:
+    """Minibatches between a row's exchanges: its n_push, or easgd's tau. `--tau auto`'s is
+    the one the model would pick on the row's link; `--tau loss` moves with the loss, so its
+    mean is read from the bytes the row moved per sample (each exchange moves
+    exchange_bytes for tau minibatches of one worker), None when they are unknown."""
+    if Strategy(config["strategy"]).algorithm is not AlgorithmKind.EASGD:
+        return float(config["n_push"])
+    policy = config.get("tau_policy") or "fixed"
+    if policy == "auto":
+        return float(model_tau(c, link, config["workers"], config["servers"], AUTO_MARGIN))
+    if policy == "loss":
+        moved = record.get("bytes_per_sample")
+        return c.exchange_bytes / (moved * config["batch_size"]) if moved else None
+    return float(config["tau"])
+
+
+def predict_results(
+    records: list[dict[str, Any]], calibrations: dict[str, list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """Predict a results file's rows again, with this model: the rows on this host as the
+    local bench does, each link's rows at the rate and latency they measured (the median of
+    its rows'). `calibrations` is settings.json's "calibration": {task: [one per repeat]},
+    each a Calibration's fields. Returns the records, predicted."""
+    known = {f.name for f in fields(Calibration)}
+    by_repeat: list[dict[str, Calibration]] = []
+    for task, figures in calibrations.items():
+        for repeat, given in enumerate(figures):
+            while len(by_repeat) <= repeat:
+                by_repeat.append({})
+            by_repeat[repeat][task] = Calibration(**{k: v for k, v in given.items() if k in known})
+    add_predictions([r for r in records if not r.get("link")], by_repeat)
+    for name in dict.fromkeys(r["link"] for r in records if r.get("link")):
+        rows = [r for r in records if r.get("link") == name]
+        rate = statistics.median(r["link_bytes_per_second"] for r in rows)
+        latencies = [r["link_latency_seconds"] for r in rows if r.get("link_latency_seconds")]
+        latency = statistics.median(latencies) if latencies else UNMEASURED_LATENCY
+        add_predictions(rows, by_repeat, network=Network(bandwidth=rate, latency=latency))
+    return records
 
 
 def _evaluations(config: dict[str, Any], samples: int) -> int:
