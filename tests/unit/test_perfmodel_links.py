@@ -237,6 +237,12 @@ def test_a_results_file_is_predicted_again_per_link_at_what_each_link_measured()
     # before the bench sets d, it is the row's samples to target over its link's single's
     assert slow[1]["predicted_time_to_target"] == pytest.approx(45_000 / at_100)
     assert slow[1]["time_to_target_error"] == pytest.approx(45_000 / at_100 / 2.0 - 1)
+    # a link without a single row of its own takes the one on this host, as the bench's d does
+    local = {**slow[0], "link": None, "samples_to_target": 15_000}
+    alone = _link_rows("10mbit", 1.2e6, 0.0003)[1:]
+    predict_results([local, *alone], {"mlp": [asdict(MLP)]})
+    at_10 = predict("easgd-async", 2, MLP, Network(1.2e6, 0.0003), 8).samples_per_second
+    assert alone[0]["predicted_time_to_target"] == pytest.approx(45_000 / at_10)
 
 
 def test_tau_auto_is_predicted_at_the_models_pick_and_tau_loss_at_its_mean() -> None:

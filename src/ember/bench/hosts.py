@@ -156,7 +156,8 @@ def _links(
                 mine.append(record)
                 append(settings.out / "results.jsonl", record)
                 log("  " + one_line(record))
-        predict_on_link(mine, calibrations, figures["bytes_per_second"], figures["latency_seconds"])
+        rate, latency = figures["bytes_per_second"], figures["latency_seconds"]
+        predict_on_link(mine, calibrations, rate, latency, among=[*records, *mine])
         records += mine
 
 
@@ -183,12 +184,15 @@ def predict_on_link(
     calibrations: list[dict[str, Any]],
     bandwidth: float,
     latency: float,
+    among: list[dict[str, Any]] | None = None,
 ) -> None:
-    """The model's figures for rows on a link, at the link's measured rate and latency."""
+    """The model's figures for rows on a link, at the link's measured rate and latency; the
+    single rows for their time to target are those of `among` (default: `records`)."""
     from ember.bench.predict import add_predictions
     from ember.perfmodel import Network
 
-    add_predictions(records, calibrations, network=Network(bandwidth=bandwidth, latency=latency))
+    network = Network(bandwidth=bandwidth, latency=latency)
+    add_predictions(records, calibrations, network=network, among=among)
 
 
 def _on_cluster(cluster: Any, settings: BenchSettings) -> Any:

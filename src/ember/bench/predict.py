@@ -50,6 +50,7 @@ def add_predictions(
     calibrations: list[dict[str, Calibration]],
     *,
     network: Network | None = None,
+    among: list[dict[str, Any]] | None = None,
 ) -> None:
     """Set predicted_samples_per_second and prediction_error on every ember row, and, where
     the row's divergence d is known, predicted_time_to_target (d times single's samples to
@@ -59,11 +60,13 @@ def add_predictions(
     processes on this host, sharing its cores, as the local bench runs them. Either way the
     other workers wait out worker 0's evaluations for the curve where the strategy makes them.
     Each row is predicted from its own repetition's calibration (`calibrations[repeat]`), and
-    with its own compression."""
+    with its own compression. A row's d, before the bench sets it, is its samples to target
+    over single's in its link's rows, else in the rows on this host, of `among` (all the
+    records; `records` when left out)."""
     link = network or Network(bandwidth=None, cores=os.cpu_count() or 1)
     single = {
         (r["task"], r.get("repeat", 0), r.get("link")): r["samples_to_target"]
-        for r in records
+        for r in (records if among is None else among)
         if r.get("strategy") == Strategy.SINGLE and r.get("samples_to_target")
     }
     for record in records:
@@ -143,7 +146,8 @@ def predict_results(
         rate = statistics.median(r["link_bytes_per_second"] for r in rows)
         latencies = [r["link_latency_seconds"] for r in rows if r.get("link_latency_seconds")]
         latency = statistics.median(latencies) if latencies else UNMEASURED_LATENCY
-        add_predictions(rows, by_repeat, network=Network(bandwidth=rate, latency=latency))
+        network = Network(bandwidth=rate, latency=latency)
+        add_predictions(rows, by_repeat, network=network, among=records)
     return records
 
 
