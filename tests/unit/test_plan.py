@@ -25,6 +25,7 @@ from ember.perfmodel import (
 from ember.plan import saturation, scale_report, servers_needed
 from tests.unit.test_perfmodel import (
     MLP,  # the reference mlp: 2 ms a minibatch, 2.15 MB an exchange
+    printed_rows,
 )
 
 GIGABIT = Network(bandwidth=125e6, latency=0.0005)
@@ -228,3 +229,22 @@ def test_the_model_counts_int8_bytes_as_the_codec_writes_them() -> None:
     from ember.ps.codec import BLOCK
 
     assert INT8_CHUNK == BLOCK
+
+
+def test_plan_takes_the_links_latency_and_charges_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ember.bench.calibrate.calibrate", lambda *_: MLP)
+    monkeypatch.setattr("ember.worker.load_data", lambda *_: None)
+    argv = ["plan", "--bandwidth", "100Mbit", "--workers", "1", "--taus", "1"]
+    printed = {}
+    for latency in ("1ms", "0ms"):
+        assert cli.main([*argv, "--latency", latency]) == 0
+        printed[latency] = capsys.readouterr().out
+    assert "100 Mbit/s links, 1 ms latency" in printed["1ms"]
+    # one worker's bsp pays the latency twice a step: 2 ms more than without it
+    plans = {k: v.split("### at scale")[0] for k, v in printed.items()}  # the table, not scale
+    bsp = {k: printed_rows(v)[(1, 1)]["bsp"] for k, v in plans.items()}
+    at = {k: predict("bsp", 1, MLP, Network(12.5e6, s)) for k, s in (("1ms", 1e-3), ("0ms", 0.0))}
+    assert at["1ms"].period - at["0ms"].period == pytest.approx(2e-3)
+    assert bsp == {k: round(p.samples_per_second) for k, p in at.items()}
