@@ -266,3 +266,20 @@ def test_tau_auto_is_predicted_at_the_models_pick_and_tau_loss_at_its_mean() -> 
     loss["bytes_per_sample"] = None  # nothing to read its tau from: no prediction
     add_predictions(rows, [{"mlp": MLP}], network=slow)
     assert loss["predicted_samples_per_second"] is None
+
+
+def test_a_torchdistributor_row_is_predicted_as_the_all_reduce_ring() -> None:
+    from ember.bench.predict import add_predictions
+
+    slow = Network(11.97e6, 1e-4)
+    spec = {"system": "TorchDistributor", "workers": 2, "batch_size": 64, "epochs": 1}
+    torch_row = {"task": "mlp", "system": "torch", "status": "ok", "strategy": None,
+                 "samples": 2 * 64 * 100, "samples_per_second": 1300.0,
+                 "config": {**spec, "eval_every": 0}}  # fmt: skip
+    mllib_row = {**torch_row, "system": "mllib", "config": {}}
+    add_predictions([torch_row, mllib_row], [{"mlp": MLP}], network=slow)
+    ring = predict("allreduce", 2, MLP, slow)
+    # two processes: each sends and takes P a step, both directions at once
+    assert ring.t_comm == pytest.approx(2e-4 + MLP.parameters * 4 / 11.97e6)
+    assert torch_row["predicted_samples_per_second"] == pytest.approx(ring.samples_per_second)
+    assert mllib_row["predicted_samples_per_second"] is None

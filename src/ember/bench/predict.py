@@ -75,8 +75,8 @@ def add_predictions(
         repeat = record.get("repeat", 0)
         by_task = calibrations[repeat] if repeat < len(calibrations) else {}
         calibration = by_task.get(record["task"])
-        config = record.get("config") or {}
-        if record["system"] != "ember" or calibration is None or not config:
+        config = _as_ember(record)
+        if calibration is None or not config:
             continue
         try:
             calibration = calibration.compressed(config.get("compress") or "none")
@@ -106,6 +106,27 @@ def add_predictions(
             record["predicted_time_to_target"] = ttt
             if record.get("time_to_target"):
                 record["time_to_target_error"] = ttt / record["time_to_target"] - 1
+
+
+def _as_ember(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The configuration to predict a row with: an ember row's own; a TorchDistributor row's
+    as `allreduce`, since DDP's gradient all-reduce over gloo is the ring the model's
+    allreduce is, a step at a time; None for the rest (MLlib)."""
+    config = record.get("config") or {}
+    if record.get("system") == "ember" or not config:
+        return config or None
+    if record.get("system") != "torch":
+        return None
+    fields = ("workers", "batch_size", "epochs", "eval_every")
+    if any(config.get(name) is None for name in fields):
+        return None
+    return {
+        **{name: config[name] for name in fields},
+        "strategy": Strategy.ALLREDUCE.value,
+        "servers": 1,
+        "n_push": 1,
+        "compress": "none",
+    }
 
 
 def _period(
