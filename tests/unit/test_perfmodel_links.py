@@ -283,3 +283,15 @@ def test_a_torchdistributor_row_is_predicted_as_the_all_reduce_ring() -> None:
     assert ring.t_comm == pytest.approx(2e-4 + MLP.parameters * 4 / 11.97e6)
     assert torch_row["predicted_samples_per_second"] == pytest.approx(ring.samples_per_second)
     assert mllib_row["predicted_samples_per_second"] is None
+
+
+def test_the_calibration_times_every_codec_per_float() -> None:
+    import numpy as np
+
+    from ember.bench.calibrate import codec_figures
+    from ember.ps.codec import CODECS
+
+    figures = codec_figures(np.zeros(50_000, np.float32))
+    assert set(figures) == set(CODECS) - {"none"}
+    for encode, decode in figures.values():
+        assert 0 < encode < 1e-6 and 0 < decode < 1e-6  # seconds a float: well under 1 µs
