@@ -21,11 +21,14 @@ d * single's samples / throughput, and the speedup that matters is n / d for a l
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from ember.config import CODECS, STRATEGIES, AlgorithmKind, ConsistencyKind, Strategy
+from ember.units import parse_bandwidth as parse_bandwidth
+from ember.units import parse_bandwidths as parse_bandwidths
+from ember.units import parse_counts as parse_counts
+from ember.units import parse_latency as parse_latency
 
 FLOAT_BYTES = 4
 INT8_CHUNK = 4096  # values sharing one float32 scale in int8 compression
@@ -44,6 +47,9 @@ _WAITS_LIKE = {Strategy.SSP: Strategy.BSP, Strategy.EASGD: Strategy.BSP}
 # The tau of easgd-async's two-worker calibration run: an exchange every minibatch, so the
 # exchange's cost under load is most of the period and is measured precisely.
 CALIBRATION_TAU = 1
+# The mean rest of a transfer in service, as a share of one, that a transfer arriving on a busy
+# link waits for: a half, since every exchange moves the same bytes (a memoryless service: 1).
+RESIDUAL = 0.5
 
 
 @dataclass(frozen=True)
@@ -63,15 +69,23 @@ class Calibration:
     on_host: dict[str, tuple[float, float]] = field(default_factory=dict)
     t_eval: float = 0.0  # seconds worker 0 spends on one evaluation of the test set
     # share of float32's bytes an exchange puts on the wire (WIRE_FRACTION); the times above are
-    # measured uncompressed, and the codec's CPU is not in them
+    # measured uncompressed
     compression: float = 1.0
+    # seconds per float of each codec of ps/codec.py: (encode, decode), measured here
+    codecs: dict[str, tuple[float, float]] = field(default_factory=dict)
+    codec_cpu: float = 0.0  # seconds each end spends on the codec per exchange (compressed())
 
     def compressed(self, compress: str) -> Calibration:
-        """These figures for a run with RunConfig.compress = `compress`."""
-        return replace(self, compression=wire_fraction(compress))
+        """These figures for a run with RunConfig.compress = `compress`. Each end of an
+        exchange encodes once and decodes twice (ps/compress.py): the worker encodes its push
+        and decodes it for its residual or mirror, then decodes the reply; the server decodes
+        the push, and encodes its reply and decodes it to fold what the worker will apply."""
+        encode, decode = self.codecs.get(compress, (0.0, 0.0))
+        cpu = self.parameters * (encode + 2 * decode) if compress != "none" else 0.0
+        return replace(self, compression=wire_fraction(compress), codec_cpu=cpu)
 
     def sharing(
-        self, strategy: str, workers: int, servers: int, tau: int = 1
+        self, strategy: str, workers: int, servers: int, tau: float = 1
     ) -> tuple[float, float]:
         """(seconds per minibatch, seconds per exchange) with `workers` workers and `servers`
         servers on this one host: the figures alone for one worker; else the two-worker run
@@ -136,7 +150,7 @@ class Prediction:
     strategy: str
     workers: int
     servers: int
-    tau: int
+    tau: float  # a mean, for a run whose tau moved
     samples_per_second: float
     period: float  # seconds per worker period of tau steps
     t_comm: float  # seconds per exchange
@@ -155,11 +169,12 @@ def predict(
     workers: int,
     calibration: Calibration,
     network: Network,
-    tau: int = 1,
+    tau: float = 1,
     servers: int = 1,
 ) -> Prediction:
     """Predicted samples/s of `strategy` on `workers` workers; tau is easgd's communication
-    period and sgd's n_push (both: minibatches between exchanges)."""
+    period and sgd's n_push (both: minibatches between exchanges; a mean one for a run whose
+    tau moved)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
     mode = Strategy(strategy)
@@ -185,10 +200,11 @@ def predict(
         if network.bandwidth is None:
             candidates["cpu"] = n * (tau * c.t_comp + _scaled(c.client_cpu, n)) / _cores(c, network)
     else:
-        server_share = c.server_cpu / servers  # each shard handles 1/S of every exchange
+        # each shard handles 1/S of every exchange, and decodes and encodes its part
+        server_share = (c.server_cpu + c.codec_cpu) / servers
         t_comm = _exchange_seconds(c, network, servers, t_exchange)
         if mode.overlaps_exchange:  # the exchanger thread's CPU comes out of compute's
-            compute += c.client_cpu
+            compute += c.client_cpu + c.codec_cpu
             candidates["worker"] = max(compute, t_comm)
         else:
             candidates["worker"] = compute + t_comm
@@ -201,17 +217,16 @@ def predict(
             exchange_cpu = c.client_cpu + c.server_cpu
             if mode.overlaps_exchange:  # its compute overlaps the exchange: only CPU bounds
                 exchange_cpu = c.exchange_cpu_under_load()
-            per_worker = tau * c.t_comp + exchange_cpu
+            per_worker = tau * c.t_comp + exchange_cpu + 2 * c.codec_cpu
             candidates["cpu"] = n * per_worker / _cores(c, network)
-        else:
+        elif consistency is ConsistencyKind.BSP:
             # A server's link carries every push in and every reply out. A BSP round takes
-            # all pushes before a reply leaves, so the two directions take turns; asynchronous
-            # exchanges interleave, and queue where they meet.
-            if consistency is ConsistencyKind.BSP:
-                candidates["network"] = n * c.exchange_bytes / servers / network.bandwidth
-            else:  # the exchanger sends again as soon as a reply is in: no time between
-                think = 0.0 if mode.overlaps_exchange else compute
-                candidates["network"] = shared_link_cycle(c, network, n, servers, think)
+            # all pushes before a reply leaves, so the two directions take turns.
+            candidates["network"] = n * c.exchange_bytes / servers / network.bandwidth
+        else:  # asynchronous exchanges interleave, and queue where they meet
+            # the exchanger sends again as soon as a reply is in, the others after computing
+            think = 0.0 if mode.overlaps_exchange else compute
+            candidates["network"] = shared_link_cycle(c, network, n, servers, think)
     bound = max(candidates, key=lambda k: candidates[k])
     period = candidates[bound]
     rest = [k for k in candidates if k != "network"]
@@ -250,22 +265,27 @@ def shared_link_cycle(
 ) -> float:
     """Seconds between one worker's exchanges when `workers` exchange asynchronously over the
     servers' links: mean value analysis (Reiser and Lavenberg, 1980) of a closed network. Each
-    worker thinks `think` seconds, then its push crosses every shard's inbound link and the
-    reply their outbound ones; TCP shares a link fairly among the transfers on it (processor
-    sharing). With many workers the cycle tends to n * P / (S * bandwidth), each direction of
-    a server's link full; with two it is already 1.5 times one exchange alone, as two
-    exchanges meet on a link half the time."""
+    worker spends `think` seconds away from the links, then its push crosses every shard's
+    inbound link and the reply their outbound ones. A transfer that finds a direction busy
+    waits, on average, for the rest of the one in service: every exchange is the same size and
+    the link's queue (tc's token bucket) serves bytes in order, so that is half a transfer, not
+    a whole one as a memoryless service would charge (Reiser's residual-time correction). With
+    many workers the cycle tends to n * P / (S * bandwidth), each direction of a server's link
+    full; two workers with nothing between their exchanges cycle in 1.25 exchanges alone."""
     assert network.bandwidth is not None
     one_way = c.exchange_bytes / 2 / network.bandwidth  # the push, or the reply
     demand = one_way / servers  # on each shard's link, each direction
-    # the rest of the worker's own link's time, and the latencies, nobody else shares
-    alone = think + 2 * network.latency + 2 * (one_way - demand)
-    queued = [0.0, 0.0]  # mean transfers on one shard's inbound and outbound link
+    # the rest of the worker's own link's time, the latencies and the codec: nobody shares them
+    alone = think + 2 * network.latency + 2 * (one_way - demand) + _codec_seconds(c, servers)
+    queued, busy = [0.0, 0.0], [0.0, 0.0]  # mean transfers at, and use of, each direction
     cycle = alone + 2 * demand
     for m in range(1, workers + 1):
-        response = [demand * (1 + q) for q in queued]
+        response = [
+            demand * (1 + q - u * (1 - RESIDUAL)) for q, u in zip(queued, busy, strict=True)
+        ]
         cycle = alone + sum(response)
         queued = [m / cycle * r for r in response]
+        busy = [m / cycle * demand] * 2
     return cycle
 
 
@@ -285,14 +305,22 @@ def _cores(c: Calibration, network: Network) -> int:
     return network.cores if network.cores is not None else c.cores
 
 
+def _codec_seconds(c: Calibration, servers: int) -> float:
+    """What the codec adds to an exchange: the worker's part, then each shard's in parallel.
+    Neither overlaps the wire: a push is encoded whole before it leaves, and decoded whole
+    once in, and so is a reply."""
+    return c.codec_cpu * (1 + 1 / servers)
+
+
 def _exchange_seconds(c: Calibration, network: Network, servers: int, on_host: float) -> float:
     """One worker's push + pull: the client's part, and each shard's part done in parallel.
     `on_host` is the exchange's time on one host with one server."""
     server_part = c.server_cpu / servers
+    codec = _codec_seconds(c, servers)
     if network.bandwidth is None:
-        return max(on_host - c.server_cpu, 0.0) + server_part
+        return max(on_host - c.server_cpu, 0.0) + server_part + codec
     wire = c.exchange_bytes / network.bandwidth  # ZeroMQ pipelines the chunks with the work
-    return 2 * network.latency + max(wire, c.client_cpu + server_part)
+    return 2 * network.latency + max(wire, c.client_cpu + server_part) + codec
 
 
 def _scaled(two_process_figure: float, n: int) -> float:
@@ -318,58 +346,3 @@ def time_to_target(
     (a Prediction, or samples per second)."""
     rate = prediction.samples_per_second if isinstance(prediction, Prediction) else prediction
     return divergence * single_samples / rate
-
-
-_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
-
-
-def parse_bandwidth(text: str) -> float:
-    """'1Gbit', '100Mbit', '10GB/s', '125MB' -> bytes per second."""
-    match = re.fullmatch(r"\s*([0-9.]+)\s*([kmgt]?)(bit|b|byte)?(/s|ps)?\s*", text, re.IGNORECASE)
-    if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"bandwidth {text!r}: give a number and a unit, e.g. 1Gbit or 100MB")
-    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
-    unit = match.group(3) or "bit"
-    is_bits = unit.lower() == "bit" or unit == "b"  # 'b' is bits, 'B' bytes
-    return value / 8 if is_bits else value
-
-
-def parse_bandwidths(text: str) -> list[float]:
-    """'1Gbit,100Mbit' -> bytes per second of each link rate, in the order given."""
-    rates = [parse_bandwidth(part) for part in text.split(",") if part.strip()]
-    if not rates:
-        raise ValueError(f"bandwidth {text!r}: give rates like 1Gbit or 1Gbit,100Mbit")
-    return rates
-
-
-def parse_latency(text: str) -> float:
-    """'0.5ms', '50us', '0.001s', '2' (milliseconds) -> seconds."""
-    match = re.fullmatch(r"\s*([0-9.]+)\s*(us|ms|s)?\s*", text)
-    if not match:
-        raise ValueError(f"latency {text!r}: give a number and a unit, e.g. 0.5ms or 50us")
-    scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0}[match.group(2) or "ms"]
-    return float(match.group(1)) * scale
-
-
-def parse_counts(text: str) -> list[int]:
-    """'1,2,4,...,64' -> [1, 2, 4, 8, 16, 32, 64]: '...' continues the last ratio (or step)."""
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    counts: list[int] = []
-    try:
-        for index, part in enumerate(parts):
-            if part != "...":
-                counts.append(int(part))
-                continue
-            if len(counts) < 2 or index + 1 >= len(parts):
-                raise ValueError
-            last, before, stop = counts[-1], counts[-2], int(parts[index + 1])
-            ratio = last / before if before and last % before == 0 and last > before else None
-            value = last * int(ratio) if ratio else last + (last - before)
-            while value < stop:
-                counts.append(value)
-                value = value * int(ratio) if ratio else value + (last - before)
-    except ValueError:
-        raise ValueError(f"{text!r}: give counts like 1,2,4 or 1,2,4,...,64") from None
-    if not counts or min(counts) < 1 or sorted(counts) != counts:
-        raise ValueError(f"{text!r}: give increasing counts >= 1, like 1,2,4,...,64")
-    return counts

@@ -17,7 +17,7 @@ MAX_LINES = 400
 # (leaves <- wire <- ps <- algorithms <- worker <- engines <- bench, cli) cannot be reversed.
 LAYERS: list[set[str]] = [
     {"_version", "errors", "metrics"},
-    {"network", "tau", "flags", "strategies"},
+    {"network", "tau", "flags", "strategies", "units"},
     {"config"},
     {"wire", "data", "models", "checkpoint", "perfmodel", "emulated"},
     {"plan"},

@@ -25,6 +25,7 @@ from ember.perfmodel import (
 from ember.plan import saturation, scale_report, servers_needed
 from tests.unit.test_perfmodel import (
     MLP,  # the reference mlp: 2 ms a minibatch, 2.15 MB an exchange
+    printed_rows,
 )
 
 GIGABIT = Network(bandwidth=125e6, latency=0.0005)
@@ -83,8 +84,9 @@ def test_asynchronous_exchanges_queue_where_they_meet_on_a_server_link() -> None
     one_way = MLP.exchange_bytes / 2 / 125e6  # a push, or a reply, alone on a 1 Gbit/s link
     bare = Network(bandwidth=125e6)
     assert shared_link_cycle(MLP, bare, 1, 1, 0.0) == pytest.approx(2 * one_way)
-    # two workers: half the time both transfers share a direction of the link
-    assert shared_link_cycle(MLP, bare, 2, 1, 0.0) == pytest.approx(3 * one_way)
+    # two workers: half the time the other's transfer is on a direction when one arrives,
+    # with half of it left on average: a quarter of a transfer's wait, each direction
+    assert shared_link_cycle(MLP, bare, 2, 1, 0.0) == pytest.approx(2.5 * one_way)
     # many: each direction of the server's link full, one push per worker per cycle
     assert shared_link_cycle(MLP, bare, 256, 1, 0.0) == pytest.approx(256 * one_way, rel=0.01)
     # time away from the link (compute, latency) thins the queue
@@ -99,7 +101,7 @@ def test_auto_tau_is_the_smallest_whose_compute_covers_what_an_exchange_takes() 
     assert model_tau(MLP, GIGABIT, workers=1) == math.ceil(exchange / MLP.t_comp) == 10
     # two workers meet on one server's link: an exchange takes longer
     shared = shared_link_cycle(MLP, GIGABIT, 2, 1, 0.0)
-    assert model_tau(MLP, GIGABIT, workers=2) == math.ceil(shared / MLP.t_comp) == 14
+    assert model_tau(MLP, GIGABIT, workers=2) == math.ceil(shared / MLP.t_comp) == 12
     assert model_tau(MLP, GIGABIT, workers=1, margin=1.5) == math.ceil(1.5 * exchange / 0.002)
     assert model_tau(MLP, SLOW, workers=64) == MAX_TAU  # clamped
     # at the tau it names, easgd-async is compute-bound; one less, compute falls short of
@@ -227,3 +229,22 @@ def test_the_model_counts_int8_bytes_as_the_codec_writes_them() -> None:
     from ember.ps.codec import BLOCK
 
     assert INT8_CHUNK == BLOCK
+
+
+def test_plan_takes_the_links_latency_and_charges_it(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ember.bench.calibrate.calibrate", lambda *_: MLP)
+    monkeypatch.setattr("ember.worker.load_data", lambda *_: None)
+    argv = ["plan", "--bandwidth", "100Mbit", "--workers", "1", "--taus", "1"]
+    printed = {}
+    for latency in ("1ms", "0ms"):
+        assert cli.main([*argv, "--latency", latency]) == 0
+        printed[latency] = capsys.readouterr().out
+    assert "100 Mbit/s links, 1 ms latency" in printed["1ms"]
+    # one worker's bsp pays the latency twice a step: 2 ms more than without it
+    plans = {k: v.split("### at scale")[0] for k, v in printed.items()}  # the table, not scale
+    bsp = {k: printed_rows(v)[(1, 1)]["bsp"] for k, v in plans.items()}
+    at = {k: predict("bsp", 1, MLP, Network(12.5e6, s)) for k, s in (("1ms", 1e-3), ("0ms", 0.0))}
+    assert at["1ms"].period - at["0ms"].period == pytest.approx(2e-3)
+    assert bsp == {k: round(p.samples_per_second) for k, p in at.items()}

@@ -13,6 +13,7 @@ apply or was not measured):
     engine          "local" | "spark" (ember), "mllib", "torch"
     link, hosts     the emulated link's rate and worker hosts (rows on links), else None
     link_bytes_per_second  what a timed TCP transfer measured on that link (rows on links)
+    link_latency_seconds   half the median TCP round trip to host 0 on that link (rows on links)
     workers         worker processes (mllib: Spark task slots)
     tau             easgd's communication period, else None
     sweep           True for the rows of the tau sweep

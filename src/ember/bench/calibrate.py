@@ -1,7 +1,7 @@
 """The short local runs `ember plan` and `ember bench` feed the throughput model: the time and
-CPU of one parameter exchange alone, one evaluation of the test set, and a few hundred
-minibatches of ember's own worker loop for single, and for async, bsp, ssp, easgd-async and
-allreduce with two workers sharing this host's cores."""
+CPU of one parameter exchange alone, one evaluation of the test set, the codecs' seconds per
+float, and a few hundred minibatches of ember's own worker loop for single, and for async, bsp,
+ssp, easgd-async and allreduce with two workers sharing this host's cores."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from ember.engines.process import SPAWN, free_port, reap
 from ember.engines.servers import ServerGroup
 from ember.perfmodel import CALIBRATION_TAU, Calibration
 from ember.ps import PSClient
+from ember.ps.codec import CODECS, decode, encode
 from ember.worker import WorkerSpec, evaluate, load_data, make_model, run_worker
 
 WARM_STEPS = 50  # minibatches per worker before the loop is measured
@@ -34,6 +35,7 @@ LOOP_STEPS = 800
 WORKING_SET_BYTES = 128 * 2**20
 EXCHANGES = 100  # timed round trips: CPU times tick in 10 ms steps, so take many
 EVALUATIONS = 3  # timed evaluations of the test set
+CODINGS = 9  # timed encodings and decodings of the parameters per codec
 CALIBRATION_TIMEOUT = 300.0
 
 
@@ -63,6 +65,7 @@ def calibrate(config: RunConfig, dataset: Dataset) -> Calibration:
         cores=os.cpu_count() or 1,
         on_host=on_host,
         t_eval=t_eval,
+        codecs=codec_figures(params),
     )
 
 
@@ -75,6 +78,31 @@ def _evaluation_seconds(model: torch.nn.Module, dataset: Dataset) -> float:
         evaluate(model, dataset.x_test, dataset.y_test)
         seconds.append(time.perf_counter() - started)
     return float(np.median(seconds))
+
+
+def codec_figures(params: np.ndarray) -> dict[str, tuple[float, float]]:
+    """(encode, decode) seconds per float of every codec, on a vector the size of the model's
+    parameters: the median of CODINGS each, after one of each to warm up."""
+    rng = np.random.default_rng(0)
+    # what the worker sends: small differences, as EASGD's and error feedback's are
+    values = (rng.standard_normal(params.size) * 1e-3).astype(np.float32)
+    decoded = np.empty_like(values)
+    figures = {}
+    for kind in CODECS:
+        if kind == "none":
+            continue
+        encoded = encode(kind, values)
+        seconds: dict[str, list[float]] = {"encode": [], "decode": []}
+        for _ in range(CODINGS + 1):
+            started = time.perf_counter()
+            encode(kind, values, encoded)
+            between = time.perf_counter()
+            decode(kind, encoded, decoded)
+            seconds["encode"].append(between - started)
+            seconds["decode"].append(time.perf_counter() - between)
+        encoding, decoding = (float(np.median(seconds[k][1:])) for k in ("encode", "decode"))
+        figures[kind] = (encoding / max(1, values.size), decoding / max(1, values.size))
+    return figures
 
 
 def _exchange_figures(config: RunConfig, params: np.ndarray) -> tuple[float, float, float]:

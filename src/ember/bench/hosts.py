@@ -5,8 +5,9 @@ Every row's driver runs in host 0 (`ip netns exec`), as a user's would on the cl
 ember rows as `ember train --engine spark --master spark://...`, read back from summary.json and
 metrics.jsonl as the local rows are; MLlib and TorchDistributor rows as `python -m
 ember.bench.hosts SPEC OUT`, which writes the row's figures to OUT as JSON. Before the rows of a
-rate, a timed bulk TCP transfer between two worker hosts measures what the link carries; that
-rate goes into the records and the predictions.
+rate, a timed bulk TCP transfer between two worker hosts measures what the link carries, and a
+TCP ping-pong between a worker host and host 0 (where the servers run) its latency; both go
+into the records and the predictions.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import sys
 import time
 from dataclasses import asdict, replace
@@ -29,7 +31,6 @@ ROW_TIMEOUT = 1800.0  # seconds one row may take on the cluster, on shared cores
 MEASURE_SECONDS = 3.0  # a link's transfer lasts about this long at its nominal rate
 TRANSFER_BYTES = (8 << 20, 512 << 20)  # and moves at least / at most this much
 LOCK_WAIT, LOCK_POLL = 1800.0, 15.0  # seconds to wait for another harness to end, and between tries
-LATENCY = 1e-4  # seconds one way over veths and a bridge; the kernel here has no netem
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}
 
 
@@ -59,17 +60,22 @@ def transfer_bytes(link: str) -> int:
 
 
 def measure_link(cluster: Any, link: str) -> dict[str, Any]:
-    """What the link carries: a timed TCP transfer from host 1 to host 2 (or host 0)."""
-    from ember.emulated.links import transfer
+    """What the link carries: a timed TCP transfer from host 1 to host 2 (or host 0); and its
+    latency: round trips from host 1 to host 0, as a worker's exchanges go."""
+    from ember.emulated.links import one_way_latency, round_trip, transfer
 
     receiver = 2 if cluster.hosts > 2 else 0
     done = transfer(cluster, 1, receiver, transfer_bytes(link))
+    pings = round_trip(cluster, 1, 0)["seconds"]
     return {
         "link": link,
         "bytes": done["bytes"],
         "seconds": done["seconds"],
         "bytes_per_second": done["bytes"] / done["seconds"],
         "nominal_bytes_per_second": nominal_rate(link),
+        "round_trips": len(pings),
+        "round_trip_seconds": statistics.median(pings),
+        "latency_seconds": one_way_latency(pings),
     }
 
 
@@ -95,7 +101,7 @@ def run_link_rows(
         if running.hosts != settings.hosts + 1:
             raise ClusterError(f"the cluster has {running.hosts} hosts, not {settings.hosts + 1}")
         _links(running, settings, tasks, calibrations, records, log, measured)
-        return {"hosts": settings.hosts, "measured": measured, "latency_assumed": LATENCY}
+        return {"hosts": settings.hosts, "measured": measured}
     cluster = Cluster(settings.hosts + 1, settings.out / "cluster-logs", worker_cores=1)
     # the hosts' processes (Spark's daemons, their executors, the drivers) import this ember
     source = str(Path(__file__).resolve().parents[2])
@@ -116,7 +122,7 @@ def run_link_rows(
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = previous
-    return {"hosts": settings.hosts, "measured": measured, "latency_assumed": LATENCY}
+    return {"hosts": settings.hosts, "measured": measured}
 
 
 def _links(
@@ -135,7 +141,8 @@ def _links(
         for host in range(cluster.hosts):
             cluster.shape(host, tc_rate(link))
         measured[link] = figures = measure_link(cluster, link)
-        log(f"link {link}: {8 * figures['bytes_per_second'] / 1e6:,.0f} Mbit/s measured")
+        log(f"link {link}: {8 * figures['bytes_per_second'] / 1e6:,.0f} Mbit/s, "
+            f"{figures['latency_seconds'] * 1e3:.3f} ms one way measured")  # fmt: skip
         rows = plan_link_rows(settings, tasks, link)
         mine = []
         for repeat in range(settings.repeat):
@@ -145,10 +152,12 @@ def _links(
                 execute = _on_cluster(cluster, settings)
                 record = measure(row, repeat, settings, execute, set())
                 record["link_bytes_per_second"] = figures["bytes_per_second"]
+                record["link_latency_seconds"] = figures["latency_seconds"]
                 mine.append(record)
                 append(settings.out / "results.jsonl", record)
                 log("  " + one_line(record))
-        predict_on_link(mine, calibrations, figures["bytes_per_second"])
+        rate, latency = figures["bytes_per_second"], figures["latency_seconds"]
+        predict_on_link(mine, calibrations, rate, latency, among=[*records, *mine])
         records += mine
 
 
@@ -171,13 +180,19 @@ def _start(cluster: Any, log: Any) -> None:
 
 
 def predict_on_link(
-    records: list[dict[str, Any]], calibrations: list[dict[str, Any]], bandwidth: float
+    records: list[dict[str, Any]],
+    calibrations: list[dict[str, Any]],
+    bandwidth: float,
+    latency: float,
+    among: list[dict[str, Any]] | None = None,
 ) -> None:
-    """The model's figures for rows on a link, at the link's measured rate."""
+    """The model's figures for rows on a link, at the link's measured rate and latency; the
+    single rows for their time to target are those of `among` (default: `records`)."""
     from ember.bench.predict import add_predictions
     from ember.perfmodel import Network
 
-    add_predictions(records, calibrations, network=Network(bandwidth=bandwidth, latency=LATENCY))
+    network = Network(bandwidth=bandwidth, latency=latency)
+    add_predictions(records, calibrations, network=network, among=among)
 
 
 def _on_cluster(cluster: Any, settings: BenchSettings) -> Any:

@@ -12,12 +12,15 @@ from typing import Any
 from ember.bench.groups import Group, group_records, sweep_rows
 
 Record = dict[str, Any]
+LATENCY = "link_latency_seconds"
 Keep = Callable[[Path | None, str], Path | None]
 
 LINK_HEADER = [
     "row", "time to target (s)", "final accuracy", "samples/s", "bytes/sample",
     "T_comp / T_comm (s)", "divergence d", "predicted samples/s, error",
+    "predicted time to target (s), error",
 ]  # fmt: skip
+TIME_PREDICTED = LINK_HEADER[-1]
 SPEEDUP_NOTE = (
     "Speedup is against `single` (one worker) at the same link, else on this host: samples/s "
     "over single's, measured and as the model predicts it, and time to target over single's; "
@@ -33,10 +36,21 @@ def link_order(records: list[Record], settings: dict[str, Any]) -> list[str]:
     return asked + [link for link in dict.fromkeys(seen) if link not in asked]
 
 
-def measured_rate(records: list[Record], link: str) -> float | None:
-    rates = [r["link_bytes_per_second"] for r in records if r.get("link") == link]
-    rates = [float(v) for v in rates if v]
+def measured_rate(
+    records: list[Record], link: str, key: str = "link_bytes_per_second"
+) -> float | None:
+    """The median of what the link's rows carry under `key`: its rate, or its latency."""
+    rates = [float(r[key]) for r in records if r.get("link") == link and r.get(key)]
     return statistics.median(rates) if rates else None
+
+
+def time_prediction_cell(group: Group) -> str:
+    """Predicted time to target (d times single's samples, at the predicted samples/s) and
+    its error against the measured time, of the medians."""
+    predicted, measured = group.median("predicted_time_to_target"), group.median("time_to_target")
+    if predicted is None:
+        return "—"
+    return f"{predicted:,.1f}" + (f", {100 * (predicted / measured - 1):+.1f}%" if measured else "")
 
 
 def slowest(records: list[Record], links: list[str]) -> str | None:
@@ -81,6 +95,7 @@ def link_section(
     from ember.bench.plots import plot_bars, plot_curves, plot_speedup
 
     lines = ["## On emulated links", ""]
+    cells = _with_time_prediction(cells)
     skipped = (settings.get("links_run") or {}).get("skipped")
     links = link_order(records, settings)
     if not links:
@@ -88,8 +103,9 @@ def link_section(
         return [*lines, f"Link rows were not run: {reason}.", ""]
     local = group_records([r for r in records if not r.get("link")])
     for link in links:
-        rate = measured_rate(records, link)
-        shown = "not measured" if rate is None else f"{8 * rate / 1e6:,.0f} Mbit/s measured"
+        rate, latency = measured_rate(records, link), measured_rate(records, link, LATENCY)
+        shown = "not measured" if rate is None else f"{8 * rate / 1e6:,.0f} Mbit/s"
+        shown += f", {latency * 1e3:.2f} ms one way measured" if latency else " measured"
         hosts = next((r.get("hosts") for r in records if r.get("link") == link), None)
         lines += [f"### {link} ({shown}; {hosts} worker hosts of one core)", ""]
         tasks = group_records([r for r in records if r.get("link") == link])
@@ -110,12 +126,22 @@ def link_section(
     return lines
 
 
+def _with_time_prediction(
+    cells: Callable[[Group], dict[str, str]],
+) -> Callable[[Group], dict[str, str]]:
+    def both(group: Group) -> dict[str, str]:
+        made = cells(group)
+        return {**made, TIME_PREDICTED: time_prediction_cell(group)} if group.ok else made
+
+    return both
+
+
 def _sweep_lines(groups: list[Group], cells: Any, table: Any) -> list[str]:
     sweep = sweep_rows(groups)
     if not sweep:
         return []
     header = ["tau", "time to target (s)", "samples/s", "final accuracy", "bytes/sample",
-              "predicted samples/s, error"]  # fmt: skip
+              "predicted samples/s, error", TIME_PREDICTED]  # fmt: skip
     rows = [[str(g.first("tau")), *[cells(g).get(h, "") for h in header[1:]]] for g in sweep]
     return ["easgd-async tau sweep:", "", *table(header, rows), ""]
 

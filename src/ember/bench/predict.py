@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import os
+import statistics
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 from ember.bench.calibrate import calibrate
 from ember.config import AlgorithmKind, RunConfig, Strategy
-from ember.perfmodel import Calibration, Network, evaluation_wait, predict, time_to_target
+from ember.perfmodel import (
+    AUTO_MARGIN,
+    Calibration,
+    Network,
+    evaluation_wait,
+    model_tau,
+    predict,
+    time_to_target,
+)
 from ember.worker import evaluates_after
+
+# One-way seconds of a link whose rows recorded no latency: what runs before it was measured
+# assumed for veths and a bridge.
+UNMEASURED_LATENCY = 1e-4
 
 
 def calibrate_tasks(
@@ -36,6 +50,7 @@ def add_predictions(
     calibrations: list[dict[str, Calibration]],
     *,
     network: Network | None = None,
+    among: list[dict[str, Any]] | None = None,
 ) -> None:
     """Set predicted_samples_per_second and prediction_error on every ember row, and, where
     the row's divergence d is known, predicted_time_to_target (d times single's samples to
@@ -45,11 +60,13 @@ def add_predictions(
     processes on this host, sharing its cores, as the local bench runs them. Either way the
     other workers wait out worker 0's evaluations for the curve where the strategy makes them.
     Each row is predicted from its own repetition's calibration (`calibrations[repeat]`), and
-    with its own compression."""
+    with its own compression. A row's d, before the bench sets it, is its samples to target
+    over single's in its link's rows, else in the rows on this host, of `among` (all the
+    records; `records` when left out)."""
     link = network or Network(bandwidth=None, cores=os.cpu_count() or 1)
     single = {
-        (r["task"], r.get("repeat", 0)): r["samples_to_target"]
-        for r in records
+        (r["task"], r.get("repeat", 0), r.get("link")): r["samples_to_target"]
+        for r in (records if among is None else among)
         if r.get("strategy") == Strategy.SINGLE and r.get("samples_to_target")
     }
     for record in records:
@@ -58,15 +75,16 @@ def add_predictions(
         repeat = record.get("repeat", 0)
         by_task = calibrations[repeat] if repeat < len(calibrations) else {}
         calibration = by_task.get(record["task"])
-        config = record.get("config") or {}
-        if record["system"] != "ember" or calibration is None or not config:
+        config = _as_ember(record)
+        if calibration is None or not config:
             continue
         try:
             calibration = calibration.compressed(config.get("compress") or "none")
         except ValueError:  # a codec the model has no byte count for: no prediction
             continue
-        easgd = Strategy(config["strategy"]).algorithm is AlgorithmKind.EASGD
-        period = config["tau"] if easgd else config["n_push"]
+        period = _period(record, config, calibration, link)
+        if period is None:
+            continue
         predicted = predict(
             config["strategy"], config["workers"], calibration, link, period, config["servers"]
         ).samples_per_second
@@ -78,12 +96,80 @@ def add_predictions(
         measured = record.get("samples_per_second")
         if record["status"] == "ok" and measured:
             record["prediction_error"] = (predicted - measured) / measured
-        base, d = single.get((record["task"], repeat)), record.get("divergence")
+        key = (record["task"], repeat)
+        base = single.get((*key, record.get("link"))) or single.get((*key, None))
+        reached = record.get("samples_to_target")
+        # d as the bench sets it once every row is in, for rows predicted before that
+        d = record.get("divergence") or (reached / base if base and reached else None)
         if base and d:
             ttt = time_to_target(predicted, base, d)
             record["predicted_time_to_target"] = ttt
             if record.get("time_to_target"):
                 record["time_to_target_error"] = ttt / record["time_to_target"] - 1
+
+
+def _as_ember(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The configuration to predict a row with: an ember row's own; a TorchDistributor row's
+    as `allreduce`, since DDP's gradient all-reduce over gloo is the ring the model's
+    allreduce is, a step at a time; None for the rest (MLlib)."""
+    config = record.get("config") or {}
+    if record.get("system") == "ember" or not config:
+        return config or None
+    if record.get("system") != "torch":
+        return None
+    fields = ("workers", "batch_size", "epochs", "eval_every")
+    if any(config.get(name) is None for name in fields):
+        return None
+    return {
+        **{name: config[name] for name in fields},
+        "strategy": Strategy.ALLREDUCE.value,
+        "servers": 1,
+        "n_push": 1,
+        "compress": "none",
+    }
+
+
+def _period(
+    record: dict[str, Any], config: dict[str, Any], c: Calibration, link: Network
+) -> float | None:
+    """Minibatches between a row's exchanges: its n_push, or easgd's tau. `--tau auto`'s is
+    the one the model would pick on the row's link; `--tau loss` moves with the loss, so its
+    mean is read from the bytes the row moved per sample (each exchange moves
+    exchange_bytes for tau minibatches of one worker), None when they are unknown."""
+    if Strategy(config["strategy"]).algorithm is not AlgorithmKind.EASGD:
+        return float(config["n_push"])
+    policy = config.get("tau_policy") or "fixed"
+    if policy == "auto":
+        return float(model_tau(c, link, config["workers"], config["servers"], AUTO_MARGIN))
+    if policy == "loss":
+        moved = record.get("bytes_per_sample")
+        return c.exchange_bytes / (moved * config["batch_size"]) if moved else None
+    return float(config["tau"])
+
+
+def predict_results(
+    records: list[dict[str, Any]], calibrations: dict[str, list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """Predict a results file's rows again, with this model: the rows on this host as the
+    local bench does, each link's rows at the rate and latency they measured (the median of
+    its rows'). `calibrations` is settings.json's "calibration": {task: [one per repeat]},
+    each a Calibration's fields. Returns the records, predicted."""
+    known = {f.name for f in fields(Calibration)}
+    by_repeat: list[dict[str, Calibration]] = []
+    for task, figures in calibrations.items():
+        for repeat, given in enumerate(figures):
+            while len(by_repeat) <= repeat:
+                by_repeat.append({})
+            by_repeat[repeat][task] = Calibration(**{k: v for k, v in given.items() if k in known})
+    add_predictions([r for r in records if not r.get("link")], by_repeat)
+    for name in dict.fromkeys(r["link"] for r in records if r.get("link")):
+        rows = [r for r in records if r.get("link") == name]
+        rate = statistics.median(r["link_bytes_per_second"] for r in rows)
+        latencies = [r["link_latency_seconds"] for r in rows if r.get("link_latency_seconds")]
+        latency = statistics.median(latencies) if latencies else UNMEASURED_LATENCY
+        network = Network(bandwidth=rate, latency=latency)
+        add_predictions(rows, by_repeat, network=network, among=records)
+    return records
 
 
 def _evaluations(config: dict[str, Any], samples: int) -> int:

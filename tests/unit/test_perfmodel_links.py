@@ -1,0 +1,297 @@
+"""The model on emulated links against what the emulated cluster measured, its properties in
+bandwidth and tau, and the codec's CPU in an exchange."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ember.bench.hosts import predict_on_link
+from ember.emulated.links import SCRIPT, one_way_latency
+from ember.engines.process import free_port
+from ember.perfmodel import RESIDUAL, Calibration, Network, predict, shared_link_cycle
+from tests.unit.test_perfmodel import MLP
+
+# The calibration before the two runs of `benchmarks/cluster.py --parts model --link 100mbit`
+# (docs/perfmodel.md): MNIST mlp, an idle two-core host.
+RUNS = Calibration(
+    batch_size=64,
+    t_comp=0.00223,
+    parameters=269_322,
+    exchange_wall=0.0013,
+    client_cpu=0.00049,
+    server_cpu=0.0009,
+    cores=2,
+)
+# and the one before the 5-epoch run of docs/comparison/links-100mbit (its settings.json)
+FIVE_EPOCHS = Calibration(
+    batch_size=64,
+    t_comp=0.002807681011245222,
+    parameters=269_322,
+    exchange_wall=0.001259958000446204,
+    client_cpu=0.00045555052000000095,
+    server_cpu=0.0008,
+    cores=2,
+)
+MEASURED_100MBIT = Network(bandwidth=95.9e6 / 8)  # host 1 to host 0, a bulk TCP transfer
+
+
+@pytest.mark.parametrize(
+    ("strategy", "tau", "calibration", "network", "measured"),
+    [
+        ("easgd-async", 1, RUNS, MEASURED_100MBIT, 569.0),  # run 1
+        ("easgd-async", 1, RUNS, MEASURED_100MBIT, 590.0),  # run 2
+        ("easgd-async", 8, RUNS, MEASURED_100MBIT, 4611.0),  # run 2
+        ("bsp", 1, RUNS, MEASURED_100MBIT, 369.0),
+        ("bsp", 1, RUNS, MEASURED_100MBIT, 364.0),
+        ("easgd-async", 8, FIVE_EPOCHS, Network(11_974_157.0, 1e-4), 4860.0),
+    ],
+)
+def test_two_hosts_at_100mbit_are_predicted_within_15_percent(
+    strategy: str, tau: int, calibration: Calibration, network: Network, measured: float
+) -> None:
+    predicted = predict(strategy, 2, calibration, network, tau).samples_per_second
+    assert abs(predicted - measured) / measured <= 0.15
+
+
+def test_two_workers_exchanging_back_to_back_take_a_quarter_more_per_exchange() -> None:
+    bare = Network(bandwidth=12.5e6)
+    one_way = MLP.exchange_bytes / 2 / 12.5e6
+    alone = shared_link_cycle(MLP, bare, 1, 1, 0.0)
+    assert alone == pytest.approx(2 * one_way)
+    # the other's transfer holds a direction half the time, with half of it left: each
+    # direction waits a quarter of a transfer; a memoryless service would charge a half
+    assert RESIDUAL == 0.5
+    assert shared_link_cycle(MLP, bare, 2, 1, 0.0) == pytest.approx(1.25 * alone)
+    # time away from the links thins the queue towards no waiting at all
+    think = 10 * alone
+    assert shared_link_cycle(MLP, bare, 2, 1, think) < think + 1.05 * alone
+    # many workers: each direction of the server's link full, one transfer per worker a cycle
+    assert shared_link_cycle(MLP, bare, 128, 1, 0.0) == pytest.approx(128 * one_way, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "tau"), [("easgd-async", 1), ("easgd-async", 16), ("async", 1), ("bsp", 1)]
+)
+@pytest.mark.parametrize("workers", [1, 2, 8])
+def test_more_bandwidth_is_never_slower(strategy: str, tau: int, workers: int) -> None:
+    rates = [1e6 * 2**k for k in range(12)]  # 8 Mbit/s to 16 Gbit/s
+    speeds = [
+        predict(strategy, workers, MLP, Network(rate, 1e-4), tau).samples_per_second
+        for rate in rates
+    ]
+    assert all(b >= a * (1 - 1e-9) for a, b in itertools.pairwise(speeds))
+    assert speeds[-1] > speeds[0]
+
+
+@pytest.mark.parametrize("network", [Network(12.5e6, 1e-4), Network(125e6, 5e-4)])
+@pytest.mark.parametrize("workers", [1, 2, 8])
+def test_a_longer_period_is_never_slower(network: Network, workers: int) -> None:
+    taus = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    speeds = [predict("easgd-async", workers, MLP, network, t).samples_per_second for t in taus]
+    assert all(b >= a * (1 - 1e-9) for a, b in itertools.pairwise(speeds))
+
+
+# int8 at 2 ns a float to encode and 1 to decode: 269,322 floats, 1.08 ms an end an exchange
+CODED = Calibration(**{**MLP.__dict__, "codecs": {"int8": (2e-9, 1e-9), "fp16": (4e-9, 1e-9)}})
+
+
+def test_each_end_of_a_compressed_exchange_encodes_once_and_decodes_twice() -> None:
+    assert CODED.compressed("int8").codec_cpu == pytest.approx(269_322 * 4e-9)
+    assert CODED.compressed("fp16").codec_cpu == pytest.approx(269_322 * 6e-9)
+    assert CODED.compressed("none").codec_cpu == 0.0
+    # a codec the calibration did not time costs nothing it could name
+    assert MLP.compressed("int8").codec_cpu == 0.0
+
+
+@pytest.mark.parametrize("servers", [1, 4])
+def test_the_codec_adds_to_an_exchange_and_to_a_servers_work(servers: int) -> None:
+    slow = Network(bandwidth=12.5e6, latency=1e-4)
+    timed, free = CODED.compressed("int8"), MLP.compressed("int8")
+    codec = timed.codec_cpu
+    for strategy in ("async", "bsp", "easgd-async"):
+        with_codec = predict(strategy, 2, timed, slow, 1, servers)
+        without = predict(strategy, 2, free, slow, 1, servers)
+        # the worker's encoding and decoding, then each shard's share, one after the other
+        assert with_codec.t_comm - without.t_comm == pytest.approx(codec * (1 + 1 / servers))
+        assert with_codec.bounds["server"] - without.bounds["server"] == pytest.approx(
+            2 * codec / servers
+        )
+        assert with_codec.samples_per_second <= without.samples_per_second
+    # the exchanger's codec work comes out of easgd-async's compute
+    overlapped = predict("easgd-async", 2, timed, slow, 64, servers)
+    assert overlapped.compute == pytest.approx(64 * MLP.t_comp + MLP.client_cpu + codec)
+    # on one host too: the cores do the codec's work as well
+    here = Network(cores=2)
+    assert (
+        predict("async", 2, timed, here).bounds["cpu"]
+        - predict("async", 2, free, here).bounds["cpu"]
+    ) == pytest.approx(2 * 2 * codec / 2)
+
+
+def test_a_links_latency_is_half_its_median_round_trip() -> None:
+    # one round trip the scheduler held up does not move it
+    assert one_way_latency([0.0002, 0.0003, 0.0004, 0.5]) == pytest.approx(0.00035 / 2)
+    assert one_way_latency([0.001]) == pytest.approx(0.0005)
+    for bad in ([], [0.001, -0.001]):
+        with pytest.raises(ValueError, match="round trip"):
+            one_way_latency(bad)
+
+
+def test_the_ping_pong_times_every_round_trip_on_loopback() -> None:
+    port = str(free_port())
+    command = [sys.executable, str(SCRIPT)]
+    echo = subprocess.Popen(
+        [*command, "echo", "127.0.0.1", port, "20"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert echo.stdout is not None and echo.stdout.readline().strip() == "listening"
+        done = subprocess.run(
+            [*command, "ping", "127.0.0.1", port, "20"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        assert echo.wait(60) == 0
+    finally:
+        if echo.poll() is None:
+            echo.kill()
+            echo.wait(10)
+        assert echo.stdout is not None
+        echo.stdout.close()
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["round_trips"] == len(figures["seconds"]) == 20
+    assert 0 < one_way_latency(figures["seconds"]) < 1.0
+
+
+def test_link_rows_are_predicted_at_the_latency_their_link_measured() -> None:
+    from tests.unit.test_plan import _rows
+
+    slow, near = _rows(1.0), _rows(1.0)
+    predict_on_link(slow, [{"mlp": MLP}], 12.5e6, 0.05)
+    predict_on_link(near, [{"mlp": MLP}], 12.5e6, 0.0)
+    # async (the third row) pays the latency twice an exchange, at each of its minibatches
+    at_50ms = predict("async", 2, MLP, Network(12.5e6, 0.05)).samples_per_second
+    assert slow[2]["predicted_samples_per_second"] == pytest.approx(at_50ms)
+    assert slow[2]["predicted_samples_per_second"] < near[2]["predicted_samples_per_second"]
+
+
+def test_every_link_row_shows_predicted_against_measured_speed_and_time_to_target(
+    tmp_path: Path,
+) -> None:
+    from ember.bench.report import write_report
+    from tests.unit.test_bench_links import link_record
+
+    def on_link(row: str, **fields: Any) -> dict[str, Any]:
+        return link_record(row, "100mbit", 11.9e6, link_latency_seconds=0.00012, **fields)
+
+    rows = [
+        on_link("single", samples_per_second=100.0, time_to_target=20.0),
+        on_link("bsp", samples_per_second=400.0, predicted_samples_per_second=360.0,
+                time_to_target=50.0, predicted_time_to_target=55.0),
+        on_link("", tau=4, time_to_target=10.0, predicted_time_to_target=9.0),
+    ]  # fmt: skip
+    write_report(rows, tmp_path, {"links": ["100mbit"], "links_run": {"hosts": 2}})
+    report = (tmp_path / "report.md").read_text()
+    assert "### 100mbit (95 Mbit/s, 0.12 ms one way measured; 2 worker hosts" in report
+    header = next(line for line in report.splitlines() if line.startswith("| row | time to"))
+    assert header.endswith("| predicted samples/s, error | predicted time to target (s), error |")
+    bsp = next(line for line in report.splitlines() if line.startswith("| bsp |"))
+    assert bsp.endswith("| 360, -10.0% | 55.0, +10.0% |")
+    tau_4 = next(line for line in report.splitlines() if line.startswith("| 4 |"))
+    assert tau_4.endswith("| 440, +10.0% | 9.0, -10.0% |")
+    single = next(line for line in report.splitlines() if line.startswith("| single |"))
+    assert single.endswith("| — |")  # no prediction: none shown
+
+
+def _link_rows(link: str, rate: float, latency: float | None) -> list[dict[str, Any]]:
+    from tests.unit.test_plan import _rows
+
+    rows = _rows(1.0)
+    for row in rows:
+        row.update(link=link, link_bytes_per_second=rate, divergence=None)
+        if latency is not None:
+            row["link_latency_seconds"] = latency
+    return rows
+
+
+def test_a_results_file_is_predicted_again_per_link_at_what_each_link_measured() -> None:
+    from dataclasses import asdict
+
+    from ember.bench.predict import UNMEASURED_LATENCY, predict_results
+
+    rows = _link_rows("100mbit", 11.9e6, 0.0003) + _link_rows("1gbit", 118e6, None)
+    predict_results(rows, {"mlp": [asdict(MLP)]})
+    slow, fast = rows[:3], rows[3:]
+    at_100 = predict("easgd-async", 2, MLP, Network(11.9e6, 0.0003), 8).samples_per_second
+    at_1g = predict("easgd-async", 2, MLP, Network(118e6, UNMEASURED_LATENCY), 8)
+    assert slow[1]["predicted_samples_per_second"] == pytest.approx(at_100)
+    assert fast[1]["predicted_samples_per_second"] == pytest.approx(at_1g.samples_per_second)
+    # before the bench sets d, it is the row's samples to target over its link's single's
+    assert slow[1]["predicted_time_to_target"] == pytest.approx(45_000 / at_100)
+    assert slow[1]["time_to_target_error"] == pytest.approx(45_000 / at_100 / 2.0 - 1)
+    # a link without a single row of its own takes the one on this host, as the bench's d does
+    local = {**slow[0], "link": None, "samples_to_target": 15_000}
+    alone = _link_rows("10mbit", 1.2e6, 0.0003)[1:]
+    predict_results([local, *alone], {"mlp": [asdict(MLP)]})
+    at_10 = predict("easgd-async", 2, MLP, Network(1.2e6, 0.0003), 8).samples_per_second
+    assert alone[0]["predicted_time_to_target"] == pytest.approx(45_000 / at_10)
+
+
+def test_tau_auto_is_predicted_at_the_models_pick_and_tau_loss_at_its_mean() -> None:
+    from ember.bench.predict import add_predictions
+    from ember.perfmodel import AUTO_MARGIN, model_tau
+
+    slow = Network(12.5e6, 1e-4)
+    rows = _link_rows("100mbit", 12.5e6, 1e-4)[:2] + _link_rows("100mbit", 12.5e6, 1e-4)[1:2]
+    auto, loss = rows[1], rows[2]
+    auto["config"] = {**auto["config"], "tau_policy": "auto"}
+    # an exchange of 2.15 MB per 20 minibatches of 64 of a worker: a mean tau of 20
+    loss["config"] = {**loss["config"], "tau_policy": "loss"}
+    loss["bytes_per_sample"] = MLP.exchange_bytes / (20 * 64)
+    add_predictions(rows, [{"mlp": MLP}], network=slow)
+    tau = model_tau(MLP, slow, 2, 1, AUTO_MARGIN)
+    assert tau > 8
+    expected = predict("easgd-async", 2, MLP, slow, tau).samples_per_second
+    assert auto["predicted_samples_per_second"] == pytest.approx(expected)
+    at_20 = predict("easgd-async", 2, MLP, slow, 20).samples_per_second
+    assert loss["predicted_samples_per_second"] == pytest.approx(at_20)
+    loss["bytes_per_sample"] = None  # nothing to read its tau from: no prediction
+    add_predictions(rows, [{"mlp": MLP}], network=slow)
+    assert loss["predicted_samples_per_second"] is None
+
+
+def test_a_torchdistributor_row_is_predicted_as_the_all_reduce_ring() -> None:
+    from ember.bench.predict import add_predictions
+
+    slow = Network(11.97e6, 1e-4)
+    spec = {"system": "TorchDistributor", "workers": 2, "batch_size": 64, "epochs": 1}
+    torch_row = {"task": "mlp", "system": "torch", "status": "ok", "strategy": None,
+                 "samples": 2 * 64 * 100, "samples_per_second": 1300.0,
+                 "config": {**spec, "eval_every": 0}}  # fmt: skip
+    mllib_row = {**torch_row, "system": "mllib", "config": {}}
+    add_predictions([torch_row, mllib_row], [{"mlp": MLP}], network=slow)
+    ring = predict("allreduce", 2, MLP, slow)
+    # two processes: each sends and takes P a step, both directions at once
+    assert ring.t_comm == pytest.approx(2e-4 + MLP.parameters * 4 / 11.97e6)
+    assert torch_row["predicted_samples_per_second"] == pytest.approx(ring.samples_per_second)
+    assert mllib_row["predicted_samples_per_second"] is None
+
+
+def test_the_calibration_times_every_codec_per_float() -> None:
+    import numpy as np
+
+    from ember.bench.calibrate import codec_figures
+    from ember.ps.codec import CODECS
+
+    figures = codec_figures(np.zeros(50_000, np.float32))
+    assert set(figures) == set(CODECS) - {"none"}
+    for encode, decode in figures.values():
+        assert 0 < encode < 1e-6 and 0 < decode < 1e-6  # seconds a float: well under 1 µs
