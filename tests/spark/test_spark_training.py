@@ -225,3 +225,32 @@ def test_allreduce_trains_without_servers_and_rank_0_hands_back_the_parameters(
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert {r["rank"] for r in records if r.get("kind") == "done"} == {0, 1}
     assert not [r for r in records if r.get("kind") == "state"]  # parameters are no metric
+
+
+@pytest.mark.timeout(300)
+def test_a_retried_allreduce_stage_starts_again_from_the_first_step(
+    spark, to_frame, digits, tmp_path, monkeypatch
+) -> None:
+    module = tmp_path / "ember_allreduce_fails_once.py"
+    module.write_text(f"MARKER = {str(tmp_path / 'failed')!r}\nHOW = 'raise'\n{FAULTY}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spark.sparkContext.addPyFile(str(module))
+    result = ember.spark.fit(
+        model="ember_allreduce_fails_once:make",
+        df=to_frame(digits.x_train, digits.y_train),
+        test_df=to_frame(digits.x_test, digits.y_test),
+        strategy="allreduce",
+        workers=2,
+        epochs=2,
+        out=str(tmp_path / "run"),
+    )
+    assert (tmp_path / "failed").exists()  # the failure did happen
+    assert result.summary["spark"]["stage_attempts"] >= 2
+    assert result.summary["test_accuracy"] > 0.85
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    starts = [r for r in records if r.get("kind") == "start"]
+    # no server kept the progress: the retried ranks begin where the run began
+    assert {r["rank"] for r in starts} == {0, 1}
+    assert all(r["attempt"] >= 1 and r["first_step"] == 0 for r in starts)
+    done = [r for r in records if r.get("kind") == "done"]
+    assert sorted(r["steps"] for r in done) == [2 * 78, 2 * 78]
