@@ -77,7 +77,8 @@ def train_partition(
         raise EmberError(f"partition {rank} holds {len(x)} rows, not {rows}")
     data = replace(probe, name="partition", x_train=x[:rows], y_train=y[:rows])
     # Task attempt ids only grow, so a retried stage registers newer incarnations and each
-    # worker resumes from the servers' current parameters and its own last pushed step.
+    # worker resumes from the servers' current parameters and its own last pushed step
+    # (allreduce, which has no server, starts again from the run's starting parameters).
     incarnation = int(context.taskAttemptId())
     spec = replace(spec, rank=rank, incarnation=incarnation)
     records: list[dict[str, Any]] = []
