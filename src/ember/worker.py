@@ -48,6 +48,7 @@ class WorkerSpec:
     initial_file: str | None = None  # or a safetensors file holding them as "params"
     initial_step: int = 0  # and the step they were saved at
     own_rows: bool = False  # the dataset's training rows are this worker's alone (a partition)
+    store: Any = None  # allreduce: a torch.distributed Store the engine opened, else rendezvous
 
 
 def load_data(config: RunConfig) -> Dataset:
@@ -147,6 +148,7 @@ class Worker:
             spec.secret,
             spec.incarnation,
             spec.rendezvous,
+            spec.store,
         )
         self.algorithm = make_algorithm(context)
         self.first_step = max(self.algorithm.start(flat, optimizer), spec.initial_step)

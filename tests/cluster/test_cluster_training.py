@@ -104,3 +104,21 @@ def test_a_lost_executor_is_relaunched_and_the_retry_resumes_from_the_servers(
     progress = [r for r in records if r.get("kind") == "worker" and r["attempt"] >= 1]
     first = {r["rank"]: r["loss"] for r in reversed(progress)}
     assert set(first) == {0, 1} and max(first.values()) < 0.5, first
+
+
+def test_allreduce_trains_mnist_across_the_worker_hosts_through_gloo(
+    cluster, spark_env, tmp_path
+) -> None:
+    out = tmp_path / "run"
+    done = train(cluster, spark_env, out, "--epochs", "3", "--strategy", "allreduce")
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = summary(out)
+    assert result["strategy"] == "allreduce" and result["servers"] == 0
+    assert result["test_accuracy"] >= ACCURACY
+    assert result["bytes_pushed"] > 0 and result["bytes_pushed"] == result["bytes_pulled"]
+    # rank 0 met the other rank on its own worker host, not on the driver's host 0
+    host = result["gloo"]["rendezvous"].rsplit(":", 1)[0]
+    assert host in (netns.address(1), netns.address(2)), result["gloo"]
+    assert result["gloo"]["gradients_left_the_host_unencrypted"] is True
+    assert result["gloo"]["encrypted"] is False and result["wire"]["encrypted"] is False
+    assert "gloo (torch.distributed), which neither encrypts nor authenticates" in done.stderr

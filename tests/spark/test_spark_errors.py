@@ -129,12 +129,14 @@ def test_dynamic_allocation_and_clusters_without_enough_slots_are_refused(
         fit(two_cpus, tmp_path, workers=3)
 
 
-def test_strategies_without_a_server_are_refused(tmp_path) -> None:
+def test_single_is_refused_with_its_reason(tmp_path) -> None:
     with pytest.raises(ConfigError) as error:
-        fit(session_with("local[2]"), tmp_path, strategy="allreduce")
+        fit(session_with("local[2]"), tmp_path, strategy="single", workers=1)
     assert str(error.value) == (
-        "strategy 'allreduce' is not supported on engine 'spark', which runs a parameter server"
-        " beside the driver; use bsp, ssp, async, easgd or easgd-async"
+        "strategy 'single' is not supported on engine 'spark': it trains one worker alone,"
+        " with nothing to exchange, so a Spark cluster adds only its start-up; use"
+        " --engine local, or a distributed strategy (bsp, ssp, async, easgd, easgd-async,"
+        " allreduce)"
     )
 
 

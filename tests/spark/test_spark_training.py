@@ -12,8 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import ember.spark
+from ember.algorithms import load_flat_parameters
+from ember.checkpoint import latest_valid_checkpoint
+from ember.config import RunConfig
 from ember.data.spark import FrameFacts, frame_from_arrays
 from ember.metrics import read_metrics
+from ember.worker import evaluate, make_model
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -183,3 +187,70 @@ def test_local_rows_are_partitioned_as_the_driver_expects(spark, rows, workers) 
     assert tuple(sizes.get(p, 0) for p in range(len(expected))) == expected
     # and the session's own settings are as they were
     assert spark.conf.get("spark.sql.execution.arrow.localRelationThreshold") != "0"
+
+
+@pytest.mark.timeout(300)  # two ranks meeting through gloo, on cores other jobs share
+def test_allreduce_trains_without_servers_and_rank_0_hands_back_the_parameters(
+    spark, to_frame, digits, tmp_path
+) -> None:
+    result = ember.spark.fit(
+        model="mlp",
+        df=to_frame(digits.x_train, digits.y_train),
+        test_df=to_frame(digits.x_test, digits.y_test),
+        strategy="allreduce",
+        workers=2,
+        epochs=2,
+        ports="47300-47319",
+        out=str(tmp_path / "run"),
+    )
+    summary = result.summary
+    assert summary["strategy"] == "allreduce" and summary["engine"] == "spark"
+    assert summary["servers"] == 0 and summary["test_accuracy"] > 0.85
+    # a ring of two moves the whole gradient each way per step: 2 (n - 1) / n of it
+    steps = 2 * 78
+    gradient = 4 * summary["parameters"]
+    assert summary["bytes_pushed"] == summary["bytes_pulled"] == 2 * steps * gradient
+    assert summary["exchanges"] == 2 * steps
+    host, port = summary["gloo"]["rendezvous"].rsplit(":", 1)
+    assert host == "127.0.0.1" and 47300 <= int(port) <= 47319
+    assert summary["gloo"]["encrypted"] is False and summary["wire"]["encrypted"] is False
+    assert summary["gloo"]["gradients_left_the_host_unencrypted"] is False
+    # the driver evaluated rank 0's final parameters, saved as the run's last checkpoint
+    last = latest_valid_checkpoint(tmp_path / "run" / "checkpoints")
+    assert last is not None
+    assert last.meta["step"] == steps and last.meta["strategy"] == "allreduce"
+    model = make_model(RunConfig(model="mlp"), digits)
+    load_flat_parameters(model, last.tensors["params"])
+    assert evaluate(model, digits.x_test, digits.y_test)[0] == summary["test_accuracy"]
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert {r["rank"] for r in records if r.get("kind") == "done"} == {0, 1}
+    assert not [r for r in records if r.get("kind") == "state"]  # parameters are no metric
+
+
+@pytest.mark.timeout(300)
+def test_a_retried_allreduce_stage_starts_again_from_the_first_step(
+    spark, to_frame, digits, tmp_path, monkeypatch
+) -> None:
+    module = tmp_path / "ember_allreduce_fails_once.py"
+    module.write_text(f"MARKER = {str(tmp_path / 'failed')!r}\nHOW = 'raise'\n{FAULTY}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spark.sparkContext.addPyFile(str(module))
+    result = ember.spark.fit(
+        model="ember_allreduce_fails_once:make",
+        df=to_frame(digits.x_train, digits.y_train),
+        test_df=to_frame(digits.x_test, digits.y_test),
+        strategy="allreduce",
+        workers=2,
+        epochs=2,
+        out=str(tmp_path / "run"),
+    )
+    assert (tmp_path / "failed").exists()  # the failure did happen
+    assert result.summary["spark"]["stage_attempts"] >= 2
+    assert result.summary["test_accuracy"] > 0.85
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    starts = [r for r in records if r.get("kind") == "start"]
+    # no server kept the progress: the retried ranks begin where the run began
+    assert {r["rank"] for r in starts} == {0, 1}
+    assert all(r["attempt"] >= 1 and r["first_step"] == 0 for r in starts)
+    done = [r for r in records if r.get("kind") == "done"]
+    assert sorted(r["steps"] for r in done) == [2 * 78, 2 * 78]

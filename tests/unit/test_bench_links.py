@@ -36,10 +36,10 @@ def test_link_rows_are_mllib_torch_every_strategy_on_spark_then_the_sweep(
     )  # fmt: skip
     rows = plan_link_rows(settings, TASKS, "100mbit")
     labels = [r.label for r in rows]
-    # single and allreduce have no server, so no Spark-engine row: TorchDistributor all-reduces
+    # single has no Spark-engine row; ember's allreduce runs beside TorchDistributor's
     assert labels == [
-        "mllib", "torchdistributor", "bsp", "easgd-async tau=auto", "easgd-async tau=loss",
-        "easgd-async tau=4", "easgd-async tau=16",
+        "mllib", "torchdistributor", "bsp", "allreduce", "easgd-async tau=auto",
+        "easgd-async tau=loss", "easgd-async tau=4", "easgd-async tau=16",
     ]  # fmt: skip
     assert {r.link for r in rows} == {"100mbit"}
     ember = [r for r in rows if r.config is not None]
@@ -177,10 +177,10 @@ def test_a_report_without_link_rows_says_why(tmp_path: Path) -> None:
     assert f"Link rows were not run: {reason}." in (tmp_path / "report.md").read_text()
 
 
-def test_the_spark_engine_gets_rows_only_for_strategies_with_a_server(tmp_path: Path) -> None:
+def test_the_spark_engine_gets_rows_for_every_strategy_but_single(tmp_path: Path) -> None:
     settings = BenchSettings(
         out=tmp_path, tasks=["mlp"], strategies=["single", "bsp", "allreduce"],
         engines=["local", "spark"], mllib=False, sweep_tasks=[],
     )  # fmt: skip
     labels = [r.label for r in plan_rows(settings, TASKS)]
-    assert labels == ["single", "bsp", "allreduce", "bsp (spark)"]
+    assert labels == ["single", "bsp", "allreduce", "bsp (spark)", "allreduce (spark)"]

@@ -23,12 +23,14 @@ class AllReduceSGD:
     def start(self, flat: FlatModel, optimizer: torch.optim.Optimizer | None) -> int:
         ctx = self.context
         self.flat, self.optimizer = flat, optimizer
+        # a store the engine opened (Spark's tasks meet through allGather), else init_method
+        meeting = {"store": ctx.store} if ctx.store is not None else {"init_method": ctx.rendezvous}
         dist.init_process_group(
             "gloo",
-            init_method=ctx.rendezvous,
             rank=ctx.rank,
             world_size=ctx.world,
             timeout=datetime.timedelta(seconds=ctx.config.request_timeout),
+            **meeting,
         )
         dist.broadcast(flat.params, src=0)  # identical start, also after a resume
         return 0

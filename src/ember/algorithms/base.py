@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -23,6 +23,7 @@ class WorkerContext:
     secret: bytes = b""  # the run's secret, proven to the servers
     incarnation: int = 0  # bumped each time this rank is restarted
     rendezvous: str = ""  # torch.distributed init_method for allreduce
+    store: Any = None  # or the torch.distributed Store the engine met in (Spark's tasks)
 
 
 @dataclass

@@ -123,8 +123,8 @@ class BenchSettings:
             )
 
 
-# strategies without a parameter server, which the Spark engine does not run
-OFF_SPARK = (Strategy.SINGLE, Strategy.ALLREDUCE)
+# one worker alone, which the Spark engine does not run (its local row stands)
+OFF_SPARK = (Strategy.SINGLE,)
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def plan_rows(settings: BenchSettings, tasks: dict[str, Task]) -> list[Row]:
         for engine in settings.engines:
             for strategy in settings.strategies:
                 if engine == "spark" and Strategy(strategy) in OFF_SPARK:
-                    continue  # no server to run beside the driver: their local rows stand
+                    continue  # nothing to exchange: its local row stands
                 config = _config(settings, task, strategy, engine)
                 label = strategy if engine == "local" else f"{strategy} (spark)"
                 rows.append(Row(task, label, "ember", engine, config))
@@ -187,7 +187,7 @@ def plan_link_rows(settings: BenchSettings, tasks: dict[str, Task], link: str) -
             rows.append(Row(task, "torchdistributor", "torch", "torch", link=link))
         for strategy in settings.strategies:
             if Strategy(strategy) in OFF_SPARK:
-                continue  # TorchDistributor is the all-reduce row on links
+                continue  # single runs once, on this host, for the speedups
             config = _config(settings, task, strategy, "spark", settings.hosts)
             rows.append(Row(task, strategy, "ember", "spark", config, link=link))
         for kind in [k for k in settings.compress if k != "none"]:

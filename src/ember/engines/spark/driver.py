@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import replace
 from functools import partial
@@ -10,15 +11,16 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from ember.checkpoint import free_step, save_checkpoint
 from ember.config import RunConfig
 from ember.data import Dataset
 from ember.data.datasets import train_pixels
 from ember.data.spark import FrameFacts, dataframe_dataset, frame_from_arrays, frame_from_pixels
 from ember.engines.progress import Progress
 from ember.engines.run import Run, RunResult, RunSetup, prepare_run
-from ember.engines.servers import ServerGroup
 from ember.engines.spark.jobs import RECORDS, Job, python_error, start_warm_up, wait_for_warm_up
 from ember.engines.spark.records import RecordCollector
+from ember.engines.spark.rendezvous import STATE, exposure, state_params
 from ember.engines.spark.session import (
     active_session,
     check_before_start,
@@ -34,7 +36,7 @@ from ember.engines.spark.task import UNREACHABLE, train_partition
 from ember.errors import WorkerFailed
 from ember.metrics import JobFailure, RunEvent
 from ember.ps import fetch_state
-from ember.worker import WorkerSpec
+from ember.worker import WorkerSpec, checkpoint_meta
 
 EVAL_ROWS = 1000  # test rows shipped to each task for worker 0's per-epoch evaluation
 
@@ -60,8 +62,8 @@ def train_spark(config: RunConfig, show_progress: bool = True) -> RunResult:
                 progress.phase("waiting for Spark to start")
 
         with run, session(config, show_progress, meanwhile) as (spark, session_seconds):
-            if not early:
-                _servers(run).where = run_placement(config, spark)
+            if not early and run.servers is not None:
+                run.servers.where = run_placement(config, spark)
                 run.start_servers()
             warm_up = start_warm_up(spark, config.workers)
             progress.phase("handing the data to Spark")
@@ -95,8 +97,9 @@ def train_dataframe(
         progress.phase("reading the DataFrame")
         frame, facts, data = dataframe_dataset(df, features_col, label_col, test_df, config.seed)
         with Run(_prepare(config, data), progress) as run:
-            _servers(run).where = run_placement(config, df.sparkSession)
-            run.start_servers()
+            if run.servers is not None:
+                run.servers.where = run_placement(config, df.sparkSession)
+                run.start_servers()
             return _train(run, df.sparkSession, frame, facts, (0.0, began), warm_up)
 
 
@@ -117,18 +120,27 @@ def _train(
     if repartition:
         frame = frame.repartition(config.workers)
     job: Job | None = None
-    where, slots = _servers(run).where, config.servers * config.replicas
+    cluster = not is_local(spark.sparkContext.master)
+    if run.servers is not None:
+        where, slots = run.servers.where, config.servers * config.replicas
+    else:  # allreduce: only the record collector listens on the driver
+        where, slots = run_placement(config, spark), 0
+        warning = exposure(config, cluster)
+        if warning is not None:
+            print(warning, file=sys.stderr, flush=True)  # always, bar or not
     with run.saving_on_failure(), RecordCollector(setup.secret, where, slots=slots) as collector:
         try:
             spec = WorkerSpec(
                 config,
                 0,
                 config.workers,
-                _servers(run).addresses,
+                run.servers.addresses if run.servers is not None else [],
                 setup.secret,
                 run_dir=str(setup.run_dir),
                 initial_step=setup.resumed_step,
                 own_rows=True,
+                # allreduce starts from these, on executors that cannot read the driver's files
+                initial=setup.initial if setup.resume and run.servers is None else None,
             )
             x_eval, y_eval = data.x_test[:EVAL_ROWS], data.y_test[:EVAL_ROWS]
             probe = replace(data, x_train=x_eval, y_train=y_eval, x_test=x_eval, y_test=y_eval)
@@ -136,13 +148,13 @@ def _train(
             wait_for_warm_up(warm_up, config.request_timeout)
             prepared = time.perf_counter()
             rows_known = None if repartition else rows
-            task = partial(train_partition, spec, probe, rows_known, collector.address)
+            task = partial(train_partition, spec, probe, rows_known, collector.address, not cluster)
             # The shuffle after the barrier stage makes it a map stage, which Spark retries as
             # a whole when a task fails; a failed barrier result stage would end the job.
             training = frame.mapInArrow(task, RECORDS, barrier=True).repartition(1)
             run.progress.phase("starting training tasks")
             job = Job(spark, lambda: training, "ember training")
-            _watch(run, job, rows, collector)
+            state = _watch(run, job, rows, collector)
             seconds = time.perf_counter() - prepared
             # the session started while the driver prepared: what it added is the rest
             prepare = prepared - began - session_seconds
@@ -154,20 +166,25 @@ def _train(
                 "record_collector": collector.address,
                 **{f"{name}_seconds": value for name, value in timings.items()},
             }
-            return run.finish(seconds, {"spark": about_spark})
+            extra: dict[str, Any] = {"spark": about_spark}
+            if run.servers is None:
+                assert state is not None  # _watch fails a run without it
+                extra["gloo"] = _gloo(cluster, state)
+            return run.finish(seconds, extra)
         except BaseException:
             if job is not None:
                 job.cancel()  # tasks first, so the servers' state is final when it is saved
             raise
 
 
-def _watch(run: Run, job: Job, rows: int, collector: RecordCollector) -> None:
+def _watch(run: Run, job: Job, rows: int, collector: RecordCollector) -> dict[str, Any] | None:
     """Until the job ends: the records the tasks stream (to the bar and its epoch lines), the
     servers' ticks and the stage retries; then the records the tasks return, which are those
-    of the attempt that finished, to metrics.jsonl."""
-    config, servers = run.config, _servers(run)
+    of the attempt that finished, to metrics.jsonl. Returns allreduce's rank 0 final state."""
+    config, servers = run.config, run.servers
     last_poll = started = time.monotonic()
-    seen_attempt, workers_seen = 0, False
+    # without servers, the tasks' own timeouts (the rendezvous, gloo's) bound their start
+    seen_attempt, workers_seen = 0, servers is None
     with run.watching(rows) as bar:
         while job.thread.is_alive():
             job.thread.join(0.5)
@@ -180,7 +197,7 @@ def _watch(run: Run, job: Job, rows: int, collector: RecordCollector) -> None:
                 run.note(retry, f"Spark retries the training stage (attempt {attempt})")
                 seen_attempt = attempt
             workers_seen = workers_seen or bool(bar.started)
-            if not workers_seen and time.monotonic() - last_poll > 5:
+            if servers is not None and not workers_seen and time.monotonic() - last_poll > 5:
                 # this fetches the parameters too, hence not more often
                 table = fetch_state(servers.primaries, run.setup.secret, config.request_timeout)[1]
                 workers, last_poll = table["workers"].values(), time.monotonic()
@@ -200,9 +217,41 @@ def _watch(run: Run, job: Job, rows: int, collector: RecordCollector) -> None:
             message = f"the Spark training job failed ({job.attempt() + 1} attempt(s)):"
             run.fail(JobFailure(error=unreachable[0]), f"{message}\n{unreachable[0]}")
         attempt = job.attempt()
+        states = [r for r in records if r.get("kind") == STATE]
         for record in records:
-            run.relay({**record, "attempt": attempt})
+            if record.get("kind") != STATE:  # megabytes of parameters: not a metric
+                run.relay({**record, "attempt": attempt})
         bar.set_completed(run.total)  # every worker finished, whatever the last replay says
+    if servers is None:
+        if not states:
+            run.fail(
+                RunEvent(event="no final parameters"),
+                "allreduce's rank 0 finished without returning its final parameters",
+            )
+        _save_state(run, states[0])
+        return states[0]
+    return None
+
+
+def _save_state(run: Run, state: dict[str, Any]) -> None:
+    """Rank 0's final parameters as the run's last checkpoint, which run.finish evaluates."""
+    setup, root = run.setup, run.setup.checkpoints
+    params = state_params(state, setup.initial.size)
+    step = int(state["step"])
+    meta = checkpoint_meta(setup.config, params.size, step)
+    save_checkpoint(
+        root, free_step(root, step), {"params": params}, meta, setup.config.keep_checkpoints
+    )
+
+
+def _gloo(cluster: bool, state: dict[str, Any]) -> dict[str, Any]:
+    """What summary.json says of allreduce's traffic: where rank 0 met the others, and that
+    the gradients crossed in clear (gloo has no encryption), off this host on a cluster."""
+    return {
+        "rendezvous": state["rendezvous"],
+        "encrypted": False,
+        "gradients_left_the_host_unencrypted": cluster,
+    }
 
 
 def _fail(run: Run, job: Job) -> NoReturn:
@@ -217,11 +266,6 @@ def _fail(run: Run, job: Job) -> NoReturn:
     tries = job.attempt() + 1
     message = f"the Spark training job failed ({tries} attempt(s)):\n{error}"
     run.fail(JobFailure(error=error), message)
-
-
-def _servers(run: Run) -> ServerGroup:
-    assert run.servers is not None, "check_supported refuses strategies without servers"
-    return run.servers
 
 
 def _prepare(config: RunConfig, data: Dataset) -> RunSetup:

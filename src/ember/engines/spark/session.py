@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ember.config import RunConfig
+from ember.config import RunConfig, Strategy
 from ember.engines.addresses import Placement, placement
 from ember.engines.spark.jvm import (
     LOCAL_DRIVER_MEMORY,
@@ -31,10 +31,12 @@ _LOCAL = re.compile(
 
 
 def check_supported(config: RunConfig) -> None:
-    if not config.uses_server:
+    if config.mode is Strategy.SINGLE:
         raise ConfigError(
-            f"strategy {config.strategy!r} is not supported on engine 'spark', which runs a"
-            " parameter server beside the driver; use bsp, ssp, async, easgd or easgd-async"
+            "strategy 'single' is not supported on engine 'spark': it trains one worker alone,"
+            " with nothing to exchange, so a Spark cluster adds only its start-up; use"
+            " --engine local, or a distributed strategy (bsp, ssp, async, easgd, easgd-async,"
+            " allreduce)"
         )
     try:
         import pandas  # noqa: F401 - mapInArrow needs it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -12,9 +13,19 @@ from typing import Any
 from ember.data import Dataset
 from ember.data.spark import partition_arrays
 from ember.engines.spark.records import RecordSender
+from ember.engines.spark.rendezvous import (
+    Meeting,
+    connect,
+    final_state,
+    gloo_interface,
+    meet,
+    own_address,
+    reach,
+    scratch,
+)
 from ember.errors import EmberError
 from ember.wire import CONNECTION_ERRORS, ClientConnection, use_encryption
-from ember.worker import WorkerSpec, run_worker
+from ember.worker import Report, WorkerSpec, run_worker
 
 PROBE_SECONDS = 5.0  # a server this task cannot reach within this is not going to answer
 UNREACHABLE = "unreachable"  # the kind of the record a task returns when a server is not
@@ -25,12 +36,14 @@ def train_partition(
     probe: Dataset,
     rows: int | None,
     collector: str | None,
+    local: bool,
     batches: Iterator[Any],
 ) -> Iterator[Any]:
     """One worker in a barrier task: its partition as NumPy, then the ordinary worker loop.
     `probe` holds the few test rows worker 0 evaluates on after each epoch; `rows` is how
     many rows each worker trains on, when the driver knows every partition's size. Records
-    also stream to the driver's `collector` (an address) while the task runs."""
+    also stream to the driver's `collector` (an address) while the task runs. `local`: every
+    executor is on the driver's machine (a local master), where allreduce meets on loopback."""
     import pyarrow as pa
     from pyspark import BarrierTaskContext
 
@@ -40,15 +53,19 @@ def train_partition(
         raise EmberError(f"the barrier stage has {world} tasks for {spec.world} workers")
     use_encryption(spec.config.encrypt)  # before the probe's and the record sender's sockets
     x, y = partition_arrays(batches, probe.input_shape)
+    rank = context.partitionId()
+    # allreduce has no server: rank 0 opens the rendezvous, and the others probe it instead
+    meeting = meet(context, spec.config, local) if not spec.config.uses_server else None
     # Each task connects to every server before its first step and all hear every verdict
     # (allGather costs about a second): when one cannot, every task returns that one line
     # and the stage ends once. Raising instead would have Spark retry the stage, up to
     # spark.stage.maxConsecutiveAttempts times, to the same end.
-    verdict = {"rows": len(x), "unreachable": probe_servers(spec.servers, spec.secret)}
+    failed = reach(meeting, rank) if meeting else probe_servers(spec.servers, spec.secret)
+    verdict = {"rows": len(x), "unreachable": failed}
     verdicts = [json.loads(v) for v in context.allGather(json.dumps(verdict))]
     failures = [v["unreachable"] for v in verdicts if v["unreachable"]]
     if failures:
-        unreachable = {"kind": UNREACHABLE, "rank": context.partitionId(), "error": failures[0]}
+        unreachable = {"kind": UNREACHABLE, "rank": rank, "error": failures[0]}
         yield pa.RecordBatch.from_pydict({"record": [json.dumps(unreachable)]})
         return
     # Every worker trains on as many rows as the smallest partition holds, so synchronous
@@ -57,12 +74,13 @@ def train_partition(
     if rows is None:
         rows = min(int(v["rows"]) for v in verdicts)
     elif len(x) < rows:
-        raise EmberError(f"partition {context.partitionId()} holds {len(x)} rows, not {rows}")
+        raise EmberError(f"partition {rank} holds {len(x)} rows, not {rows}")
     data = replace(probe, name="partition", x_train=x[:rows], y_train=y[:rows])
     # Task attempt ids only grow, so a retried stage registers newer incarnations and each
-    # worker resumes from the servers' current parameters and its own last pushed step.
+    # worker resumes from the servers' current parameters and its own last pushed step
+    # (allreduce, which has no server, starts again from the run's starting parameters).
     incarnation = int(context.taskAttemptId())
-    spec = replace(spec, rank=context.partitionId(), incarnation=incarnation)
+    spec = replace(spec, rank=rank, incarnation=incarnation)
     records: list[dict[str, Any]] = []
     sender = RecordSender(collector, spec.secret) if collector is not None else None
 
@@ -72,12 +90,37 @@ def train_partition(
             sender.send({**record, "incarnation": incarnation})
 
     try:
-        report(run_worker(spec, report, dataset=data))
+        if meeting is None:
+            report(run_worker(spec, report, dataset=data))
+        else:
+            records.extend(_all_reduce(context, spec, meeting, data, report))
     finally:
         if sender is not None:
             sender.close()
     lines = [json.dumps({**r, "incarnation": incarnation}) for r in records]
     yield pa.RecordBatch.from_pydict({"record": lines})
+
+
+def _all_reduce(
+    context: Any, spec: WorkerSpec, meeting: Meeting, data: Dataset, report: Report
+) -> list[dict[str, Any]]:
+    """run_worker for allreduce in the process group `meeting` opens; rank 0's final state as
+    a record. Its worker saves on the executor only at the end, in a folder of the task's."""
+    import torch.distributed as dist
+
+    config = replace(spec.config, checkpoint_seconds=math.inf, checkpoint_steps=0)
+    with scratch() as folder, gloo_interface(meeting):
+        try:
+            connect(meeting, config, spec.world)
+            spec = replace(spec, config=config, store=meeting.store, run_dir=folder)
+            report(run_worker(spec, report, dataset=data))
+            # rank 0's store serves the group until every rank has left it
+            context.barrier()
+        finally:
+            if dist.is_initialized():  # a failed step: the reused Python worker starts clean
+                dist.destroy_process_group()
+            meeting.store = None
+        return [final_state(folder, meeting)] if spec.rank == 0 else []
 
 
 def probe_servers(servers: list[str], secret: bytes, seconds: float = PROBE_SECONDS) -> str | None:
@@ -102,18 +145,8 @@ def _probe(address: str, secret: bytes, seconds: float) -> str | None:
         if isinstance(exc, TimeoutError | socket.timeout):
             reason = f"no answer within {seconds:g}s"
     return (
-        f"the training task on {socket.gethostname()} ({_own_address(host, int(port))}) cannot"
+        f"the training task on {socket.gethostname()} ({own_address(host, int(port))}) cannot"
         f" reach the parameter server at {host} port {port}: {reason}. Check --advertise-address"
         " (what tasks are told the driver is at), that no firewall between this host and the"
         " driver drops the port, and --ports"
     )
-
-
-def _own_address(host: str, port: int) -> str:
-    """This host's address on the route towards `host` (a UDP connect sends nothing)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((host, port))
-            return str(probe.getsockname()[0])
-    except OSError:
-        return "address unknown"
