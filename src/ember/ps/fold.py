@@ -13,6 +13,7 @@ from ember.ps.shard import ShardState, UpdateRule
 from ember.wire import CHUNK_BYTES
 
 SLICE = CHUNK_BYTES // 4  # keys a round commits (and checks) at a time: one payload chunk's worth
+BLOCK = 1 << 16  # keys a commit works on at a time: its arrays' blocks fit in a core's L2 cache
 # Rounds a reply slice to what an encoded reply carries, in place: (first key, the slice).
 Squeezer = Callable[[int, np.ndarray], None]
 
@@ -33,8 +34,9 @@ class Fold:
     ) -> None:
         self.shard, self.rule, self.clocks, self.replies = shard, rule, clocks, replies
         self.counters, self.rejected = counters, rejected
-        # scratch, reused by every commit: a slice's values before it, and "(rule)", the rule's
+        # scratch, reused by every commit: a slice's values before it, and the rule's own
         self._before: dict[str, np.ndarray] = {}
+        self._rule_scratch = np.empty(BLOCK, np.float32)
 
     def chunk(
         self,
@@ -116,20 +118,29 @@ class Fold:
 
     def _commit(self, keys: slice, contribution: np.ndarray, count: int) -> bool:
         """Commit `contribution` to `keys` unless the result holds NaN or Inf: finite inputs can
-        still overflow (two pushes of 3e38). The check is a sum over the slice just written,
-        still in cache; a refused commit puts back the slice's parameters and rule state."""
+        still overflow (two pushes of 3e38). A refused commit puts back the slice's parameters
+        and rule state. The work goes block by block (BLOCK keys): the copy kept for that, the
+        rule's passes and the check, a sum of what was just written, all read the block from
+        cache, so the passes NumPy cannot fuse cost about one trip through memory."""
         params, state = self.shard.params[keys], self.shard.state_at(keys)
-        tensors = {"params": params, **state}
-        before = {name: self._scratch(name, params.size) for name in tensors}
-        for name, value in tensors.items():
-            np.copyto(before[name], value)
-        self.rule.commit(params, state, contribution, count, self._scratch("(rule)", params.size))
-        if np.isfinite(params.sum()):
-            return True
-        for name, value in tensors.items():
-            np.copyto(value, before[name])
-        self.rejected["nonfinite"] += 1
-        return False
+        arrays = {"params": params, **state}
+        before = {name: self._scratch(name, params.size) for name in arrays}
+        done = 0
+        while done < params.size:
+            block = slice(done, done + BLOCK)
+            for name, value in arrays.items():
+                np.copyto(before[name][block], value[block])
+            written = params[block]
+            rule_state = {name: value[block] for name, value in state.items()}
+            scratch = self._rule_scratch[: written.size]
+            self.rule.commit(written, rule_state, contribution[block], count, scratch)
+            done += written.size
+            if not np.isfinite(written.sum()):
+                for name, value in arrays.items():
+                    np.copyto(value[:done], before[name][:done])
+                self.rejected["nonfinite"] += 1
+                return False
+        return True
 
     def _scratch(self, name: str, size: int) -> np.ndarray:
         buffer = self._before.get(name)
