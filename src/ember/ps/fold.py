@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 
@@ -123,21 +124,20 @@ class Fold:
         rule's passes and the check, a sum of what was just written, all read the block from
         cache, so the passes NumPy cannot fuse cost about one trip through memory."""
         params, state = self.shard.params[keys], self.shard.state_at(keys)
-        arrays = {"params": params, **state}
-        before = {name: self._scratch(name, params.size) for name in arrays}
-        done = 0
-        while done < params.size:
-            block = slice(done, done + BLOCK)
-            for name, value in arrays.items():
-                np.copyto(before[name][block], value[block])
+        kept = [(value, self._scratch(name, params.size)) for name, value in state.items()]
+        kept.append((params, self._scratch("params", params.size)))
+        commit, scratch, size = self.rule.commit, self._rule_scratch, params.size
+        for start in range(0, size, BLOCK):  # a short loop: its overhead is a few percent
+            block = slice(start, start + BLOCK)
+            for value, before in kept:
+                np.copyto(before[block], value[block])
             written = params[block]
-            rule_state = {name: value[block] for name, value in state.items()}
-            scratch = self._rule_scratch[: written.size]
-            self.rule.commit(written, rule_state, contribution[block], count, scratch)
-            done += written.size
-            if not np.isfinite(written.sum()):
-                for name, value in arrays.items():
-                    np.copyto(value[:done], before[name][:done])
+            rule_state = {name: value[block] for name, value in state.items()} if state else {}
+            commit(written, rule_state, contribution[block], count, scratch[: written.size])
+            if not math.isfinite(written.sum()):
+                done = start + written.size
+                for value, before in kept:
+                    np.copyto(value[:done], before[:done])
                 self.rejected["nonfinite"] += 1
                 return False
         return True
