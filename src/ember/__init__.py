@@ -11,13 +11,19 @@ Map (class or function -> file -> what it does):
 - ParameterServer, PSClient -> ps/: the sharded parameter server and its client
 - wire/, algorithms/, worker.py, data/, models/, checkpoint.py, metrics.py, engines/: see their
   own docstrings
+
+The names that need torch (fit, evaluate_checkpoint, RunResult, spark) are imported when first
+used (PEP 562), so `import ember.<part>` costs only that part: a parameter-server process
+imports ember.ps and never torch.
 """
 
-from ember import spark  # ember.spark.fit; pyspark itself is imported only when used
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ember._version import __version__
-from ember.api import evaluate_checkpoint, fit
 from ember.config import STRATEGIES, RunConfig, Strategy
-from ember.engines.run import RunResult
 from ember.errors import (
     CheckpointError,
     ConfigError,
@@ -26,6 +32,26 @@ from ember.errors import (
     ServerUnavailable,
     WorkerFailed,
 )
+
+if TYPE_CHECKING:
+    from ember import spark
+    from ember.api import evaluate_checkpoint, fit
+    from ember.engines.run import RunResult
+
+_LAZY = {  # name -> the module that defines it
+    "evaluate_checkpoint": "ember.api",
+    "fit": "ember.api",
+    "RunResult": "ember.engines.run",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "spark":  # ember.spark.fit; pyspark itself is imported only when used
+        return importlib.import_module("ember.spark")
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ember' has no attribute {name!r}")
+
 
 __all__ = [
     "STRATEGIES",

@@ -79,8 +79,10 @@ def evaluate(
     model.eval()
     correct, loss = 0, 0.0
     for start in range(0, len(x), batch):
-        inputs = torch.from_numpy(x[start : start + batch])
-        labels = torch.from_numpy(y[start : start + batch])
+        with warnings.catch_warnings():  # the test set may be a read-only mapping: only read
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+            inputs = torch.from_numpy(x[start : start + batch])
+            labels = torch.from_numpy(y[start : start + batch])
         logits = model(inputs)
         loss += float(F.cross_entropy(logits, labels, reduction="sum"))
         correct += int((logits.argmax(dim=1) == labels).sum())

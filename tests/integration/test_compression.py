@@ -74,7 +74,7 @@ def test_pulled_parameters_and_the_servers_view_stay_bit_identical(kind: str) ->
             assert result.bytes_pulled < 2 * SIZE + 100  # the difference, encoded
             np.testing.assert_array_equal(params, _view(server, client))
         # rounding self-corrects: with no updates in between, pulls close the gap to zero
-        truth = server.params.numpy()
+        truth = server.params
         gap = [np.abs(params - truth).max()]
         for _ in range(3):
             client.pull(params)
@@ -103,7 +103,7 @@ def test_easgd_mirrors_stay_identical_and_the_center_moves_by_what_the_worker_ap
             moved += elastic
             np.testing.assert_array_equal(client.links[0].mirror, _view(server, client))  # type: ignore[index]
             x += (rng.normal(size=SIZE) * 0.01).astype(F32)  # local steps
-        center = server.params.numpy().astype(float)
+        center = server.params.astype(float)
         assert np.abs(center - moved).max() <= 50 * EPS32 * (np.abs(moved).max() + 1)
         assert first.bytes_pushed < SIZE + 100
         client.close()
@@ -125,7 +125,7 @@ def test_a_failover_resends_in_full_precision_and_views_start_again() -> None:
         control([shard.backup.address], SECRET, "promote")
         result = client.push(rng.normal(size=SIZE).astype(F32), reply_into=params, pull=True)
         assert client.failovers == 1 and result.bytes_pulled == 4 * SIZE  # full precision
-        np.testing.assert_array_equal(params, shard.backup.params.numpy())
+        np.testing.assert_array_equal(params, shard.backup.params)
         np.testing.assert_array_equal(params, _view(shard.backup, client))
         result = client.push(rng.normal(size=SIZE).astype(F32), reply_into=params, pull=True)
         assert result.bytes_pulled < SIZE + 100  # encoded again, from the new view
@@ -174,7 +174,7 @@ def test_shared_memory_and_the_socket_carry_the_same_encoded_exchange(monkeypatc
             for _ in range(20):
                 client.push(rng.normal(size=SIZE).astype(F32), reply_into=params, pull=True)
             assert client.connections[0].shared == (shm == "1")
-            finals.append((params.copy(), server.params.numpy().copy()))
+            finals.append((params.copy(), server.params.copy()))
             client.close()
     np.testing.assert_array_equal(finals[0][0], finals[1][0])
     np.testing.assert_array_equal(finals[0][1], finals[1][1])
@@ -196,7 +196,7 @@ def test_a_non_finite_push_is_refused_and_the_exchanges_after_it_recover() -> No
             x -= elastic
             if not bad:
                 np.testing.assert_array_equal(client.links[0].mirror, _view(server, client))  # type: ignore[index]
-        assert np.isfinite(server.params.numpy()).all()
+        assert np.isfinite(server.params).all()
         assert control([server.address], SECRET, "stats")[0]["rejected"]["nonfinite"] >= 1
         client.close()
     with running_servers(np.zeros(SIZE, F32), SGDRule(lr=1.0)) as (server,):
@@ -205,6 +205,6 @@ def test_a_non_finite_push_is_refused_and_the_exchanges_after_it_recover() -> No
         g[7] = np.inf
         client.push(g)
         client.push(np.ones(SIZE, F32))
-        np.testing.assert_allclose(server.params.numpy(), -1.0, rtol=0.01)
+        np.testing.assert_allclose(server.params, -1.0, rtol=0.01)
         assert np.isfinite(client.links[0].residual).all()  # type: ignore[index]
         client.close()

@@ -1,7 +1,9 @@
 """Algorithms: what a worker sends and how the server folds it in.
 
 Map:
-- make_algorithm, make_update_rule -> __init__.py: the strategy registry (one dict each)
+- make_algorithm, ALGORITHMS -> __init__.py: the strategy registry; its names are imported
+  when first used, so the server's rules.py comes without torch
+- make_update_rule -> rules.py: a strategy's server half
 - WorkerContext, CommStats, Algorithm -> base.py: shared context, counters and protocol
 - FlatModel, flatten_parameters, load_flat_parameters -> flat.py: parameters as one buffer
 - SGDRule, EASGDRule -> rules.py: server-side update rules (ps.UpdateRule)
@@ -13,48 +15,76 @@ Map:
 
 from __future__ import annotations
 
+import functools
+import importlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from ember.algorithms.allreduce import AllReduceSGD
-from ember.algorithms.base import Algorithm, CommStats, WorkerContext, local_optimizer
-from ember.algorithms.easgd import AsyncEASGD, SyncEASGD
-from ember.algorithms.flat import FlatModel, flatten_parameters, load_flat_parameters
-from ember.algorithms.local import LocalSGD
-from ember.algorithms.rules import EASGDRule, SGDRule
-from ember.algorithms.sgd import ServerSGD
-from ember.config import AlgorithmKind, ConsistencyKind, RunConfig, Strategy
+from ember.algorithms.rules import EASGDRule, SGDRule, make_update_rule
+from ember.config import Strategy
 from ember.errors import ConfigError
-from ember.ps import UpdateRule
 
-ALGORITHMS: dict[Strategy, Callable[[WorkerContext], Algorithm]] = {
-    Strategy.SINGLE: LocalSGD,
-    Strategy.BSP: ServerSGD,
-    Strategy.SSP: ServerSGD,
-    Strategy.ASYNC: ServerSGD,
-    Strategy.EASGD: SyncEASGD,
-    Strategy.EASGD_ASYNC: AsyncEASGD,
-    Strategy.ALLREDUCE: AllReduceSGD,
+if TYPE_CHECKING:
+    from ember.algorithms.allreduce import AllReduceSGD
+    from ember.algorithms.base import Algorithm, CommStats, WorkerContext, local_optimizer
+    from ember.algorithms.easgd import AsyncEASGD, SyncEASGD
+    from ember.algorithms.flat import FlatModel, flatten_parameters, load_flat_parameters
+    from ember.algorithms.local import LocalSGD
+    from ember.algorithms.sgd import ServerSGD
+
+# The worker side imports torch; the server process needs only rules.py, so these names are
+# imported when first used (PEP 562), never by `import ember.algorithms.rules`.
+_LAZY = {
+    "AllReduceSGD": "allreduce",
+    "Algorithm": "base",
+    "CommStats": "base",
+    "WorkerContext": "base",
+    "local_optimizer": "base",
+    "AsyncEASGD": "easgd",
+    "SyncEASGD": "easgd",
+    "FlatModel": "flat",
+    "flatten_parameters": "flat",
+    "load_flat_parameters": "flat",
+    "LocalSGD": "local",
+    "ServerSGD": "sgd",
 }
 
 
+def __getattr__(name: str) -> Any:
+    if name == "ALGORITHMS":
+        return _algorithms()
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"ember.algorithms.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'ember.algorithms' has no attribute {name!r}")
+
+
+@functools.cache  # one registry, built at its first use
+def _algorithms() -> dict[Strategy, Callable[[WorkerContext], Algorithm]]:
+    from ember.algorithms.allreduce import AllReduceSGD
+    from ember.algorithms.easgd import AsyncEASGD, SyncEASGD
+    from ember.algorithms.local import LocalSGD
+    from ember.algorithms.sgd import ServerSGD
+
+    return {
+        Strategy.SINGLE: LocalSGD,
+        Strategy.BSP: ServerSGD,
+        Strategy.SSP: ServerSGD,
+        Strategy.ASYNC: ServerSGD,
+        Strategy.EASGD: SyncEASGD,
+        Strategy.EASGD_ASYNC: AsyncEASGD,
+        Strategy.ALLREDUCE: AllReduceSGD,
+    }
+
+
 def make_algorithm(context: WorkerContext) -> Algorithm:
+    algorithms = _algorithms()
     try:
-        factory = ALGORITHMS[Strategy(context.config.strategy)]
+        factory = algorithms[Strategy(context.config.strategy)]
     except ValueError:
         raise ConfigError(
-            f"strategy must be one of {', '.join(ALGORITHMS)}; got {context.config.strategy!r}"
+            f"strategy must be one of {', '.join(algorithms)}; got {context.config.strategy!r}"
         ) from None
     return factory(context)
-
-
-def make_update_rule(config: RunConfig) -> UpdateRule:
-    """The server's half of a strategy; only server strategies have one."""
-    if config.algorithm is AlgorithmKind.SGD:
-        rescale = 1.0 if config.consistency is ConsistencyKind.BSP else 1.0 / config.workers
-        return SGDRule(lr=config.lr, momentum=config.momentum, rescale=rescale)
-    if config.algorithm is AlgorithmKind.EASGD:
-        return EASGDRule(alpha=config.effective_alpha)
-    raise ConfigError(f"strategy {config.strategy!r} uses no parameter server")
 
 
 __all__ = [

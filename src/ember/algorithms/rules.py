@@ -1,10 +1,18 @@
-"""Server-side update rules (the ps.UpdateRule protocol): SGD with momentum, and EASGD's center."""
+"""Server-side update rules (the ps.UpdateRule protocol): SGD with momentum, and EASGD's center.
+
+NumPy only: the server process imports this module and never torch (its start-up would
+otherwise be the import of torch). Every operation writes into an existing array (`out=`);
+what needs a scaled copy uses the caller's scratch, so no update allocates."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+import numpy as np
+
+from ember.config import AlgorithmKind, ConsistencyKind, RunConfig
+from ember.errors import ConfigError
+from ember.ps.shard import UpdateRule
 
 
 @dataclass(frozen=True)
@@ -25,20 +33,28 @@ class SGDRule:
         return ("momentum",) if self.momentum else ()
 
     def contribute(
-        self, params: torch.Tensor, payload: torch.Tensor, out: torch.Tensor | None
-    ) -> torch.Tensor:
+        self, params: np.ndarray, payload: np.ndarray, out: np.ndarray | None
+    ) -> np.ndarray:
         return payload
 
     def commit(
-        self, params: torch.Tensor, state: dict[str, torch.Tensor], folded: torch.Tensor, count: int
+        self,
+        params: np.ndarray,
+        state: dict[str, np.ndarray],
+        folded: np.ndarray,
+        count: int,
+        scratch: np.ndarray,
     ) -> None:
-        factor = self.rescale / count  # in-place scaled adds: no temporary the size of params
+        factor = self.rescale / count
         if self.momentum:
             buf = state["momentum"]
-            buf.mul_(self.momentum).add_(folded, alpha=factor)
-            params.add_(buf, alpha=-self.lr)
+            np.multiply(buf, np.float32(self.momentum), out=buf)
+            np.multiply(folded, np.float32(factor), out=scratch)
+            np.add(buf, scratch, out=buf)
+            np.multiply(buf, np.float32(self.lr), out=scratch)
         else:
-            params.add_(folded, alpha=-self.lr * factor)
+            np.multiply(folded, np.float32(self.lr * factor), out=scratch)
+        np.subtract(params, scratch, out=params)
 
 
 @dataclass(frozen=True)
@@ -53,13 +69,28 @@ class EASGDRule:
     state_names: tuple[str, ...] = ()
 
     def contribute(
-        self, params: torch.Tensor, payload: torch.Tensor, out: torch.Tensor | None
-    ) -> torch.Tensor:
+        self, params: np.ndarray, payload: np.ndarray, out: np.ndarray | None
+    ) -> np.ndarray:
         assert out is not None, "EASGD needs a reply buffer"
-        torch.sub(payload, params, out=out)
-        return out.mul_(self.alpha)
+        np.subtract(payload, params, out=out)
+        return np.multiply(out, np.float32(self.alpha), out=out)
 
     def commit(
-        self, params: torch.Tensor, state: dict[str, torch.Tensor], folded: torch.Tensor, count: int
+        self,
+        params: np.ndarray,
+        state: dict[str, np.ndarray],
+        folded: np.ndarray,
+        count: int,
+        scratch: np.ndarray,
     ) -> None:
-        params.add_(folded)
+        np.add(params, folded, out=params)
+
+
+def make_update_rule(config: RunConfig) -> UpdateRule:
+    """The server's half of a strategy; only server strategies have one."""
+    if config.algorithm is AlgorithmKind.SGD:
+        rescale = 1.0 if config.consistency is ConsistencyKind.BSP else 1.0 / config.workers
+        return SGDRule(lr=config.lr, momentum=config.momentum, rescale=rescale)
+    if config.algorithm is AlgorithmKind.EASGD:
+        return EASGDRule(alpha=config.effective_alpha)
+    raise ConfigError(f"strategy {config.strategy!r} uses no parameter server")

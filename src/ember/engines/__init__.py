@@ -21,9 +21,22 @@ Map:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ember.config import RunConfig
-from ember.engines.run import RunResult
 from ember.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ember.engines.run import RunResult
+
+
+def __getattr__(name: str) -> Any:
+    # run.py imports torch, which `python -m ember.engines.server_main` must not (PEP 562)
+    if name == "RunResult":
+        from ember.engines.run import RunResult
+
+        return RunResult
+    raise AttributeError(f"module 'ember.engines' has no attribute {name!r}")
 
 
 def train(config: RunConfig, show_progress: bool = True) -> RunResult:

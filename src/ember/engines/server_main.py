@@ -2,7 +2,10 @@
 it. A fresh interpreter rather than a spawned child, so it never imports the user's
 `__main__`: a top-level spark-submit script works. Its input is one msgpack map on stdin
 (never the command line: the run's secret is in it); it answers the address it bound, one
-line on stdout, then serves; what it prints goes to its log, the stderr it was given."""
+line on stdout, then serves; what it prints goes to its log, the stderr it was given.
+
+It never imports torch (the server's arithmetic is NumPy's): that import was most of the
+seconds a server took to start; tests/unit/test_server_imports.py holds it to that."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from typing import Any
 import msgpack
 import safetensors
 
-from ember.algorithms import make_update_rule
+from ember.algorithms.rules import make_update_rule
 from ember.config import RunConfig
 from ember.engines.addresses import bind_first
 from ember.engines.process import _die_with_parent
@@ -40,8 +43,6 @@ def main() -> None:
 
 
 def serve(message: dict[str, Any], tell: Callable[[str], None]) -> None:
-    import torch  # already imported by ember.ps; one thread, as the server's work is small
-
     config = RunConfig(**message["config"]).validate()
     use_encryption(config.encrypt)  # every socket of this process, before the first opens
     shard, role = ShardSpec(**message["shard"]), message["role"]
@@ -53,7 +54,6 @@ def serve(message: dict[str, Any], tell: Callable[[str], None]) -> None:
             for k in saved.keys()  # noqa: SIM118 - safe_open is not iterable
             if k in rule.state_names
         }
-    torch.set_num_threads(1)
 
     def listen(bind: str) -> ParameterServer:
         return ParameterServer(

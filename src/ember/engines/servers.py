@@ -19,7 +19,7 @@ import msgpack
 import numpy as np
 import safetensors.numpy
 
-from ember.algorithms import make_update_rule
+from ember.algorithms.rules import make_update_rule
 from ember.checkpoint import (
     Checkpoint,
     free_step,

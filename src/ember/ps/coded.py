@@ -6,7 +6,6 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ember.errors import ProtocolError
 from ember.ps.codec import decode
@@ -35,7 +34,7 @@ class CodedExchanges:
     def _answer(
         self,
         held: Held,
-        reply_tensor: torch.Tensor | None = None,
+        reply_tensor: np.ndarray | None = None,
         aliases_params: bool = False,
         view: bool | None = None,
     ) -> None:
@@ -44,12 +43,12 @@ class CodedExchanges:
     def _reply_fields(self, held: Held, clock: int, step: int) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _decoded(self, held: Held) -> list[torch.Tensor]:
+    def _decoded(self, held: Held) -> list[np.ndarray]:
         """An encoded push as float32 slices: gradients decoded, or EASGD's mirror of x_i
         moved by the decoded difference (made anew from x_i itself on a resync)."""
         assert held.payload is not None and held.codec is not None
         header, peer, size = held.request.header, held.request.peer, self.spec.size
-        data = torch.cat(held.payload).numpy() if len(held.payload) > 1 else held.payload[0].numpy()
+        data = np.concatenate(held.payload) if len(held.payload) > 1 else held.payload[0]
         if not self.rule.replies:
             values = decode(held.codec, data, np.empty(size, np.float32))
         elif held.resync:
@@ -64,16 +63,16 @@ class CodedExchanges:
                 )
             mirror += decode(held.codec, data, np.empty(size, np.float32))
             values = mirror
-        return list(torch.from_numpy(values).split(SLICE))
+        return [values[start : start + SLICE] for start in range(0, values.size, SLICE)]
 
-    def _answer_encoded(self, held: Held, reply: torch.Tensor, encoded: np.ndarray) -> None:
+    def _answer_encoded(self, held: Held, reply: np.ndarray, encoded: np.ndarray) -> None:
         """EASGD's encoded elastic difference (already folded as decoded): the mirror moves
         by it as x_i will."""
         mirror = self.views.lookup(
             held.request.header["worker"], held.worker.incarnation, held.request.peer
         )
         if mirror is not None:
-            mirror -= reply.numpy()
+            mirror -= reply
         self.replies.recycle(reply, None)  # nothing reads it: the encoding is its own array
         self._send_encoded(held, encoded, {"view": mirror is not None})
 
@@ -82,7 +81,7 @@ class CodedExchanges:
         (or with no view yet) the parameters in full, which become its view."""
         assert held.codec is not None
         worker_id, incarnation = held.request.header["worker"], held.worker.incarnation
-        params, peer = self.shard.params.numpy(), held.request.peer
+        params, peer = self.shard.params, held.request.peer
         view = None if held.resync else self.views.lookup(worker_id, incarnation, peer)
         if view is None:
             self.views.reset(worker_id, incarnation, peer, params)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from ember.errors import ProtocolError
 from ember.ps.clocks import ClockTable, WorkerEntry
@@ -21,20 +19,16 @@ from ember.ps.replies import Replies
 from ember.ps.shard import ALL_KEYS, ShardSpec, ShardState, UpdateRule, header_bool, header_int
 from ember.wire import Chunk, Request, SendTicket, ServerEndpoint
 
-# Payload views alias zmq's read-only receive buffers; the rules only ever read them.
-warnings.filterwarnings("ignore", message="The given buffer is not writable")
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-
 
 @dataclass
 class Held:
     request: Request
     worker: WorkerEntry
-    payload: list[torch.Tensor] | None  # chunk views of zmq's receive buffers, as they arrive
+    payload: list[np.ndarray] | None  # read-only views of zmq's receive buffers, as they arrive
     folded: bool = False
     streaming: bool = False  # folded chunk by chunk as it arrives, each answered at once
     offset: int = 0  # keys folded so far while streaming
-    reply: torch.Tensor | None = None  # easgd's elastic difference, filled chunk by chunk
+    reply: np.ndarray | None = None  # easgd's elastic difference, filled chunk by chunk
     pooled: bool = True  # the reply buffer returns to the pool (not a shared-memory view)
     tickets: list[SendTicket] = field(default_factory=list)
     codec: str | None = None  # the worker's codec (compress.py); None: full precision
@@ -122,15 +116,16 @@ class PushPull(CodedExchanges):
             header["view"] = False
         if request.header["op"] == "pull" or request.header.get("pull"):
             if coded:
-                params = self.shard.params.numpy()
+                params = self.shard.params
                 self.views.reset(worker_id, worker.incarnation, peer, params)
                 header["view"] = True
-            ticket = self.endpoint.reply(request, header, [self.shard.params.numpy()], track=True)
+            ticket = self.endpoint.reply(request, header, [self.shard.params], track=True)
             if ticket is not None:
                 self.replies.reading(ALL_KEYS, ticket)
         elif request.header["op"] == "push" and self.rule.replies:
-            zeros = self.replies.buffer().zero_()
-            ticket = self.endpoint.reply(request, header, [zeros.numpy()], track=True)
+            zeros = self.replies.buffer()
+            zeros.fill(0)
+            ticket = self.endpoint.reply(request, header, [zeros], track=True)
             self.replies.recycle(zeros, ticket)
         else:
             self.endpoint.reply(request, header)
@@ -187,7 +182,7 @@ class PushPull(CodedExchanges):
         if self.rule.replies:
             # Through shared memory, the reply is computed where the worker will read it.
             in_place = self.endpoint.reply_view(held.request)
-            held.reply = self.replies.buffer() if in_place is None else torch.from_numpy(in_place)
+            held.reply = self.replies.buffer() if in_place is None else in_place
             held.pooled = in_place is None
 
     def on_chunk(self, chunk: Chunk) -> None:
@@ -198,7 +193,7 @@ class PushPull(CodedExchanges):
             raise ProtocolError(chunk.error)
         frame = chunk.request.frames[chunk.index]
         dtype = np.float32 if chunk.request.header["tensors"][0][0] == "float32" else np.uint8
-        values = torch.from_numpy(np.frombuffer(frame.buffer, dtype=dtype))
+        values = np.frombuffer(frame.buffer, dtype=dtype)
         if held.streaming:
             self._fold_streamed(held, values)
         else:
@@ -214,16 +209,16 @@ class PushPull(CodedExchanges):
                 self.held.append(held)
                 self.drain()
 
-    def _fold_streamed(self, held: Held, values: torch.Tensor) -> None:
-        keys = slice(held.offset, held.offset + values.numel())
+    def _fold_streamed(self, held: Held, values: np.ndarray) -> None:
+        keys = slice(held.offset, held.offset + values.size)
         self.replies.release_for_writing(keys)  # another worker's reply may still read them
         out = None if held.reply is None else held.reply[keys]
         params = self.fold.chunk(keys, values, out)
         held.offset = keys.stop
         if out is not None:
-            held.tickets.append(self.endpoint.reply_chunk(held.request, out.numpy()))
+            held.tickets.append(self.endpoint.reply_chunk(held.request, out))
         elif held.request.header.get("pull"):
-            ticket = self.endpoint.reply_chunk(held.request, params.numpy())
+            ticket = self.endpoint.reply_chunk(held.request, params)
             self.replies.reading(keys, ticket)  # it reads the live parameters
 
     def _finish_stream(self, held: Held) -> None:
@@ -272,7 +267,7 @@ class PushPull(CodedExchanges):
             self.fold.maybe_commit_round()
             if reply is not None and squeeze is not None:
                 if self.rejected["nonfinite"] != refused:
-                    squeeze.refused(reply.numpy(), SLICE)
+                    squeeze.refused(reply, SLICE)
                 self._answer_encoded(held, reply, squeeze.encoded)
                 worker.pulled_at = shard.step
                 return True
@@ -295,14 +290,14 @@ class PushPull(CodedExchanges):
     def _answer(
         self,
         held: Held,
-        reply_tensor: torch.Tensor | None = None,
+        reply_tensor: np.ndarray | None = None,
         aliases_params: bool = False,
         view: bool | None = None,
     ) -> None:
         header = self._reply_fields(held, held.worker.clock, self.shard.step)
         if view is not None:
             header["view"] = view
-        arrays = [reply_tensor.numpy()] if reply_tensor is not None else []
+        arrays = [reply_tensor] if reply_tensor is not None else []
         ticket = self.endpoint.reply(held.request, header, arrays, track=bool(arrays))
         held.worker.answered_seq = max(held.worker.answered_seq, header["seq"])
         if ticket is not None:

@@ -158,7 +158,7 @@ class Replication:
             "round": [shard.round_count, shard.round_clock],
             "workers": list(COLUMNS),  # the table is the last payload tensor, of any size
         }
-        arrays = [t.numpy().copy() for t in tensors.values()] + [self.clocks.rows()]
+        arrays = [t.copy() for t in tensors.values()] + [self.clocks.rows()]
         self.replicator.offer(header, arrays)
         self._copied_at = time.monotonic()
 
@@ -220,7 +220,7 @@ class Replication:
         self.replies.release_for_writing()  # a snapshot in flight may still read the old state
         targets = self.shard.copied()
         for name, chunks in zip(names, tensors, strict=True):
-            gather(chunks, targets[name].numpy())
+            gather(chunks, targets[name])
         self.shard.step = header["step"]
         self.shard.round_count, self.shard.round_clock = round_count, round_clock
         self.counters["copies_applied"] += 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-import torch
+import numpy as np
 
 from ember.ps.shard import ALL_KEYS, ShardSpec, ShardState
 from ember.wire import CHUNK_BYTES, SendTicket
@@ -22,24 +22,24 @@ def unread_budget(spec: ShardSpec, state_names: tuple[str, ...]) -> int:
 
 
 class Replies:
-    """Zero-copy replies hand zmq the server's own tensors: this keeps each one untouched
+    """Zero-copy replies hand zmq the server's own arrays: this keeps each one untouched
     until its send ticket is done, by reusing reply buffers only after that and by moving
     the shard to private copies before an update of keys a reply still reads."""
 
     def __init__(self, shard: ShardState, counters: Counter[str]) -> None:
         self._shard, self._counters = shard, counters
         self._reading: list[tuple[slice, SendTicket]] = []  # replies that read the shard's keys
-        self._pool: list[tuple[torch.Tensor, SendTicket | None]] = []
+        self._pool: list[tuple[np.ndarray, SendTicket | None]] = []
 
-    def buffer(self) -> torch.Tensor:
+    def buffer(self) -> np.ndarray:
         """A reusable reply buffer zmq has finished sending (fresh pages cost a first touch)."""
         for i, (buffer, ticket) in enumerate(self._pool):
             if ticket is None or ticket.done:
                 del self._pool[i]
                 return buffer
-        return torch.empty(self._shard.params.numel())
+        return np.empty(self._shard.params.size, np.float32)
 
-    def recycle(self, buffer: torch.Tensor, ticket: SendTicket | None) -> None:
+    def recycle(self, buffer: np.ndarray, ticket: SendTicket | None) -> None:
         """`buffer` (from `buffer()`) is sent; it is reused once `ticket` is done. Past
         POOL_BUFFERS the oldest is let go: zmq keeps one it still reads alive by itself."""
         self._pool.append((buffer, ticket))

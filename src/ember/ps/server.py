@@ -8,7 +8,6 @@ from enum import Enum
 from typing import Any
 
 import numpy as np
-import torch
 
 from ember.errors import ProtocolError
 from ember.ps.clockrows import COLUMNS
@@ -141,11 +140,11 @@ class ParameterServer:
 
     # ---- what tests and tools read of the shard ------------------------------------------------
     @property
-    def params(self) -> torch.Tensor:
+    def params(self) -> np.ndarray:
         return self.shard.params
 
     @property
-    def state(self) -> dict[str, torch.Tensor]:
+    def state(self) -> dict[str, np.ndarray]:
         return self.shard.rule_state
 
     @property
@@ -276,7 +275,7 @@ class ParameterServer:
             "step": self.shard.step,
             "workers": list(COLUMNS),
         }
-        arrays = [t.numpy() for t in tensors.values()] + [self.clocks.rows(resume_only=True)]
+        arrays = [*tensors.values(), self.clocks.rows(resume_only=True)]
         ticket = self.endpoint.reply(request, header, arrays, track=True)
         if ticket is not None:
             self.replies.reading(ALL_KEYS, ticket)

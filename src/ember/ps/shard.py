@@ -1,4 +1,5 @@
-"""A shard: its key range, the rule that updates it, and the state it holds (no wire here)."""
+"""A shard: its key range, the rule that updates it, and the state it holds (no wire here).
+NumPy float32 arrays throughout: the server process never imports torch."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-import torch
 
 from ember.errors import ProtocolError
 
@@ -32,15 +32,22 @@ class UpdateRule(Protocol):
         ...
 
     def contribute(
-        self, params: torch.Tensor, payload: torch.Tensor, out: torch.Tensor | None
-    ) -> torch.Tensor:
-        """What this push adds to the round (it may alias `payload` or `out`)."""
+        self, params: np.ndarray, payload: np.ndarray, out: np.ndarray | None
+    ) -> np.ndarray:
+        """What this push adds to the round (it may alias `payload` or `out`; `payload` may
+        be a read-only view of a receive buffer)."""
         ...
 
     def commit(
-        self, params: torch.Tensor, state: dict[str, torch.Tensor], folded: torch.Tensor, count: int
+        self,
+        params: np.ndarray,
+        state: dict[str, np.ndarray],
+        folded: np.ndarray,
+        count: int,
+        scratch: np.ndarray,
     ) -> None:
-        """Apply the sum of `count` contributions to the parameters in place."""
+        """Apply the sum of `count` contributions to the parameters in place; `scratch`, of
+        `folded`'s size, is the rule's to overwrite, so an update allocates nothing."""
         ...
 
 
@@ -68,9 +75,9 @@ class ShardState:
     the clock table. `params` and `rule_state` may be replaced by private copies while a reply
     still reads the old ones, so hold the ShardState, never its tensors."""
 
-    params: torch.Tensor  # this shard's keys of the flat parameter vector
-    rule_state: dict[str, torch.Tensor]  # the rule's per-key state, in state_names order
-    round_sum: torch.Tensor | None  # an open synchronous round's contributions; None if async
+    params: np.ndarray  # this shard's keys of the flat parameter vector
+    rule_state: dict[str, np.ndarray]  # the rule's per-key state, in state_names order
+    round_sum: np.ndarray | None  # an open synchronous round's contributions; None if async
     round_count: int = 0  # contributions round_sum holds
     round_clock: int = 0  # the clock whose contributions round_sum holds
     step: int = 0  # commits applied to the parameters
@@ -90,25 +97,25 @@ class ShardState:
                 f"shard {spec.index} wants float32[{spec.size}], "
                 f"got {params.dtype}{list(params.shape)}"
             )
-        rule_state = {name: torch.zeros(spec.size) for name in state_names}
+        rule_state = {name: np.zeros(spec.size, np.float32) for name in state_names}
         for name, value in (saved or {}).items():
-            rule_state[name].copy_(torch.from_numpy(np.asarray(value, dtype=np.float32)))
+            rule_state[name][:] = np.asarray(value, dtype=np.float32)
         return cls(
-            params=torch.from_numpy(np.array(params, dtype=np.float32, copy=True)),
+            params=np.array(params, dtype=np.float32, copy=True),
             rule_state=rule_state,
-            round_sum=torch.zeros(spec.size) if synchronous else None,
+            round_sum=np.zeros(spec.size, np.float32) if synchronous else None,
             step=step,
         )
 
-    def state_at(self, keys: slice) -> dict[str, torch.Tensor]:
+    def state_at(self, keys: slice) -> dict[str, np.ndarray]:
         """The rule's state for `keys`, as views."""
         return {name: value[keys] for name, value in self.rule_state.items()}
 
-    def saved(self) -> dict[str, torch.Tensor]:
+    def saved(self) -> dict[str, np.ndarray]:
         """The parameters and the rule's state, as a snapshot names them."""
         return {"params": self.params, **self.rule_state}
 
-    def copied(self) -> dict[str, torch.Tensor]:
+    def copied(self) -> dict[str, np.ndarray]:
         """What a copy to the backup carries: the snapshot's tensors and an open round's sum."""
         tensors = self.saved()
         if self.round_sum is not None:
@@ -117,8 +124,8 @@ class ShardState:
 
     def move_to_private_copies(self) -> None:
         """Go on with copies of params and rule state, leaving the old tensors to their readers."""
-        self.params = self.params.clone()
-        self.rule_state = {name: value.clone() for name, value in self.rule_state.items()}
+        self.params = self.params.copy()
+        self.rule_state = {name: value.copy() for name, value in self.rule_state.items()}
 
 
 def header_int(header: dict[str, Any], key: str, minimum: int | None = None) -> int:
