@@ -1,0 +1,65 @@
+"""One report from several `ember bench --hosts` runs: their records together, each link's rows
+predicted again by today's throughput model at the rate (and latency) that link measured.
+
+A full comparison at every link rate takes hours on a small machine, so it is often run one
+rate (or one set of rows) at a time; this puts those runs side by side in one report.md:
+
+    python benchmarks/link_report.py --out docs/comparison/links RUN_DIR [RUN_DIR ...]
+
+Each RUN_DIR is an `ember bench --out` directory (results.jsonl and settings.json). The single
+row of the first run is every link's baseline; each run's own calibration predicts its rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ember.bench.predict import predict_results
+from ember.bench.report import write_report
+
+
+def merged(runs: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The runs' records, predicted again, and settings that describe them all."""
+    records: list[dict[str, Any]] = []
+    settings: dict[str, Any] = {}
+    for index, run in enumerate(runs):
+        given = json.loads((run / "settings.json").read_text())
+        rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+        # the first run's single row is the baseline; later runs' copies would stand beside it
+        rows = [r for r in rows if r.get("link") or index == 0]
+        records += predict_results(rows, given.get("calibration", {}))
+        if not settings:
+            settings = {**given, "links": [], "strategies": [], "runs": []}
+            settings["links_run"] = {**given.get("links_run", {}), "measured": {}}
+        settings["runs"].append(str(run))
+        for key in ("links", "strategies"):
+            settings[key] += [name for name in given[key] if name not in settings[key]]
+        settings["links_run"]["measured"].update(given.get("links_run", {}).get("measured", {}))
+    return records, settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="ember bench --out directories")
+    parser.add_argument("--out", type=Path, required=True, help="where report.md is written")
+    args = parser.parse_args(argv)
+    for run in args.runs:
+        if not (run / "results.jsonl").is_file() or not (run / "settings.json").is_file():
+            print(f"{run}: not an ember bench directory (no results.jsonl and settings.json)")
+            return 2
+    records, settings = merged(args.runs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with (args.out / "results.jsonl").open("w") as file:
+        file.writelines(json.dumps(r) + "\n" for r in records)
+    (args.out / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
+    written = write_report(records, args.out, settings)
+    print(f"{len(records)} rows; wrote {', '.join(map(str, written))}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
