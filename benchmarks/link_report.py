@@ -7,7 +7,8 @@ rate (or one set of rows) at a time; this puts those runs side by side in one re
     python benchmarks/link_report.py --out docs/comparison/links RUN_DIR [RUN_DIR ...]
 
 Each RUN_DIR is an `ember bench --out` directory (results.jsonl and settings.json). The single
-row of the first run is every link's baseline; each run's own calibration predicts its rows.
+row of the first run is every link's baseline; each run's own calibration predicts its rows,
+and a row that an earlier run measured too is a further repetition of it.
 """
 
 from __future__ import annotations
@@ -31,11 +32,14 @@ def merged(runs: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
         # the first run's single row is the baseline; later runs' copies would stand beside it
         rows = [r for r in rows if r.get("link") or index == 0]
+        seen = {(r["task"], r["row"], r.get("link")) for r in records}
+        for row in rows:  # a row an earlier run measured too counts as a further repetition
+            row["repeat"] += (row["task"], row["row"], row.get("link")) in seen
         records += predict_results(rows, given.get("calibration", {}))
         if not settings:
-            settings = {**given, "links": [], "strategies": [], "runs": []}
+            settings = {**given, "out": "", "links": [], "strategies": [], "runs": []}
             settings["links_run"] = {**given.get("links_run", {}), "measured": {}}
-        settings["runs"].append(str(run))
+        settings["runs"].append(run.name)
         for key in ("links", "strategies"):
             settings[key] += [name for name in given[key] if name not in settings[key]]
         settings["links_run"]["measured"].update(given.get("links_run", {}).get("measured", {}))
@@ -52,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{run}: not an ember bench directory (no results.jsonl and settings.json)")
             return 2
     records, settings = merged(args.runs)
+    settings["out"] = str(args.out)
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / "results.jsonl").open("w") as file:
         file.writelines(json.dumps(r) + "\n" for r in records)
