@@ -28,8 +28,9 @@ def merged(runs: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     records: list[dict[str, Any]] = []
     settings: dict[str, Any] = {}
     for index, run in enumerate(runs):
-        given = json.loads((run / "settings.json").read_text())
-        rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+        given = _read_json(run / "settings.json", (run / "settings.json").read_text())
+        lines = (run / "results.jsonl").read_text().splitlines()
+        rows = [_read_json(run / f"results.jsonl:{n}", line) for n, line in enumerate(lines, 1)]
         # the first run's single row is the baseline; later runs' copies would stand beside it
         rows = [r for r in rows if r.get("link") or index == 0]
         seen = {(r["task"], r["row"], r.get("link")) for r in records}
@@ -44,6 +45,13 @@ def merged(runs: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             settings[key] += [name for name in given[key] if name not in settings[key]]
         settings["links_run"]["measured"].update(given.get("links_run", {}).get("measured", {}))
     return records, settings
+
+
+def _read_json(where: Path, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"{where}: not JSON ({exc.msg}, column {exc.colno})") from None
 
 
 def main(argv: list[str] | None = None) -> int:
