@@ -14,9 +14,9 @@ from ember.wire.frames import CHUNK_BYTES, MAC_BYTES, MAX_HEADER_BYTES
 MAX_FRAME_BYTES = max(CHUNK_BYTES, MAC_BYTES + MAX_HEADER_BYTES) + 1024
 # Replies queued for one peer, in messages (chunks of up to CHUNK_BYTES): past it the ROUTER
 # drops that peer's replies (without ROUTER_MANDATORY a full peer never blocks the server's
-# one loop). 256 messages lets an honest peer's reply of a 2 GiB shard leave in one burst,
-# so a count of messages bounds little: ReplyBacklog bounds the bytes.
-ROUTER_SNDHWM = 256
+# one loop). This many lets an honest peer's reply of a 2 GiB shard leave in one burst, so a
+# count of messages bounds little: ReplyBacklog bounds the bytes.
+ROUTER_SNDHWM = (2 << 30) // CHUNK_BYTES
 
 
 def new_socket(context: zmq.Context, kind: int) -> zmq.Socket:
