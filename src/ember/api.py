@@ -27,11 +27,13 @@ def fit(config_file: str | None = None, show_progress: bool = False, **fields: A
 def run_config(overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:
     """`make_config`, except that a run resumed from a checkpoint keeps the configuration
     saved with it: explicit fields may change only what `resumed_values` allows."""
-    from ember.engines.run import _resolve_resume
-
     explicit = explicit_fields(overrides, config_file)
     if explicit.get("resume") is None:
         return RunConfig(**explicit).validate()
+    # Only here: run.py imports torch, which the local engine's fork server should be
+    # importing beside the launcher by then (engines/__init__.py), not after it.
+    from ember.engines.run import _resolve_resume
+
     probe = RunConfig(out=explicit.get("out"), resume=explicit["resume"]).validate()
     with warnings.catch_warnings():  # prepare_run looks again and warns of a bad checkpoint
         warnings.simplefilter("ignore")

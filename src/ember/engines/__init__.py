@@ -16,6 +16,7 @@ Map:
   --ports) and what workers are told (--advertise-address)
 - Progress -> progress.py: the live progress bar
 - Timeline, PeakMemory -> phases.py: the summary's phase timings and the processes' peak memory
+- forking.py: the workers' fork server, started before the launcher imports torch
 - forkserver.py: imported by the workers' fork server alone, which then dies with the launcher
 """
 
@@ -41,8 +42,14 @@ def __getattr__(name: str) -> Any:
 
 def train(config: RunConfig, show_progress: bool = True) -> RunResult:
     if config.engine == "local":
-        from ember.engines.local import train_local
+        from ember.engines.forking import start_forkserver, stop_forkserver
 
+        start_forkserver()  # its imports of torch and ember overlap with the launcher's below
+        try:
+            from ember.engines.local import train_local
+        except BaseException:
+            stop_forkserver()
+            raise
         return train_local(config, show_progress)
     if config.engine == "spark":
         try:

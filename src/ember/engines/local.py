@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import multiprocessing as mp
 import multiprocessing.forkserver
-import os
 import queue
-import signal
 import time
 import traceback
 from pathlib import Path
@@ -19,6 +15,7 @@ import safetensors.numpy
 from ember.config import RunConfig
 from ember.data.host import host_data
 from ember.data.store import DataFiles
+from ember.engines.forking import FORKSERVER, start_forkserver, stop_forkserver
 from ember.engines.join import JOIN_FILE, write_join_file
 from ember.engines.phases import PeakMemory, Timeline, pids_of
 from ember.engines.process import _child_main, free_port, reap, tail
@@ -27,21 +24,12 @@ from ember.engines.run import Run, RunResult, RunSetup, prepare_run
 from ember.metrics import WorkerError, WorkerFailure, WorkerRestart, write_json
 from ember.worker import WorkerSpec, run_worker
 
-# Workers are forked from a server process that has imported torch and ember already (and
-# only that: no threads, no run state), rather than each spawned to import them again; it
-# starts before the data loads, so its imports overlap with the launcher's work.
-FORKSERVER = mp.get_context("forkserver")
-FORKSERVER.set_forkserver_preload(
-    # torch._dynamo: the first optimizer a worker builds imports it, for seconds
-    ["ember.engines.forkserver", "torch", "torch._dynamo", "ember.engines.local"]
-)
-
 
 def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
     """Run servers and workers as children of this process; every child is reaped on return,
     error or Ctrl-C, and a failure saves what the servers hold before they stop."""
     timeline, memory = Timeline(), PeakMemory()
-    multiprocessing.forkserver.ensure_running()
+    start_forkserver()  # running already when `ember train` started it (engines/__init__.py)
     try:
         with Progress(show_progress) as progress:
             progress.phase("loading data")
@@ -58,23 +46,11 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
             finally:
                 host.close()
     finally:
-        _stop_forkserver()
+        stop_forkserver()
     # summary.json once more, now that the teardown's seconds are known
     result.summary.update(timeline.summary(), peak_memory_bytes=memory.total())
     write_json(result.run_dir / "summary.json", result.summary)
     return result
-
-
-def _stop_forkserver() -> None:
-    """The fork server goes with the run that started it: nothing outlives `train_local`.
-    It holds no state and its children are gone by now, so it is killed: let to exit, it
-    would spend seconds unloading torch while the launcher waits."""
-    server = getattr(multiprocessing.forkserver, "_forkserver", None)
-    pid, stop = getattr(server, "_forkserver_pid", None), getattr(server, "_stop", None)
-    if pid is not None and stop is not None:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-        stop()  # reaps it and forgets it, so that the next run starts a new one
 
 
 def _train(
