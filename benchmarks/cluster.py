@@ -46,7 +46,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from common import fmt, make_parser, markdown_table, positive_int, report, set_threads, spread
+from common import (
+    fit_twice_in_session,
+    fmt,
+    make_parser,
+    markdown_table,
+    positive_int,
+    report,
+    set_threads,
+    spread,
+)
 from exchange import TIMEOUT_MS, iterations_for, parse_size, size_label, time_round_trips
 
 PARTS = ("training", "link", "curve", "model")
@@ -295,28 +304,7 @@ def fit_twice(cluster: Any, epochs: int) -> tuple[float, float]:
 
 def _fit_twice(root: str, epochs: int, master: str) -> None:
     """The driver's side: print the seconds and test accuracy of each call, as JSON."""
-    from pyspark.sql import SparkSession
-
-    import ember
-    from ember.engines.spark.session import end_spark
-
-    # Two runs' data in the JVM at once: more than Spark's 1g default heap holds
-    builder = SparkSession.builder.master(master).config("spark.driver.memory", "4g")
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("FATAL")
-    seconds, test_accuracy = [], []
-    try:
-        for run in range(2):
-            started = time.perf_counter()
-            result = ember.fit(
-                engine="spark", data="mnist", strategy="easgd-async", workers=2, epochs=epochs,
-                out=f"{root}/fit{run}",
-            )  # fmt: skip
-            seconds.append(time.perf_counter() - started)
-            test_accuracy.append(result.summary["test_accuracy"])
-    finally:
-        end_spark(spark)
-    print(json.dumps({"seconds": seconds, "test_accuracy": test_accuracy}), flush=True)
+    print(json.dumps(fit_twice_in_session(master, Path(root), epochs)), flush=True)
 
 
 @contextlib.contextmanager

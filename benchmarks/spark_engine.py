@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    fit_twice_in_session,
     fmt,
     make_parser,
     markdown_table,
@@ -98,23 +99,7 @@ def _fit_twice(epochs: int, root: Path) -> None:
     """The child's side: print the seconds of each call."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    import ember
-    from ember.engines.spark.session import end_spark
-
-    # Two runs' data in the JVM at once: more than Spark's 1g default heap holds
-    spark = SparkSession.builder.master(MASTER).config("spark.driver.memory", "4g").getOrCreate()
-    spark.sparkContext.setLogLevel("FATAL")
-    seconds: list[float] = []
-    try:
-        for run in range(2):
-            started = time.perf_counter()
-            ember.fit(engine="spark", epochs=epochs, out=str(root / f"fit{run}"))
-            seconds.append(time.perf_counter() - started)
-    finally:
-        end_spark(spark)
-    print(*seconds)
+    print(*fit_twice_in_session(MASTER, root, epochs)["seconds"])
 
 
 def one_repeat(index: int, epochs: int) -> dict[str, Any]:
