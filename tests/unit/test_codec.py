@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
@@ -28,6 +28,8 @@ def _round_trip(kind: str, x: np.ndarray) -> np.ndarray:
     arrays(F32, st.integers(1, 3 * BLOCK + 7), elements=st.floats(-1, 1, width=32)),
     st.sampled_from([1e-30, 1e-3, 1.0, 1e30]),
 )
+@example(np.array([1.2494e-41], dtype=F32), 1e-3)  # its scale underflows to zero
+@example(np.array([2e-43], dtype=F32), 1.0)  # its scale rounds down: |q| would pass 127
 def test_int8_is_within_half_a_scale_of_every_value_per_block(x: np.ndarray, unit: float) -> None:
     """The stated bound: |x - decode(encode(x))| <= s / 2 per block, s = max|x| / 127 of the
     block, up to float32 rounding (of x / s, a few eps of s, and of q * s, an ulp of x)."""

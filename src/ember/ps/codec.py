@@ -109,7 +109,13 @@ def _encode_int8(values: np.ndarray, out: np.ndarray) -> None:
 
 def _int8_rows(rows: np.ndarray, framed: np.ndarray) -> None:
     """Each row of `rows` into the matching row of `framed`: 4 scale bytes, then int8s."""
-    scales = (np.abs(rows).max(axis=1) / np.float32(127)).astype(np.float32)
+    largest = np.abs(rows).max(axis=1)
+    scales = (largest / np.float32(127)).astype(np.float32)
+    # Among subnormals a scale rounds by up to half its own size: one rounded below
+    # max|x| / 127 would put |q| past 127 (int8 wraps around), and one rounded to zero would
+    # decode the block as zeros. The next float32 up keeps |q| <= 127 and the bound.
+    short = scales * np.float32(127) < largest
+    scales[short] = np.nextafter(scales[short], np.float32(np.inf))
     safe = np.where(scales > 0, scales, np.float32(1))
     with np.errstate(invalid="ignore"):
         q = np.divide(rows, safe[:, None])
