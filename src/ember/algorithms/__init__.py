@@ -26,7 +26,13 @@ from ember.errors import ConfigError
 
 if TYPE_CHECKING:
     from ember.algorithms.allreduce import AllReduceSGD
-    from ember.algorithms.base import Algorithm, CommStats, WorkerContext, local_optimizer
+    from ember.algorithms.base import (
+        Algorithm,
+        CommStats,
+        MomentumSGD,
+        WorkerContext,
+        local_optimizer,
+    )
     from ember.algorithms.easgd import AsyncEASGD, SyncEASGD
     from ember.algorithms.flat import FlatModel, flatten_parameters, load_flat_parameters
     from ember.algorithms.local import LocalSGD
@@ -40,6 +46,7 @@ _LAZY = {
     "CommStats": "base",
     "WorkerContext": "base",
     "local_optimizer": "base",
+    "MomentumSGD": "base",
     "AsyncEASGD": "easgd",
     "SyncEASGD": "easgd",
     "FlatModel": "flat",
@@ -96,6 +103,7 @@ __all__ = [
     "EASGDRule",
     "FlatModel",
     "LocalSGD",
+    "MomentumSGD",
     "SGDRule",
     "ServerSGD",
     "SyncEASGD",

@@ -5,10 +5,9 @@ from __future__ import annotations
 import datetime
 import time
 
-import torch
 import torch.distributed as dist
 
-from ember.algorithms.base import CommStats, WorkerContext
+from ember.algorithms.base import CommStats, Optimizer, WorkerContext
 from ember.algorithms.flat import FlatModel
 from ember.ps import ExchangeResult
 
@@ -18,9 +17,9 @@ class AllReduceSGD:
         self.context = context
         self.stats = CommStats()
         self.flat: FlatModel | None = None
-        self.optimizer: torch.optim.Optimizer | None = None
+        self.optimizer: Optimizer | None = None
 
-    def start(self, flat: FlatModel, optimizer: torch.optim.Optimizer | None) -> int:
+    def start(self, flat: FlatModel, optimizer: Optimizer | None) -> int:
         ctx = self.context
         self.flat, self.optimizer = flat, optimizer
         # a store the engine opened (Spark's tasks meet through allGather), else init_method

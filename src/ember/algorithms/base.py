@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -62,7 +63,7 @@ class Algorithm(Protocol):
 
     stats: CommStats
 
-    def start(self, flat: FlatModel, optimizer: torch.optim.Optimizer | None) -> int:
+    def start(self, flat: FlatModel, optimizer: Optimizer | None) -> int:
         """Connect and load the starting parameters; return the local step to resume from."""
         ...
 
@@ -75,7 +76,43 @@ class Algorithm(Protocol):
         ...
 
 
-def local_optimizer(flat: FlatModel, config: RunConfig) -> torch.optim.Optimizer:
-    return torch.optim.SGD(
+class Optimizer(Protocol):
+    """What an algorithm asks of the local optimizer (MomentumSGD, or any torch.optim one)."""
+
+    def step(self) -> Any: ...
+
+
+class MomentumSGD:
+    """The local optimizer: torch.optim.SGD's update with momentum and Nesterov (no dampening
+    or weight decay), the same arithmetic in the same order, so the same parameters step for
+    step. Not torch.optim.SGD itself: its first use imports torch._dynamo, seconds of every
+    worker's start for a compiler a worker never runs."""
+
+    def __init__(
+        self, params: Iterable[torch.nn.Parameter], lr: float, momentum: float, nesterov: bool
+    ) -> None:
+        self.params = list(params)
+        self.lr, self.momentum, self.nesterov = lr, momentum, nesterov
+        self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for i, param in enumerate(self.params):
+            if param.grad is None:
+                continue
+            direction = param.grad
+            if self.momentum != 0:
+                buffer = self.buffers[i]
+                if buffer is None:
+                    buffer = self.buffers[i] = direction.detach().clone()
+                else:
+                    buffer.mul_(self.momentum).add_(direction)
+                nesterov = self.nesterov
+                direction = direction.add(buffer, alpha=self.momentum) if nesterov else buffer
+            param.add_(direction, alpha=-self.lr)
+
+
+def local_optimizer(flat: FlatModel, config: RunConfig) -> MomentumSGD:
+    return MomentumSGD(
         flat.module.parameters(), lr=config.lr, momentum=config.momentum, nesterov=config.nesterov
     )

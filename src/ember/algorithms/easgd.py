@@ -7,9 +7,8 @@ import threading
 import time
 
 import numpy as np
-import torch
 
-from ember.algorithms.base import CommStats, WorkerContext
+from ember.algorithms.base import CommStats, Optimizer, WorkerContext
 from ember.algorithms.flat import FlatModel
 from ember.algorithms.period import make_period
 from ember.errors import EmberError
@@ -21,7 +20,7 @@ class _EASGDBase:
         self.context = context
         self.stats = CommStats()
         self.flat: FlatModel | None = None
-        self.optimizer: torch.optim.Optimizer | None = None
+        self.optimizer: Optimizer | None = None
         self.elastic = np.empty(0, dtype=np.float32)  # e = alpha * (x_i - center), from the server
         self.steps_done: int | None = None  # local steps taken so far; None before the first
         self.exchanged_at: int | None = None  # local step of the latest exchange
@@ -51,7 +50,7 @@ class SyncEASGD(_EASGDBase):
 
     client: PSClient
 
-    def start(self, flat: FlatModel, optimizer: torch.optim.Optimizer | None) -> int:
+    def start(self, flat: FlatModel, optimizer: Optimizer | None) -> int:
         self.flat, self.optimizer = flat, optimizer
         self.client = self._client()
         resumed = self.client.register()
@@ -94,7 +93,7 @@ class AsyncEASGD(_EASGDBase):
     is applied at the first step boundary after it arrives. Compute waits only when the next
     exchange is due while the previous one is still in flight."""
 
-    def start(self, flat: FlatModel, optimizer: torch.optim.Optimizer | None) -> int:
+    def start(self, flat: FlatModel, optimizer: Optimizer | None) -> int:
         self.flat, self.optimizer = flat, optimizer
         self._due = threading.Event()  # main -> exchanger: snapshot is ready to send
         self._arrived = threading.Event()  # exchanger -> main: elastic difference is ready

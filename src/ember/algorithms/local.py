@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
-from ember.algorithms.base import CommStats, WorkerContext
+from ember.algorithms.base import CommStats, Optimizer, WorkerContext
 from ember.algorithms.flat import FlatModel
 
 
@@ -12,9 +10,9 @@ class LocalSGD:
     def __init__(self, context: WorkerContext) -> None:
         self.context = context
         self.stats = CommStats()
-        self.optimizer: torch.optim.Optimizer | None = None
+        self.optimizer: Optimizer | None = None
 
-    def start(self, flat: FlatModel, optimizer: torch.optim.Optimizer | None) -> int:
+    def start(self, flat: FlatModel, optimizer: Optimizer | None) -> int:
         self.optimizer = optimizer
         return 0
 

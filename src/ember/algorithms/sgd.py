@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from ember.algorithms.base import CommStats, WorkerContext
+from ember.algorithms.base import CommStats, Optimizer, WorkerContext
 from ember.algorithms.flat import FlatModel
 from ember.ps import PSClient
 
@@ -21,7 +21,7 @@ class ServerSGD:
         self.accumulated: torch.Tensor | None = None  # gradients summed since the last push
         self.pending = 0  # steps whose gradients `accumulated` holds
 
-    def start(self, flat: FlatModel, optimizer: torch.optim.Optimizer | None) -> int:
+    def start(self, flat: FlatModel, optimizer: Optimizer | None) -> int:
         ctx = self.context
         self.flat = flat
         self.client = PSClient(

@@ -12,10 +12,7 @@ import os
 import signal
 
 FORKSERVER = mp.get_context("forkserver")
-FORKSERVER.set_forkserver_preload(
-    # torch._dynamo: the first optimizer a worker builds imports it, for seconds
-    ["ember.engines.forkserver", "torch", "torch._dynamo", "ember.engines.local"]
-)
+FORKSERVER.set_forkserver_preload(["ember.engines.forkserver", "torch", "ember.engines.local"])
 
 
 def start_forkserver() -> None:
