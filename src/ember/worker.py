@@ -6,7 +6,6 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,40 +23,13 @@ from ember.algorithms import (
 from ember.algorithms.period import Period
 from ember.checkpoint import free_step, save_checkpoint
 from ember.config import RunConfig
-from ember.data import Dataset, load_dataset, shard_indices
+from ember.data import Dataset, shard_indices
 from ember.metrics import Evaluation, TauChoice, WorkerDone, WorkerProgress, WorkerStart
 from ember.models import build_model
+from ember.spec import WorkerSpec, checkpoint_meta, load_data
 from ember.wire import use_encryption
 
 Report = Callable[[dict[str, Any]], None]
-
-
-@dataclass
-class WorkerSpec:
-    """Everything one worker process needs; built by an engine, handed to its child."""
-
-    config: RunConfig
-    rank: int
-    world: int
-    servers: list[str] = field(default_factory=list)
-    secret: bytes = b""
-    rendezvous: str = ""
-    run_dir: str = "."
-    incarnation: int = 0
-    initial: np.ndarray | None = None  # starting parameters for strategies without a server
-    initial_file: str | None = None  # or a safetensors file holding them as "params"
-    initial_step: int = 0  # and the step they were saved at
-    own_rows: bool = False  # the dataset's training rows are this worker's alone (a partition)
-    store: Any = None  # allreduce: a torch.distributed Store the engine opened, else rendezvous
-
-
-def load_data(config: RunConfig) -> Dataset:
-    return load_dataset(
-        config.data,
-        seed=config.seed,
-        synthetic_samples=config.synthetic_samples,
-        synthetic_features=config.synthetic_features,
-    )
 
 
 def make_model(config: RunConfig, dataset: Dataset) -> torch.nn.Module:
@@ -335,15 +307,3 @@ def _save_local(spec: WorkerSpec, flat: FlatModel, step: int) -> None:
         checkpoint_meta(spec.config, flat.size, step),
         keep=spec.config.keep_checkpoints,
     )
-
-
-def checkpoint_meta(config: RunConfig, size: int, step: int, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": config.model,
-        "data": config.data,
-        "strategy": config.strategy,
-        "parameters": size,
-        "step": step,
-        "config": config.to_dict(),
-        **extra,
-    }

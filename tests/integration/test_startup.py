@@ -75,10 +75,47 @@ def test_each_worker_maps_its_shard_alone_and_the_summary_times_the_phases(tmp_p
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["phases"]) == set(PHASES)
     assert all(seconds >= 0 for seconds in summary["phases"].values())
-    startup = sum(summary["phases"][p] for p in ("launch", "data", "servers", "workers"))
+    startup = sum(summary["phases"][p] for p in ("launch", "data", "model", "servers", "workers"))
     assert summary["startup_seconds"] == pytest.approx(startup, abs=1e-3)
     assert summary["teardown_seconds"] > 0 and summary["phases"]["teardown"] > 0
     # the launcher and both workers at least, each holding more than the shard
     assert summary["peak_memory_bytes"] > 3 * shard_bytes
     assert summary["test_accuracy"] > 0.75
     assert not list(Path("/dev/shm").glob(f"ember-data-{launcher.pid}-*"))  # its copy is gone
+
+
+# A whole local run, then what it left loaded: the launcher has the model's starting
+# parameters and final evaluation worked out by forks of the fork server, never torch itself.
+RUN = """
+import json, sys
+from ember.api import run_config
+from ember.engines import train
+
+fields = dict(data="synthetic-lr", model="logreg", synthetic_samples=4000, epochs=1, workers=2)
+result = train(run_config({"out": sys.argv[1], **fields}), show_progress=False)
+print(json.dumps({"torch": "torch" in sys.modules, "summary": result.summary}))
+import torch
+from ember.checkpoint import load_checkpoint
+saved = load_checkpoint(result.summary["checkpoint"]).tensors["params"]
+model = result.model  # built here, on first use
+print(json.dumps({"module": isinstance(model, torch.nn.Module),
+    "same": bool(torch.equal(torch.cat([p.reshape(-1) for p in model.parameters()]),
+        torch.from_numpy(saved)))}))
+"""
+
+
+def test_the_launcher_of_a_local_run_never_imports_torch(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": SRC}
+    done = subprocess.run(
+        [sys.executable, "-c", RUN, str(tmp_path / "run")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    ran, model = (json.loads(line) for line in done.stdout.splitlines()[-2:])
+    assert ran["torch"] is False
+    assert ran["summary"]["test_accuracy"] > 0.7  # its evaluation happened, in a fork
+    assert "model" in ran["summary"]["phases"]
+    assert model == {"module": True, "same": True}  # the final parameters, as checkpointed

@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"network", "tau", "flags", "strategies", "units"},
     {"config"},
     {"wire", "data", "models", "checkpoint", "perfmodel", "emulated"},
-    {"plan"},
+    {"plan", "spec"},
     {"ps"},
     {"algorithms"},
     {"worker"},

@@ -16,7 +16,9 @@ Map:
   --ports) and what workers are told (--advertise-address)
 - Progress -> progress.py: the live progress bar
 - Timeline, PeakMemory -> phases.py: the summary's phase timings and the processes' peak memory
-- forking.py: the workers' fork server, started before the launcher imports torch
+- forking.py: the workers' fork server, started first: the local launcher never imports torch
+- ModelWork, Forked, InProcess -> modelwork.py: the starting parameters and final evaluation,
+  in a fork of the fork server (local) or in the driver's process (Spark)
 - forkserver.py: imported by the workers' fork server alone, which then dies with the launcher
 """
 
@@ -44,7 +46,7 @@ def train(config: RunConfig, show_progress: bool = True) -> RunResult:
     if config.engine == "local":
         from ember.engines.forking import start_forkserver, stop_forkserver
 
-        start_forkserver()  # its imports of torch and ember overlap with the launcher's below
+        start_forkserver()  # its imports of torch and ember overlap with the launcher's work
         try:
             from ember.engines.local import train_local
         except BaseException:

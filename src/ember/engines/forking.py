@@ -1,7 +1,9 @@
 """The local engine's fork server: workers are forked from a process that has imported torch
 and ember already (and only that: no threads, no run state), rather than each spawned to
-import them again. It starts before the launcher imports torch itself, so the two imports
-run side by side instead of one after the other."""
+import them again. It starts first thing in `ember train`, so its imports run while the
+launcher loads data and starts the servers; the launcher never imports torch itself, and
+has the model's starting parameters and final evaluation worked out by forks of it too
+(modelwork.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ import os
 import signal
 
 FORKSERVER = mp.get_context("forkserver")
-FORKSERVER.set_forkserver_preload(["ember.engines.forkserver", "torch", "ember.engines.local"])
+FORKSERVER.set_forkserver_preload(
+    ["ember.engines.forkserver", "torch", "ember.worker", "ember.engines.local"]
+)
 
 
 def start_forkserver() -> None:

@@ -17,12 +17,13 @@ from ember.data.host import host_data
 from ember.data.store import DataFiles
 from ember.engines.forking import FORKSERVER, start_forkserver, stop_forkserver
 from ember.engines.join import JOIN_FILE, write_join_file
+from ember.engines.modelwork import Forked
 from ember.engines.phases import PeakMemory, Timeline, pids_of
 from ember.engines.process import _child_main, free_port, reap, tail
 from ember.engines.progress import Progress
 from ember.engines.run import Run, RunResult, RunSetup, prepare_run
 from ember.metrics import WorkerError, WorkerFailure, WorkerRestart, write_json
-from ember.worker import WorkerSpec, run_worker
+from ember.spec import WorkerSpec
 
 
 def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
@@ -41,7 +42,9 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
                 synthetic_features=config.synthetic_features,
             )
             try:
-                setup = prepare_run(config, host.files.dataset())
+                progress.phase("importing torch, building the model")
+                timeline.mark("model")
+                setup = prepare_run(config, host.files.dataset(), Forked(host.files))
                 result = _train(setup, progress, (timeline, memory), host.files)
             finally:
                 host.close()
@@ -180,10 +183,9 @@ def _next(records: Any, timeout: float) -> dict[str, Any] | None:
 
 
 def _work(spec: WorkerSpec, records: Any, files: DataFiles) -> None:
-    try:
-        import time as _t
+    from ember.worker import run_worker  # the fork server's, imported already
 
-        print("T0", _t.time(), flush=True)
+    try:
         dataset = files.shard(spec.rank, spec.world)  # mapped: its rows only, read-only
         records.put(run_worker(spec, records.put, dataset))
     except BaseException as exc:

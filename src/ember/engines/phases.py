@@ -13,6 +13,7 @@ from typing import Any
 PHASES = {
     "launch": "interpreter, imports and configuration, up to the engine's start",
     "data": "loading and decoding the data, and laying it out for the workers",
+    "model": "the model's starting parameters (a local run: once the fork server has torch)",
     "servers": "starting the parameter servers, until each listens",
     "workers": "starting the workers, until each reports its first step is next",
     "training": "from the first worker's start to the last worker's end",
@@ -20,7 +21,7 @@ PHASES = {
     "evaluation": "evaluating the final parameters and writing the summary",
     "teardown": "reaping the processes and removing the run's data copy",
 }
-STARTUP = ("launch", "data", "servers", "workers")
+STARTUP = ("launch", "data", "model", "servers", "workers")
 TEARDOWN = ("checkpoint", "evaluation", "teardown")
 
 

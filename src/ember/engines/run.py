@@ -8,14 +8,13 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
-import torch
 
 from ember._version import __version__
-from ember.algorithms import flatten_parameters, load_flat_parameters
 from ember.checkpoint import (
     Checkpoint,
     latest_valid_checkpoint,
@@ -25,23 +24,35 @@ from ember.checkpoint import (
 )
 from ember.config import RunConfig
 from ember.data import Dataset
+from ember.engines.modelwork import InProcess, ModelWork, trained_model
 from ember.engines.phases import PeakMemory, Timeline, pids_of
 from ember.engines.process import reap
 from ember.engines.progress import Progress
 from ember.engines.servers import ServerGroup
 from ember.errors import CheckpointError, ConfigError, EmberError, WorkerFailed
 from ember.metrics import MetricsLog, Record, RunEvent, RunSummary, ServerEvent, write_json
+from ember.spec import checkpoint_meta, load_data
 from ember.wire import use_encryption, warn_if_exposed
-from ember.worker import checkpoint_meta, evaluate, load_data, make_model
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
 class RunResult:
-    """What `ember.fit` returns: the summary written to summary.json and the trained model."""
+    """What `ember.fit` returns: the summary written to summary.json and the trained model
+    (built when first asked for: the launcher of a local run does not import torch)."""
 
     summary: dict[str, Any]
-    model: torch.nn.Module
     run_dir: Path
+    config: RunConfig
+    dataset: Dataset
+    params: np.ndarray  # the final parameters, flat
+
+    @cached_property
+    def model(self) -> torch.nn.Module:
+        dataset = self.dataset
+        return trained_model(self.config, dataset.input_shape, dataset.num_classes, self.params)
 
 
 @dataclass
@@ -49,10 +60,10 @@ class RunSetup:
     config: RunConfig
     run_dir: Path
     dataset: Dataset
-    model: torch.nn.Module
     initial: np.ndarray  # flat starting parameters (fresh, or the checkpoint's)
     resume: Checkpoint | None
     metrics: MetricsLog
+    work: ModelWork  # who builds and evaluates the model
     secret: bytes = field(default_factory=lambda: os.urandom(32))  # proves membership of the run
 
     @property
@@ -69,12 +80,14 @@ class RunSetup:
         return int(self.resume.meta.get("step", 0)) if self.resume is not None else 0
 
 
-def prepare_run(config: RunConfig, dataset: Dataset | None = None) -> RunSetup:
+def prepare_run(
+    config: RunConfig, dataset: Dataset | None = None, work: ModelWork | None = None
+) -> RunSetup:
     """Load data (unless given, e.g. a DataFrame's test rows) and model, resolve --resume, and
     open the run directory (never clobbering one)."""
     use_encryption(config.encrypt)  # the launcher's connections to its servers and collector
     dataset = dataset if dataset is not None else load_data(config)
-    model = make_model(config, dataset)
+    work = work if work is not None else InProcess()
     run_dir = config.run_dir()
     checkpoints = run_dir / "checkpoints"
     resume = _resolve_resume(config, checkpoints)
@@ -83,7 +96,7 @@ def prepare_run(config: RunConfig, dataset: Dataset | None = None) -> RunSetup:
             f"out {run_dir} already holds checkpoints; pass --resume auto to continue"
             " that run or choose another --out"
         )
-    initial = flatten_parameters(model)
+    initial = work.initial(config, dataset)
     if resume is not None:
         params = resume.tensors.get("params")
         if params is None or params.shape != initial.shape:
@@ -98,7 +111,7 @@ def prepare_run(config: RunConfig, dataset: Dataset | None = None) -> RunSetup:
     checkpoint = str(resume.path) if resume else None
     details = {"checkpoint": checkpoint, "config": config.to_dict()}
     metrics.write(RunEvent(event="resume" if resume else "start", details=details))
-    return RunSetup(config, run_dir, dataset, model, initial, resume, metrics)
+    return RunSetup(config, run_dir, dataset, initial, resume, metrics, work)
 
 
 def _resolve_resume(config: RunConfig, checkpoints: Path) -> Checkpoint | None:
@@ -130,8 +143,7 @@ def finish_run(
     from ember.metrics import summarize_workers
 
     config, dataset = setup.config, setup.dataset
-    load_flat_parameters(setup.model, params)
-    accuracy, loss = evaluate(setup.model, dataset.x_test, dataset.y_test)
+    accuracy, loss = setup.work.evaluate(config, dataset, params)
     summary = {
         "strategy": config.strategy,
         "engine": config.engine,
@@ -152,7 +164,7 @@ def finish_run(
     write_json(setup.run_dir / "summary.json", summary)
     setup.metrics.write(RunSummary(test_accuracy=accuracy, test_loss=loss))
     setup.metrics.close()
-    return RunResult(summary, setup.model, setup.run_dir)
+    return RunResult(summary, setup.run_dir, config, dataset, params)
 
 
 class Run:

@@ -36,7 +36,7 @@ from ember.engines.spark.task import UNREACHABLE, train_partition
 from ember.errors import WorkerFailed
 from ember.metrics import JobFailure, RunEvent
 from ember.ps import fetch_state
-from ember.worker import WorkerSpec, checkpoint_meta
+from ember.spec import WorkerSpec, checkpoint_meta
 
 EVAL_ROWS = 1000  # test rows shipped to each task for worker 0's per-epoch evaluation
 

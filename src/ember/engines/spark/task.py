@@ -24,8 +24,9 @@ from ember.engines.spark.rendezvous import (
     scratch,
 )
 from ember.errors import EmberError
+from ember.spec import WorkerSpec
 from ember.wire import CONNECTION_ERRORS, ClientConnection, use_encryption
-from ember.worker import Report, WorkerSpec, run_worker
+from ember.worker import Report, run_worker
 
 PROBE_SECONDS = 5.0  # a server this task cannot reach within this is not going to answer
 UNREACHABLE = "unreachable"  # the kind of the record a task returns when a server is not

@@ -1,0 +1,177 @@
+"""The launcher's torch work: the model's starting parameters and the evaluation of the final
+ones. The Spark driver does it in its own process (InProcess). A local run's launcher has it
+done by a fork of the workers' fork server (Forked), which has imported torch already, so the
+launcher itself never imports torch: seconds of its start, and of its exit, that the fork
+server's import of torch overlaps instead."""
+
+from __future__ import annotations
+
+import signal
+import traceback
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgpack
+import numpy as np
+
+from ember import errors
+from ember.config import RunConfig
+from ember.data import Dataset
+from ember.data.store import DataFiles
+from ember.engines.process import _die_with_parent, reap
+from ember.errors import EmberError
+
+if TYPE_CHECKING:
+    import torch
+
+POLL_SECONDS = 0.1  # how often a wait on the child looks whether it is still alive
+
+
+class ModelWork(Protocol):
+    def initial(self, config: RunConfig, dataset: Dataset) -> np.ndarray:
+        """The model's starting parameters, flat (FlatModel's order), from config.seed."""
+        ...
+
+    def evaluate(
+        self, config: RunConfig, dataset: Dataset, params: np.ndarray
+    ) -> tuple[float, float]:
+        """(accuracy, mean cross-entropy) of `params` on the dataset's test rows."""
+        ...
+
+
+def fresh_parameters(
+    config: RunConfig, input_shape: tuple[int, ...], num_classes: int
+) -> np.ndarray:
+    """The configured model's starting parameters, flat (FlatModel's order)."""
+    from ember.algorithms import flatten_parameters
+    from ember.models import build_model
+
+    return flatten_parameters(build_model(config.model, input_shape, num_classes, seed=config.seed))
+
+
+def trained_model(
+    config: RunConfig, input_shape: tuple[int, ...], num_classes: int, params: np.ndarray
+) -> torch.nn.Module:
+    """The configured model holding `params`."""
+    from ember.algorithms import load_flat_parameters
+    from ember.models import build_model
+
+    model = build_model(config.model, input_shape, num_classes, seed=config.seed)
+    load_flat_parameters(model, params)
+    return model
+
+
+class InProcess:
+    """Torch work in this process (it imports torch the first time)."""
+
+    def initial(self, config: RunConfig, dataset: Dataset) -> np.ndarray:
+        return fresh_parameters(config, dataset.input_shape, dataset.num_classes)
+
+    def evaluate(
+        self, config: RunConfig, dataset: Dataset, params: np.ndarray
+    ) -> tuple[float, float]:
+        from ember.worker import evaluate
+
+        model = trained_model(config, dataset.input_shape, dataset.num_classes, params)
+        return evaluate(model, dataset.x_test, dataset.y_test)
+
+
+@dataclass
+class Forked:
+    """Torch work in a child forked from the workers' fork server (engines/forking.py). The
+    child maps the run's data `files` itself; parameters go to it and come back as raw
+    float32 bytes on a pipe, its answers as msgpack, never pickle."""
+
+    files: DataFiles
+
+    def initial(self, config: RunConfig, dataset: Dataset) -> np.ndarray:
+        answer = self._ask("initial", config, dataset, None)
+        return np.frombuffer(answer, dtype=np.float32).copy()
+
+    def evaluate(
+        self, config: RunConfig, dataset: Dataset, params: np.ndarray
+    ) -> tuple[float, float]:
+        payload = np.ascontiguousarray(params, dtype=np.float32).tobytes()
+        accuracy, loss = msgpack.unpackb(self._ask("evaluate", config, dataset, payload))
+        return float(accuracy), float(loss)
+
+    def _ask(self, kind: str, config: RunConfig, dataset: Dataset, payload: bytes | None) -> bytes:
+        from ember.engines.forking import FORKSERVER
+
+        what = "the starting parameters" if kind == "initial" else "the final evaluation"
+        ours, theirs = FORKSERVER.Pipe()
+        shape = (dataset.input_shape, dataset.num_classes)
+        process = FORKSERVER.Process(
+            target=_answer,
+            args=(kind, config, self.files, shape, theirs),
+            name=f"ember-{kind}",
+            daemon=True,
+        )
+        process.start()
+        theirs.close()
+        try:
+            if payload is not None:
+                _send(ours, payload, process, what)
+            header = msgpack.unpackb(_receive(ours, process, what))
+            if not header["ok"]:
+                raise _error(header, what)
+            return _receive(ours, process, what)
+        finally:
+            ours.close()
+            reap([process])
+
+
+def _send(conn: Any, payload: bytes, process: Any, what: str) -> None:
+    try:
+        conn.send_bytes(payload)
+    except OSError:  # it died before it read them
+        raise _died(process, what) from None
+
+
+def _receive(conn: Any, process: Any, what: str) -> bytes:
+    while not conn.poll(POLL_SECONDS):
+        if process.exitcode is not None and not conn.poll(0):
+            raise _died(process, what)
+    try:
+        return bytes(conn.recv_bytes())
+    except (EOFError, OSError):
+        raise _died(process, what) from None
+
+
+def _died(process: Any, what: str) -> EmberError:
+    process.join(POLL_SECONDS)
+    return EmberError(
+        f"the process working out {what} (pid {process.pid}) died with exit code"
+        f" {process.exitcode} before it answered"
+    )
+
+
+def _error(header: dict[str, Any], what: str) -> Exception:
+    """The child's ember error raised again here as itself; anything else, with its trace."""
+    kind = getattr(errors, header["type"], None)
+    if isinstance(kind, type) and issubclass(kind, EmberError):
+        return kind(header["message"])
+    return EmberError(
+        f"working out {what} failed: {header['type']}: {header['message']}\n{header['trace']}"
+    )
+
+
+def _answer(
+    kind: str, config: RunConfig, files: DataFiles, shape: tuple[Any, int], conn: Any
+) -> None:
+    """The child: build the model, answer, exit. Ctrl-C is the launcher's to handle."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        input_shape, num_classes = tuple(shape[0]), int(shape[1])
+        if kind == "initial":
+            body = fresh_parameters(config, input_shape, num_classes).tobytes()
+        else:
+            params = np.frombuffer(conn.recv_bytes(), dtype=np.float32).copy()  # writable
+            body = msgpack.packb(list(InProcess().evaluate(config, files.dataset(), params)))
+    except Exception as exc:
+        failure = {"type": type(exc).__name__, "message": str(exc)}
+        conn.send_bytes(msgpack.packb({"ok": False, **failure, "trace": traceback.format_exc()}))
+        return
+    conn.send_bytes(msgpack.packb({"ok": True}))
+    conn.send_bytes(body)
