@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 from ember.config import RunConfig
-from ember.engines.servers import SERVER_MODULE, ServerGroup
+from ember.engines.process import reap
+from ember.engines.servers import SERVER_MODULE, ServerGroup, spare_servers
 from ember.ps import control
 from tests.conftest import SECRET
 from tests.processes import wait_for
@@ -85,3 +86,26 @@ def test_slots_bind_inside_the_range_advertise_elsewhere_and_keep_their_port(tmp
         assert servers.addresses[1].split(",")[0] != before[1].split(",")[0]  # the backup leads
     finally:
         servers.stop()
+
+
+def test_spare_servers_take_their_slot_and_log_and_an_unneeded_one_exits(tmp_path) -> None:
+    config = RunConfig(strategy="async", servers=2, replicas=2).validate()
+    spares = spare_servers(config)
+    unneeded = spare_servers(RunConfig(strategy="async").validate())[0]
+    started = list(spares)
+    servers = ServerGroup(config, np.arange(1000, dtype=np.float32), SECRET, tmp_path, None, spares)
+    try:
+        servers.start()
+        assert spares == []  # all four taken, none spawned besides them
+        assert sorted(p.pid for p in servers.processes) == sorted(p.pid for p in started)
+        assert [r["step"] for r in control(servers.primaries, SECRET, "stats")] == [0, 0]
+        for name in ("server-0", "server-0-replica-1", "server-1", "server-1-replica-1"):
+            assert wait_for(
+                lambda n=name: "serving keys" in (tmp_path / f"{n}.log").read_text(), 10
+            )
+        unneeded.send(b"")  # the launcher needed no server after all
+        unneeded.join(20)
+        assert unneeded.exitcode == 0
+    finally:
+        servers.stop()
+        reap([unneeded])

@@ -22,6 +22,7 @@ from ember.engines.phases import PeakMemory, Timeline, pids_of
 from ember.engines.process import _child_main, free_port, reap, tail
 from ember.engines.progress import Progress
 from ember.engines.run import Run, RunResult, RunSetup, prepare_run
+from ember.engines.servers import spare_servers
 from ember.metrics import WorkerError, WorkerFailure, WorkerRestart, write_json
 from ember.spec import WorkerSpec
 
@@ -31,6 +32,7 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
     error or Ctrl-C, and a failure saves what the servers hold before they stop."""
     timeline, memory = Timeline(), PeakMemory()
     start_forkserver()  # running already when `ember train` started it (engines/__init__.py)
+    spares = spare_servers(config)  # their imports run while the fork server imports torch
     try:
         with Progress(show_progress) as progress:
             progress.phase("loading data")
@@ -45,10 +47,12 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
                 progress.phase("importing torch, building the model")
                 timeline.mark("model")
                 setup = prepare_run(config, host.files.dataset(), Forked(host.files))
+                setup.spare_servers = spares
                 result = _train(setup, progress, (timeline, memory), host.files)
             finally:
                 host.close()
     finally:
+        reap(spares)  # those the servers' start did not take
         stop_forkserver()
     # summary.json once more, now that the teardown's seconds are known
     result.summary.update(timeline.summary(), peak_memory_bytes=memory.total())

@@ -60,18 +60,23 @@ class Interpreter:
     one line on its stdout; its output goes to `log_path`. It offers what reap and ServerGroup
     use of a multiprocessing.Process: pid, exitcode, is_alive, terminate, kill, join."""
 
-    def __init__(self, module: str, message: bytes, name: str, log_path: Path) -> None:
+    def __init__(
+        self, module: str, message: bytes | None, name: str, log_path: Path | None
+    ) -> None:
+        """`message` None: it starts (its imports) and waits for `send`; `log_path` None: its
+        output goes to the launcher's stderr until it takes up a log of its own."""
         self.name = name
         here = str(Path(__file__).resolve().parents[2])  # the ember this launcher runs
         path = os.environ.get("PYTHONPATH")
         env = {**os.environ, "PYTHONPATH": here if not path else os.pathsep.join([here, path])}
         safe_path = ["-P"] if sys.version_info >= (3, 11) else []  # not the cwd's modules
-        with open(log_path, "ab", buffering=0) as log:
+        opened = open(log_path, "ab", buffering=0) if log_path else None  # noqa: SIM115
+        with opened or contextlib.nullcontext() as stderr:
             self._popen = subprocess.Popen(
                 [sys.executable, *safe_path, "-m", module],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=log,
+                stderr=stderr,
                 env=env,
                 # a session of its own: the terminal's Ctrl-C reaches the launcher alone, which
                 # decides how children stop (a last checkpoint first)
@@ -79,12 +84,19 @@ class Interpreter:
             )
         assert self._popen.stdin is not None and self._popen.stdout is not None
         self._answer = self._popen.stdout
+        if message is not None:
+            self.send(message)
+
+    def send(self, message: bytes) -> None:
+        """Its whole input, once."""
+        stdin = self._popen.stdin
+        assert stdin is not None
         try:
-            _write_within(self._popen.stdin.fileno(), message, INPUT_SECONDS)
+            _write_within(stdin.fileno(), message, INPUT_SECONDS)
         except (BrokenPipeError, TimeoutError):
             pass  # it died at start-up, or hangs: readline says so, naming it
         finally:
-            self._popen.stdin.close()
+            stdin.close()
 
     @property
     def pid(self) -> int:

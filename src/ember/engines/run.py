@@ -64,6 +64,7 @@ class RunSetup:
     resume: Checkpoint | None
     metrics: MetricsLog
     work: ModelWork  # who builds and evaluates the model
+    spare_servers: list[Any] = field(default_factory=list)  # started early; ServerGroup takes them
     secret: bytes = field(default_factory=lambda: os.urandom(32))  # proves membership of the run
 
     @property
@@ -73,7 +74,8 @@ class RunSetup:
     def server_group(self) -> ServerGroup:
         """This run's parameter servers, not started yet."""
         logs = self.run_dir / "logs"
-        return ServerGroup(self.config, self.initial, self.secret, logs, self.resume)
+        spares = self.spare_servers
+        return ServerGroup(self.config, self.initial, self.secret, logs, self.resume, spares)
 
     @property
     def resumed_step(self) -> int:

@@ -29,8 +29,14 @@ from ember.wire import use_encryption
 def main() -> None:
     # Ctrl-C is the launcher's to handle (a last checkpoint first); it stops servers itself
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    message = msgpack.unpackb(sys.stdin.buffer.read())  # until the launcher closes the pipe
+    data = sys.stdin.buffer.read()  # until the launcher closes the pipe
+    if not data:  # a spare the launcher did not need (servers.py: spare_servers)
+        raise SystemExit(0)
+    message = msgpack.unpackb(data)
     _die_with_parent(message["parent"])
+    log = os.open(message["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log, 2)  # its own log, also when it started as a spare writing to the launcher's
+    os.close(log)
     answer = os.dup(1)
     os.dup2(2, 1)  # from here on what the server prints goes to its log
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the process's own

@@ -59,8 +59,10 @@ class ServerGroup:
         secret: bytes,
         log_dir: Path,
         resume: Checkpoint | None = None,
+        spares: list[Interpreter] | None = None,
     ) -> None:
         self.config, self.secret, self.log_dir = config, secret, log_dir
+        self.spares = spares if spares is not None else []  # started early: see spare_servers
         self.initial, self.resume = initial, resume
         self.rule = make_update_rule(config)
         self.where: Placement = placement(config)  # the Spark driver sets a cluster's
@@ -128,9 +130,15 @@ class ServerGroup:
                 "state": str(state),
                 "workers": workers,
                 "step": step,
+                "log": str(self._log(slot)),
             }
             packed = msgpack.packb(message)
-            slot.process = Interpreter(SERVER_MODULE, packed, _name(slot), self._log(slot))
+            if self.spares:
+                slot.process = self.spares.pop()
+                slot.process.name = _name(slot)
+                slot.process.send(packed)
+            else:
+                slot.process = Interpreter(SERVER_MODULE, packed, _name(slot), self._log(slot))
         for slot, _, _ in plan:
             self._bound(slot, slot.process.readline(START_SECONDS))
 
@@ -269,6 +277,15 @@ class ServerGroup:
 
     def _log(self, slot: Slot) -> Path:
         return self.log_dir / f"{_name(slot).removeprefix('ember-')}.log"
+
+
+def spare_servers(config: RunConfig) -> list[Interpreter]:
+    """Server interpreters started before the run knows their shards: their imports (most of
+    a server's start) then run while the launcher waits for the model's starting parameters,
+    and ServerGroup hands each its input when it starts the servers. The caller reaps those
+    it did not take."""
+    count = config.servers * config.replicas if config.uses_server else 0
+    return [Interpreter(SERVER_MODULE, None, "ember-server-spare", None) for _ in range(count)]
 
 
 def _name(slot: Slot) -> str:
