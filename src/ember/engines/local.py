@@ -46,7 +46,7 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
             try:
                 progress.phase("importing torch, building the model")
                 timeline.mark("model")
-                setup = prepare_run(config, host.files.dataset(), Forked(host.files))
+                setup = prepare_run(config, host.files.dataset(), Forked(host.files, memory))
                 setup.spare_servers = spares
                 result = _train(setup, progress, (timeline, memory), host.files)
             finally:

@@ -6,6 +6,7 @@ server's import of torch overlaps instead."""
 
 from __future__ import annotations
 
+import os
 import signal
 import traceback
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from ember import errors
 from ember.config import RunConfig
 from ember.data import Dataset
 from ember.data.store import DataFiles
+from ember.engines.phases import PeakMemory, vm_hwm
 from ember.engines.process import _die_with_parent, reap
 from ember.errors import EmberError
 
@@ -83,6 +85,7 @@ class Forked:
     float32 bytes on a pipe, its answers as msgpack, never pickle."""
 
     files: DataFiles
+    memory: PeakMemory | None = None  # the run's, to which each child adds its peak
 
     def initial(self, config: RunConfig, dataset: Dataset) -> np.ndarray:
         answer = self._ask("initial", config, dataset, None)
@@ -113,6 +116,8 @@ class Forked:
             if payload is not None:
                 _send(ours, payload, process, what)
             header = msgpack.unpackb(_receive(ours, process, what))
+            if self.memory is not None and header.get("peak") and process.pid is not None:
+                self.memory.peaks[process.pid] = int(header["peak"])
             if not header["ok"]:
                 raise _error(header, what)
             return _receive(ours, process, what)
@@ -173,5 +178,5 @@ def _answer(
         failure = {"type": type(exc).__name__, "message": str(exc)}
         conn.send_bytes(msgpack.packb({"ok": False, **failure, "trace": traceback.format_exc()}))
         return
-    conn.send_bytes(msgpack.packb({"ok": True}))
+    conn.send_bytes(msgpack.packb({"ok": True, "peak": vm_hwm(os.getpid())}))  # gone soon
     conn.send_bytes(body)

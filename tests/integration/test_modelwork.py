@@ -1,0 +1,53 @@
+"""The local launcher's torch work, done by forks of the fork server, against the same work
+done in-process: the same starting parameters, the same evaluation, errors raised as
+themselves, and each child's peak memory counted in the run's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from ember.config import RunConfig
+from ember.data.host import HostData, host_data
+from ember.engines.forking import start_forkserver, stop_forkserver
+from ember.engines.modelwork import Forked, InProcess
+from ember.engines.phases import PeakMemory
+from ember.errors import ConfigError
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def host() -> Iterator[HostData]:
+    start_forkserver()
+    data = host_data("synthetic-lr", seed=3, synthetic_samples=3000, synthetic_features=20)
+    try:
+        yield data
+    finally:
+        data.close()
+        stop_forkserver()
+
+
+def test_a_fork_works_out_what_the_launcher_would(host: HostData) -> None:
+    config = RunConfig(data="synthetic-lr", model="mlp", seed=3).validate()
+    dataset, memory = host.files.dataset(), PeakMemory()
+    forked, here = Forked(host.files, memory), InProcess()
+    initial = forked.initial(config, dataset)
+    assert np.array_equal(initial, here.initial(config, dataset))
+    params = initial + np.linspace(-0.1, 0.1, initial.size, dtype=np.float32)
+    assert forked.evaluate(config, dataset, params) == pytest.approx(
+        here.evaluate(config, dataset, params), rel=1e-6
+    )
+    assert len(memory.peaks) == 2 and all(peak > 10 << 20 for peak in memory.peaks.values())
+
+
+def test_an_error_in_the_fork_is_raised_in_the_launcher_as_itself(host: HostData) -> None:
+    config = RunConfig(data="synthetic-lr", model="no_such_module_ember_test:make").validate()
+    with pytest.raises(ConfigError, match="'no_such_module_ember_test:make' cannot be imported"):
+        Forked(host.files).initial(config, host.files.dataset())
+    good = RunConfig(data="synthetic-lr", model="logreg").validate()
+    wrong_size = np.zeros(3, dtype=np.float32)  # not a ConfigError: named with its trace
+    with pytest.raises(Exception, match="working out the final evaluation failed: ValueError"):
+        Forked(host.files).evaluate(good, host.files.dataset(), wrong_size)
