@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +14,16 @@ from pathlib import Path
 import psutil
 
 Pids = frozenset[int] | set[int]
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def run_python(code: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`python -c code args...` with this checkout's ember first on its path; it must exit 0."""
+    env = {**os.environ, "PYTHONPATH": SRC}
+    command = [sys.executable, "-c", code, *args]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return done
 
 
 def kill_stray_children(keep: Pids = frozenset(), keep_under: Pids = frozenset()) -> list[int]:

@@ -16,7 +16,7 @@ import pytest
 import ember
 from ember.data import shard_indices
 from ember.engines.phases import PHASES
-from tests.processes import log_of
+from tests.processes import log_of, run_python
 
 pytestmark = pytest.mark.timeout(240)
 SRC = str(Path(ember.__file__).resolve().parents[1])
@@ -105,15 +105,7 @@ print(json.dumps({"module": isinstance(model, torch.nn.Module),
 
 
 def test_the_launcher_of_a_local_run_never_imports_torch(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": SRC}
-    done = subprocess.run(
-        [sys.executable, "-c", RUN, str(tmp_path / "run")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_python(RUN, str(tmp_path / "run"), timeout=180)
     ran, model = (json.loads(line) for line in done.stdout.splitlines()[-2:])
     assert ran["torch"] is False
     assert ran["summary"]["test_accuracy"] > 0.7  # its evaluation happened, in a fork

@@ -1,14 +1,12 @@
-"""The launcher of a local run starts the workers' fork server before it imports torch, so the
-fork server's imports of torch and ember run beside the launcher's own instead of after them."""
+"""The launcher of a local run starts the workers' fork server before anything else, so its
+imports of torch and ember run while the launcher loads data and starts the servers (the
+launcher itself never imports torch: tests/integration/test_startup.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[2] / "src"
+from tests.processes import run_python
 
 # Stands in for the fork server's start: records whether torch was loaded by then, and ends
 # the run there (nothing is started).
@@ -27,13 +25,5 @@ train(run_config({"out": sys.argv[1]}), show_progress=False)
 
 
 def test_the_fork_server_starts_before_the_launcher_imports_torch(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, str(tmp_path / "run")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_python(PROBE, str(tmp_path / "run"), timeout=120)
     assert done.stdout.strip() == "torch not loaded"
