@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -43,23 +43,31 @@ def evaluates_after(step: int, steps_per_epoch: int, eval_every: int) -> bool:
     return (step + 1) % steps_per_epoch == 0 or periodic
 
 
-@torch.no_grad()
 def evaluate(
     model: torch.nn.Module, x: np.ndarray, y: np.ndarray, batch: int = 2000
 ) -> tuple[float, float]:
     """(accuracy, mean cross-entropy) of `model` on a held-out set."""
+    starts = range(0, len(x), batch)
+    return evaluate_batches(model, ((x[s : s + batch], y[s : s + batch]) for s in starts))
+
+
+@torch.no_grad()
+def evaluate_batches(
+    model: torch.nn.Module, batches: Iterable[tuple[np.ndarray, np.ndarray]]
+) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of `model` over (inputs, labels) batches."""
     model.eval()
-    correct, loss = 0, 0.0
-    for start in range(0, len(x), batch):
+    correct, loss, count = 0, 0.0, 0
+    for x, y in batches:
         with warnings.catch_warnings():  # the test set may be a read-only mapping: only read
             warnings.filterwarnings("ignore", "The given NumPy array is not writable")
-            inputs = torch.from_numpy(x[start : start + batch])
-            labels = torch.from_numpy(y[start : start + batch])
+            inputs, labels = torch.from_numpy(x), torch.from_numpy(y)
         logits = model(inputs)
         loss += float(F.cross_entropy(logits, labels, reduction="sum"))
         correct += int((logits.argmax(dim=1) == labels).sum())
+        count += len(y)
     model.train()
-    return correct / max(1, len(x)), loss / max(1, len(x))
+    return correct / max(1, count), loss / max(1, count)
 
 
 def run_worker(

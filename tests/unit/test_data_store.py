@@ -119,6 +119,25 @@ def test_a_users_npz_is_read_once_into_files_every_process_maps(tmp_path: Path) 
         host.close()
 
 
+def test_the_test_set_read_in_windows_is_the_mapped_test_set(tmp_path: Path) -> None:
+    host = host_data("synthetic-lr", seed=1, synthetic_samples=3000, synthetic_features=7)
+    try:
+        mapped = host.files.dataset()
+        windows = list(host.files.test_batches(128))
+        rows = len(mapped.y_test)
+        assert rows % 128 != 0  # so that the last window is a short one
+        assert [len(y) for _, y in windows] == [128] * (rows // 128) + [rows % 128]
+        for part, name in ((0, "x_test"), (1, "y_test")):
+            read = np.concatenate([w[part] for w in windows])
+            assert read.dtype == getattr(mapped, name).dtype
+            assert np.array_equal(read, getattr(mapped, name))
+            assert not isinstance(windows[0][part], np.memmap)  # read in, not mapped
+        with pytest.raises(ConfigError, match=rf"rows \[0, {rows + 1}\) out of range"):
+            host.files.arrays["y_test"].read(0, rows + 1)
+    finally:
+        host.close()
+
+
 def mapped_bytes(array: np.ndarray) -> int:
     """How many bytes of its file a memmap (or a view of one) has mapped."""
     while not isinstance(getattr(array, "_mmap", None), mmap.mmap):

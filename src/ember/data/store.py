@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
@@ -70,6 +71,16 @@ class ArrayFile:
             shape=(stop - start, *self.shape[1:]),
         )
 
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) read into memory of this process's own, not mapped: reading a
+        file through in windows then holds one window at a time."""
+        if not 0 <= start < stop <= self.shape[0]:
+            raise ConfigError(f"array file {self.path}: rows [{start}, {stop}) out of range")
+        count = (stop - start) * math.prod(self.shape[1:])
+        offset = self.offset + start * self.row_bytes
+        rows = np.fromfile(self.path, dtype=np.dtype(self.dtype), count=count, offset=offset)
+        return rows.reshape(stop - start, *self.shape[1:])
+
 
 @dataclass(frozen=True)
 class DataFiles:
@@ -115,6 +126,13 @@ class DataFiles:
         alone: the other shards are not mapped at all. The test rows are mapped whole."""
         rows = shard_indices(self.train_rows, rank, world)
         return self._dataset(int(rows[0]), int(rows[-1]) + 1, "r")
+
+    def test_batches(self, rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The test set as (x, y) windows of `rows` rows, each read when it is reached."""
+        x, y = self.arrays["x_test"], self.arrays["y_test"]
+        for start in range(0, self.test_rows, rows):
+            stop = min(start + rows, self.test_rows)
+            yield x.read(start, stop), y.read(start, stop)
 
     def _dataset(self, start: int, stop: int, mode: Mode) -> Dataset:
         a = self.arrays

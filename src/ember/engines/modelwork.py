@@ -173,7 +173,11 @@ def _answer(
             body = fresh_parameters(config, input_shape, num_classes).tobytes()
         else:
             params = np.frombuffer(conn.recv_bytes(), dtype=np.float32).copy()  # writable
-            body = msgpack.packb(list(InProcess().evaluate(config, files.dataset(), params)))
+            from ember.worker import evaluate_batches
+
+            model = trained_model(config, input_shape, num_classes, params)
+            # read a window at a time, not mapped: this fork holds no copy of the test set
+            body = msgpack.packb(list(evaluate_batches(model, files.test_batches(2000))))
     except Exception as exc:
         failure = {"type": type(exc).__name__, "message": str(exc)}
         conn.send_bytes(msgpack.packb({"ok": False, **failure, "trace": traceback.format_exc()}))
