@@ -109,3 +109,17 @@ def test_spare_servers_take_their_slot_and_log_and_an_unneeded_one_exits(tmp_pat
     finally:
         servers.stop()
         reap([unneeded])
+
+
+def test_a_spare_that_died_is_replaced_by_a_fresh_server_with_a_log(tmp_path) -> None:
+    config = RunConfig(strategy="async").validate()
+    spares = spare_servers(config)
+    spares[0].kill()
+    spares[0].join(10)
+    servers = ServerGroup(config, np.arange(10, dtype=np.float32), SECRET, tmp_path, None, spares)
+    try:
+        servers.start()
+        assert spares == [] and servers.processes[0].is_alive()
+        assert [r["step"] for r in control(servers.primaries, SECRET, "stats")] == [0]
+    finally:
+        servers.stop()

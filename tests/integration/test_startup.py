@@ -93,7 +93,8 @@ from ember.engines import train
 
 fields = dict(data="synthetic-lr", model="logreg", synthetic_samples=4000, epochs=1, workers=2)
 result = train(run_config({"out": sys.argv[1], **fields}), show_progress=False)
-print(json.dumps({"torch": "torch" in sys.modules, "summary": result.summary}))
+mapped = "/ember-data-" in open("/proc/self/maps").read()  # the run's removed data copy
+print(json.dumps({"torch": "torch" in sys.modules, "mapped": mapped, "summary": result.summary}))
 import torch
 from ember.checkpoint import load_checkpoint
 saved = load_checkpoint(result.summary["checkpoint"]).tensors["params"]
@@ -108,6 +109,7 @@ def test_the_launcher_of_a_local_run_never_imports_torch(tmp_path: Path) -> None
     done = run_python(RUN, str(tmp_path / "run"), timeout=180)
     ran, model = (json.loads(line) for line in done.stdout.splitlines()[-2:])
     assert ran["torch"] is False
+    assert ran["mapped"] is False  # the result keeps no mapping of the data it trained on
     assert ran["summary"]["test_accuracy"] > 0.7  # its evaluation happened, in a fork
     assert "model" in ran["summary"]["phases"]
     assert model == {"module": True, "same": True}  # the final parameters, as checkpointed

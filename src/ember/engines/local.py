@@ -32,8 +32,9 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
     error or Ctrl-C, and a failure saves what the servers hold before they stop."""
     timeline, memory = Timeline(), PeakMemory()
     start_forkserver()  # running already when `ember train` started it (engines/__init__.py)
-    spares = spare_servers(config)  # their imports run while the fork server imports torch
+    spares: list[Any] = []
     try:
+        spares += spare_servers(config)  # their imports run while the fork server imports torch
         with Progress(show_progress) as progress:
             progress.phase("loading data")
             timeline.mark("data")

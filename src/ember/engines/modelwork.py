@@ -6,6 +6,7 @@ server's import of torch overlaps instead."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import traceback
@@ -110,9 +111,9 @@ class Forked:
             name=f"ember-{kind}",
             daemon=True,
         )
-        process.start()
-        theirs.close()
         try:
+            process.start()
+            theirs.close()
             if payload is not None:
                 _send(ours, payload, process, what)
             header = msgpack.unpackb(_receive(ours, process, what))
@@ -123,13 +124,19 @@ class Forked:
             return _receive(ours, process, what)
         finally:
             ours.close()
-            reap([process])
+            theirs.close()
+            if process.pid is not None:  # started
+                reap([process])
+                with contextlib.suppress(ValueError):  # one that outlived its kill, still
+                    process.close()
 
 
 def _send(conn: Any, payload: bytes, process: Any, what: str) -> None:
     try:
         conn.send_bytes(payload)
-    except OSError:  # it died before it read them
+    except OSError:  # it stopped reading: failed before it read them (its error is sent), or died
+        if conn.poll(0):
+            return  # the header that follows says why
         raise _died(process, what) from None
 
 

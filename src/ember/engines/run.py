@@ -45,14 +45,13 @@ class RunResult:
 
     summary: dict[str, Any]
     run_dir: Path
-    config: RunConfig
-    dataset: Dataset
-    params: np.ndarray  # the final parameters, flat
+    config: RunConfig = field(repr=False)
+    shape: tuple[tuple[int, ...], int] = field(repr=False)  # the model's input shape, classes
+    params: np.ndarray = field(repr=False, compare=False)  # the final parameters, flat
 
     @cached_property
     def model(self) -> torch.nn.Module:
-        dataset = self.dataset
-        return trained_model(self.config, dataset.input_shape, dataset.num_classes, self.params)
+        return trained_model(self.config, *self.shape, self.params)
 
 
 @dataclass
@@ -166,7 +165,9 @@ def finish_run(
     write_json(setup.run_dir / "summary.json", summary)
     setup.metrics.write(RunSummary(test_accuracy=accuracy, test_loss=loss))
     setup.metrics.close()
-    return RunResult(summary, setup.run_dir, config, dataset, params)
+    # not the dataset: a local run's is a mapping of files the run removes, kept alive by it
+    shape = (tuple(dataset.input_shape), dataset.num_classes)
+    return RunResult(summary, setup.run_dir, config, shape, params)
 
 
 class Run:

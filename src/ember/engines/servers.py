@@ -133,14 +133,25 @@ class ServerGroup:
                 "log": str(self._log(slot)),
             }
             packed = msgpack.packb(message)
-            if self.spares:
-                slot.process = self.spares.pop()
-                slot.process.name = _name(slot)
-                slot.process.send(packed)
+            spare = self._live_spare()
+            if spare is not None:
+                spare.name = _name(slot)
+                spare.send(packed)
+                slot.process = spare
             else:
                 slot.process = Interpreter(SERVER_MODULE, packed, _name(slot), self._log(slot))
         for slot, _, _ in plan:
             self._bound(slot, slot.process.readline(START_SECONDS))
+
+    def _live_spare(self) -> Interpreter | None:
+        """A spare still running; one that died (its error went to the launcher's stderr, it
+        had no log yet) is dropped, and a fresh interpreter with a log takes its place."""
+        while self.spares:
+            spare = self.spares.pop()
+            if spare.is_alive():
+                return spare
+            spare.join(0)
+        return None
 
     def _bound(self, slot: Slot, answer: str | None) -> None:
         if answer is None or not answer.startswith("tcp://"):
