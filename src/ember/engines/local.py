@@ -19,7 +19,7 @@ from ember.engines.forking import FORKSERVER, start_forkserver, stop_forkserver
 from ember.engines.join import JOIN_FILE, write_join_file
 from ember.engines.modelwork import Forked
 from ember.engines.phases import PeakMemory, Timeline, pids_of
-from ember.engines.process import _child_main, free_port, reap, tail
+from ember.engines.process import Interpreter, _child_main, free_port, reap, tail
 from ember.engines.progress import Progress
 from ember.engines.run import Run, RunResult, RunSetup, prepare_run
 from ember.engines.servers import spare_servers
@@ -32,7 +32,7 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
     error or Ctrl-C, and a failure saves what the servers hold before they stop."""
     timeline, memory = Timeline(), PeakMemory()
     start_forkserver()  # running already when `ember train` started it (engines/__init__.py)
-    spares: list[Any] = []
+    spares: list[Interpreter] = []
     try:
         spares += spare_servers(config)  # their imports run while the fork server imports torch
         with Progress(show_progress) as progress:

@@ -42,14 +42,22 @@ class ModelWork(Protocol):
         ...
 
 
+def fresh_model(
+    config: RunConfig, input_shape: tuple[int, ...], num_classes: int
+) -> torch.nn.Module:
+    """The configured model as config.seed initializes it."""
+    from ember.models import build_model
+
+    return build_model(config.model, input_shape, num_classes, seed=config.seed)
+
+
 def fresh_parameters(
     config: RunConfig, input_shape: tuple[int, ...], num_classes: int
 ) -> np.ndarray:
     """The configured model's starting parameters, flat (FlatModel's order)."""
     from ember.algorithms import flatten_parameters
-    from ember.models import build_model
 
-    return flatten_parameters(build_model(config.model, input_shape, num_classes, seed=config.seed))
+    return flatten_parameters(fresh_model(config, input_shape, num_classes))
 
 
 def trained_model(
@@ -57,9 +65,8 @@ def trained_model(
 ) -> torch.nn.Module:
     """The configured model holding `params`."""
     from ember.algorithms import load_flat_parameters
-    from ember.models import build_model
 
-    model = build_model(config.model, input_shape, num_classes, seed=config.seed)
+    model = fresh_model(config, input_shape, num_classes)
     load_flat_parameters(model, params)
     return model
 
@@ -95,11 +102,13 @@ class Forked:
     def evaluate(
         self, config: RunConfig, dataset: Dataset, params: np.ndarray
     ) -> tuple[float, float]:
-        payload = np.ascontiguousarray(params, dtype=np.float32).tobytes()
+        payload = np.ascontiguousarray(params, dtype=np.float32)  # sent as its buffer: no copy
         accuracy, loss = msgpack.unpackb(self._ask("evaluate", config, dataset, payload))
         return float(accuracy), float(loss)
 
-    def _ask(self, kind: str, config: RunConfig, dataset: Dataset, payload: bytes | None) -> bytes:
+    def _ask(
+        self, kind: str, config: RunConfig, dataset: Dataset, payload: np.ndarray | None
+    ) -> bytes:
         from ember.engines.forking import FORKSERVER
 
         what = "the starting parameters" if kind == "initial" else "the final evaluation"
@@ -131,7 +140,7 @@ class Forked:
                     process.close()
 
 
-def _send(conn: Any, payload: bytes, process: Any, what: str) -> None:
+def _send(conn: Any, payload: np.ndarray, process: Any, what: str) -> None:
     try:
         conn.send_bytes(payload)
     except OSError:  # it stopped reading: failed before it read them (its error is sent), or died
@@ -177,7 +186,7 @@ def _answer(
     try:
         input_shape, num_classes = tuple(shape[0]), int(shape[1])
         if kind == "initial":
-            body = fresh_parameters(config, input_shape, num_classes).tobytes()
+            body: Any = fresh_parameters(config, input_shape, num_classes)  # sent as its buffer
         else:
             params = np.frombuffer(conn.recv_bytes(), dtype=np.float32).copy()  # writable
             from ember.worker import evaluate_batches
