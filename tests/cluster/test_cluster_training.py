@@ -100,10 +100,14 @@ def test_a_lost_executor_is_relaunched_and_the_retry_resumes_from_the_servers(
     # the retried workers continued from their pushed steps and the servers' center...
     assert max(r["first_step"] for r in retried) > 0
     # ...so their first losses are a trained model's, not the initial weights' (about ln 10 =
-    # 2.3 on MNIST's 10 classes; the failed attempt's own records may never reach the driver)
+    # 2.3 on MNIST's 10 classes; the failed attempt's own records may never reach the driver).
+    # The surviving host's old task can run to its last step before Spark stops it, and its
+    # retry then resumes with nothing left to train and reports no loss; the lost host's cannot.
+    unfinished = {r["rank"] for r in retried if r["first_step"] < r["total_steps"]}
+    assert unfinished, retried
     progress = [r for r in records if r.get("kind") == "worker" and r["attempt"] >= 1]
     first = {r["rank"]: r["loss"] for r in reversed(progress)}
-    assert set(first) == {0, 1} and max(first.values()) < 0.5, first
+    assert set(first) == unfinished and max(first.values()) < 0.5, (first, retried)
 
 
 def test_allreduce_trains_mnist_across_the_worker_hosts_through_gloo(
