@@ -190,7 +190,7 @@ class MetricsLog:
     def write(self, record: Record | Mapping[str, Any]) -> None:
         fields = record.to_json() if isinstance(record, Record) else record
         line = {"time": round(time.time() - self._started, 4), **fields}
-        self._file.write(json.dumps(line, default=_jsonable) + "\n")
+        self._file.write(json.dumps(line, default=jsonable) + "\n")
         self._file.flush()
         if self._writer is not None:
             tag = f"{line.get('kind', 'run')}/{line.get('rank', 'all')}"
@@ -249,11 +249,11 @@ def _tau_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write via a temporary file and rename, so a reader never sees half a summary."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=_jsonable) + "\n")
+    tmp.write_text(json.dumps(data, indent=2, default=jsonable) + "\n")
     tmp.replace(path)
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     if isinstance(value, (set, tuple)):

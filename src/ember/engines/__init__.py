@@ -3,6 +3,7 @@
 Map:
 - train -> __init__.py: dispatch a validated RunConfig to its engine
 - train_local -> local.py: spawned server and worker processes on this machine
+- RecordPipes, RecordSender -> recordpipes.py: each local worker's records, on a pipe of its own
 - train_spark, train_dataframe -> spark/: one Spark barrier task per worker, servers by the
   driver (its session, jobs, task body and JVM options: see its own docstring)
 - ServerGroup -> servers.py: the server processes, their replicas, restarts, checkpoints, shutdown

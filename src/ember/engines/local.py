@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing.forkserver
-import queue
 import time
 import traceback
+from collections.abc import Iterable
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -21,6 +22,7 @@ from ember.engines.modelwork import Forked
 from ember.engines.phases import PeakMemory, Timeline, pids_of
 from ember.engines.process import Interpreter, _child_main, free_port, reap, tail
 from ember.engines.progress import Progress
+from ember.engines.recordpipes import RecordPipes, RecordSender
 from ember.engines.run import Run, RunResult, RunSetup, prepare_run
 from ember.engines.servers import spare_servers
 from ember.metrics import WorkerError, WorkerFailure, WorkerRestart, write_json
@@ -65,12 +67,12 @@ def _train(
     setup: RunSetup, progress: Progress, clocks: tuple[Timeline, PeakMemory], files: DataFiles
 ) -> RunResult:
     config, processes, (timeline, memory) = setup.config, list[Any](), clocks
+    pipes = RecordPipes(config.workers, lambda: FORKSERVER.Pipe(duplex=False))
     with Run(setup, progress, timeline, memory) as run, run.saving_on_failure():
         try:
             addresses = run.start_servers()
             if config.mode.joinable:
                 write_join_file(setup.run_dir, config, addresses, setup.secret)
-            records = FORKSERVER.Queue()
             started = time.perf_counter()
             initial_file = None
             if not config.uses_server and setup.resume is not None:  # small spawn arguments
@@ -92,53 +94,56 @@ def _train(
             timeline.mark("workers")
             for rank in range(config.workers):
                 spec = dataclasses.replace(base, rank=rank)
-                processes.append(_start_worker(spec, records, files))
-            restarts = _watch(run, processes, records, base, files)
+                processes.append(_start_worker(spec, pipes, files))
+            restarts = _watch(run, processes, pipes, base, files)
             seconds = time.perf_counter() - started
             return run.finish(seconds, {"worker_restarts": restarts})
         finally:
             # the workers go before the run ends: the servers' state is final when saved
             (setup.run_dir / JOIN_FILE).unlink(missing_ok=True)  # no longer joinable
             reap(processes)
+            pipes.close_all()
 
 
-def _start_worker(spec: WorkerSpec, records: Any, files: DataFiles) -> Any:
+def _start_worker(spec: WorkerSpec, pipes: RecordPipes, files: DataFiles) -> Any:
     log = Path(spec.run_dir) / "logs" / f"worker-{spec.rank}.log"
+    pipe = pipes.open(spec.rank)
     process = FORKSERVER.Process(
         target=_child_main,
-        args=(_work, (spec, records, files), str(log)),
+        args=(_work, (spec, pipe, files), str(log)),
         name=f"ember-worker-{spec.rank}",
         daemon=False,
     )
-    process.start()
+    try:
+        process.start()
+    finally:
+        pipe.close()  # the worker has its own end: the pipe ends when the worker does
     return process
 
 
-def _watch(run: Run, processes: list[Any], records: Any, base: WorkerSpec, files: DataFiles) -> int:
+def _watch(
+    run: Run, processes: list[Any], pipes: RecordPipes, base: WorkerSpec, files: DataFiles
+) -> int:
     """Relay progress and restart a child that dies (up to max_restarts times each) or fail
     fast when it may not be restarted; returns how many restarts there were."""
     config, done = run.config, run.done
     incarnations = [0] * len(processes)
     failed: dict[int, tuple[int | None, str]] = {}  # rank -> (exit code, error) to act on
 
-    def drain(timeout: float) -> None:
-        record = _next(records, timeout)
-        while record is not None:
-            rank = record.get("rank", -1)
-            if record.get("incarnation", incarnations[rank]) == incarnations[rank]:
-                if record.get("kind") == "error":
-                    failed[rank] = (None, record.get("error", ""))
-                elif record.get("kind") == "done":  # its peak, before it exits
-                    run.sample_memory(_pids(processes))
-                run.relay(record)
-            record = _next(records, 0.0)
+    def relay(received: Iterable[tuple[int, dict[str, Any]]]) -> None:
+        for rank, record in received:  # a pipe carries its current process's records alone
+            if record.get("kind") == "error":
+                failed[rank] = (None, record.get("error", ""))
+            elif record.get("kind") == "done":  # its peak, before it exits
+                run.sample_memory(_pids(processes))
+            run.relay(record)
 
     with run.watching(len(run.setup.dataset.x_train) // config.workers):
         while len(done) < len(processes):
-            drain(0.25)
+            relay(pipes.wait(0.25))
             for rank, process in enumerate(processes):
                 if rank not in done and rank not in failed and process.exitcode is not None:
-                    drain(1.0)  # its last words may still be in the pipe
+                    relay(pipes.read(rank))  # its last words, to the pipe's end
                     if rank not in done and rank not in failed:
                         failed[rank] = (process.exitcode, "")
             for rank, (exitcode, error) in sorted(failed.items()):
@@ -148,7 +153,7 @@ def _watch(run: Run, processes: list[Any], records: Any, base: WorkerSpec, files
                 incarnations[rank] += 1
                 _note_restart(run, rank, incarnations[rank], exitcode, error)
                 spec = dataclasses.replace(base, rank=rank, incarnation=incarnations[rank])
-                processes[rank] = _start_worker(spec, records, files)
+                processes[rank] = _start_worker(spec, pipes, files)
             failed.clear()
             run.tick(_pids(processes))
     return sum(incarnations)
@@ -180,24 +185,18 @@ def _how(exitcode: int | None) -> str:
     return f"exited with code {exitcode}" if exitcode is not None else "raised"
 
 
-def _next(records: Any, timeout: float) -> dict[str, Any] | None:
-    try:
-        return records.get(timeout=timeout) if timeout > 0 else records.get_nowait()
-    except queue.Empty:
-        return None
-
-
-def _work(spec: WorkerSpec, records: Any, files: DataFiles) -> None:
+def _work(spec: WorkerSpec, pipe: Connection, files: DataFiles) -> None:
     from ember.worker import run_worker  # the fork server's, imported already
 
+    records = RecordSender(pipe)
     try:
         dataset = files.shard(spec.rank, spec.world)  # mapped: its rows only, read-only
-        records.put(run_worker(spec, records.put, dataset))
+        records.send(run_worker(spec, records.send, dataset))
     except BaseException as exc:
         text = traceback.format_exc()
         print(text, flush=True)
         error = f"{type(exc).__name__}: {exc}\n{text}"
-        records.put(
+        records.send_last(
             WorkerError(rank=spec.rank, incarnation=spec.incarnation, error=error).to_json()
         )
         raise SystemExit(1) from None
