@@ -78,8 +78,9 @@ class _Chunks:
                 continue
             words = raw[align : align + usable].view("<u8")
             candidates = np.flatnonzero(self.table[words & low])
-            slots = np.minimum(np.searchsorted(self.keys, words[candidates]), self.keys.size - 1)
-            for index in candidates[self.keys[slots] == words[candidates]]:
+            found = words[candidates]
+            slots = np.minimum(np.searchsorted(self.keys, found), self.keys.size - 1)
+            for index in candidates[self.keys[slots] == found]:
                 at = align + 8 * int(index)
                 frame = int(np.searchsorted(bounds, at, side="right")) - 1
                 begin, end = int(bounds[frame]), int(bounds[frame + 1])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -52,7 +53,7 @@ class RecordPipes:
         came with them; a pipe whose process is gone is read to its end and closed."""
         ready = [r for r in self._readers if r is not None]
         if not ready:
-            threading.Event().wait(timeout)  # nothing to read: only the time passes
+            time.sleep(timeout)  # nothing to read: only the time passes
             return
         arrived = set(wait(ready, timeout))
         for rank, reader in enumerate(list(self._readers)):
