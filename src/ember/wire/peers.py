@@ -24,8 +24,15 @@ EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
 def _peername(fd: int, local: bool = False) -> tuple[str, int] | None:
     """(address, port) of the far end (or this end with `local`) of socket `fd`, or None."""
     try:
-        sock = socket.socket(fileno=os.dup(fd))
+        copy = os.dup(fd)
     except OSError:
+        return None
+    try:
+        sock = socket.socket(fileno=copy)
+    except OSError:
+        # By the time the monitor's news is read, libzmq may have closed the connection and
+        # reused its number for an eventfd or a pipe: not a socket, and the copy stays ours.
+        os.close(copy)
         return None
     try:
         name = sock.getsockname() if local else sock.getpeername()
