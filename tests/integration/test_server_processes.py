@@ -4,6 +4,7 @@ restarted."""
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import socket
@@ -123,3 +124,18 @@ def test_a_spare_that_died_is_replaced_by_a_fresh_server_with_a_log(tmp_path) ->
         assert [r["step"] for r in control(servers.primaries, SECRET, "stats")] == [0]
     finally:
         servers.stop()
+
+
+def test_a_launcher_holding_over_a_thousand_descriptors_still_starts_its_servers(
+    tmp_path,
+) -> None:
+    """Its pipes to the servers then take numbers past 1023, which select() refuses."""
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    servers = group(tmp_path, servers=1)
+    try:
+        servers.start()
+        assert [r["step"] for r in control(servers.primaries, SECRET, "stats")] == [0]
+    finally:
+        servers.stop()
+        for fd in held:
+            os.close(fd)

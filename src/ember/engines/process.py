@@ -85,7 +85,12 @@ class Interpreter:
         assert self._popen.stdin is not None and self._popen.stdout is not None
         self._answer = self._popen.stdout
         if message is not None:
-            self.send(message)
+            try:
+                self.send(message)
+            except BaseException:
+                self.kill()  # no one else holds it yet to reap it
+                self.join(INPUT_SECONDS)
+                raise
 
     def send(self, message: bytes) -> None:
         """Its whole input, once."""
@@ -128,7 +133,7 @@ class Interpreter:
         try:
             while b"\n" not in line:
                 left = deadline - time.monotonic()
-                if left <= 0 or not select.select([fd], [], [], min(left, 0.5))[0]:
+                if left <= 0 or not _ready(fd, select.POLLIN, min(left, 0.5)):
                     if left <= 0 or not self.is_alive():
                         return None
                     continue
@@ -139,6 +144,15 @@ class Interpreter:
         finally:
             self._answer.close()  # one line is all it says here
         return line.decode(errors="replace").strip()
+
+
+def _ready(fd: int, event: int, seconds: float) -> bool:
+    """Whether `fd` is ready for `event` (or at its end) within `seconds`. poll, not select:
+    select refuses a descriptor numbered past 1023, and a driver that has run long may hold
+    that many."""
+    poller = select.poll()
+    poller.register(fd, event)
+    return bool(poller.poll(max(seconds, 0.0) * 1000))
 
 
 INPUT_SECONDS = 10.0  # a child that has not read its input by then is not going to
@@ -152,7 +166,7 @@ def _write_within(fd: int, data: bytes, seconds: float) -> None:
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError
-        if select.select([], [fd], [], left)[1]:
+        if _ready(fd, select.POLLOUT, left):
             view = view[os.write(fd, view) :]
 
 
