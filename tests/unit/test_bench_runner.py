@@ -125,3 +125,30 @@ def test_epochs_replace_every_tasks_own_and_keep_its_target() -> None:
         k: t.target_value for k, t in own.items()
     }
     assert own["mlp"].epochs == 5
+
+
+def test_a_runs_figures_keep_each_workers_periods_from_its_first_start(tmp_path: Path) -> None:
+    import json
+
+    from ember.bench.runner import run_figures
+
+    settings = BenchSettings(out=tmp_path, tasks=["mlp"], strategies=["easgd-async"])
+    row = next(r for r in plan_rows(settings, make_tasks(True, 1000, 10)) if r.config)
+    assert row.config is not None
+    summary = {"test_accuracy": 0.9, "test_loss": 0.3, "samples": 1280, "train_seconds": 1.0,
+               "samples_per_second": 1280.0}  # fmt: skip
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    lines = [
+        {"kind": "tau", "rank": 0, "incarnation": 7, "step": 0, "tau": 8},
+        {"kind": "tau", "rank": 1, "incarnation": 9, "step": 0, "tau": 8},
+        {"kind": "tau", "rank": 0, "incarnation": 7, "step": 40, "tau": 32},
+        {"kind": "eval", "seconds": 0.5, "samples": 640, "test_accuracy": 0.8},
+        {"kind": "tau", "rank": 1, "incarnation": 12, "step": 30, "tau": 16},  # a retried task
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    figures = run_figures(row, tmp_path, row.config)
+    assert figures["tau_choices"] == {"0": [[0, 8], [40, 32]], "1": [[0, 8]]}
+    assert figures["curve"][0] == [0.5, 640, 0.8]
+    # a fixed period records no choices
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(lines[3]) + "\n")
+    assert "tau_choices" not in run_figures(row, tmp_path, row.config)

@@ -29,7 +29,7 @@ Log = Callable[[str], None]
 FIGURES = (
     "test_accuracy", "test_loss", "samples", "train_seconds", "samples_per_second",
     "seconds_per_epoch", "bytes_per_sample", "t_comp_seconds", "t_comm_seconds", "curve",
-    "config", "train_samples", "test_samples", "features",
+    "config", "train_samples", "test_samples", "features", "tau_choices",
 )  # fmt: skip
 
 
@@ -52,11 +52,17 @@ def eval_config(row: Row, out: Path, dataset: Dataset) -> RunConfig:
 def run_figures(row: Row, out: Path, config: RunConfig) -> dict[str, Any]:
     """A finished run's figures, from its summary.json and metrics.jsonl."""
     summary = json.loads((out / "summary.json").read_text())
-    curve = []
+    curve, chosen = [], dict[tuple[str, int], list[list[int]]]()
     for line in (out / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         if record.get("kind") == "eval":
             curve.append([record["seconds"], record["samples"], record[row.task.target_metric]])
+        elif record.get("kind") == "tau":  # a period chosen (auto, loss): [local step, tau]
+            start = (str(record["rank"]), int(record.get("incarnation") or 0))
+            chosen.setdefault(start, []).append([record["step"], record["tau"]])
+    # each worker's periods as its first start chose them (a Spark task's incarnation is its
+    # attempt id: the lowest is the first)
+    periods = {rank: chosen[rank, min(i for r, i in chosen if r == rank)] for rank, _ in chosen}
     # The run's own figure, on the final parameters (the servers', for server strategies).
     curve.append([summary["train_seconds"], summary["samples"], summary[row.task.target_metric]])
     samples = summary["samples"]
@@ -73,6 +79,7 @@ def run_figures(row: Row, out: Path, config: RunConfig) -> dict[str, Any]:
         "t_comm_seconds": summary.get("t_comm_seconds"),
         "curve": curve,
         "config": config.to_dict(),
+        **({"tau_choices": periods} if periods else {}),
     }
 
 
