@@ -354,7 +354,8 @@ def model_check(cluster: Any, rate: str | None, epochs: int) -> dict[str, Any]:
     rows = []
     with shaped(cluster, rate):
         measured_rate = link_bytes_per_second(cluster, rate)
-        network = Network(bandwidth=measured_rate)
+        # the emulated hosts share this machine's cores
+        network = Network(bandwidth=measured_rate, cores=calibration.cores)
         for strategy, tau in MODEL_ROWS:
             flags = ["--data", "mnist", "--model", "mlp", "--strategy", strategy]
             flags += ["--workers", "2", "--epochs", str(epochs), "--tau", str(tau)]

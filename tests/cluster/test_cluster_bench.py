@@ -34,6 +34,10 @@ def test_bench_rows_run_across_hosts_and_the_report_has_their_link(
     for record in records:
         assert record["link"] == "unlimited" and record["hosts"] == 2
         assert record["link_bytes_per_second"] > 0
+        # one worker's exchanges over the link alone, timed (bench/exchange_probe.py)
+        probe = record["link_exchange"]
+        assert probe["exchanges"] == 40 and probe["bytes"] == 2 << 20
+        assert 0 < probe["seconds"] < 10 and probe["client_cpu"] > 0
         assert record["curve"] and record["samples_per_second"] > 0
     ember = by_row["easgd-async"]
     assert ember["config"]["engine"] == "spark"

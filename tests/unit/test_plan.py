@@ -93,7 +93,8 @@ def test_asynchronous_exchanges_queue_where_they_meet_on_a_server_link() -> None
     assert shared_link_cycle(MLP, bare, 2, 1, 1.0) < 1.0 + 2.02 * one_way
     # a synchronous round lets no reply out before every push is in
     bsp = predict("bsp", 2, MLP, bare)
-    assert bsp.bounds["network"] == pytest.approx(4 * one_way)
+    # a round: the workers compute, then every push and every reply takes its turn
+    assert bsp.bounds["network"] == pytest.approx(MLP.t_comp + 4 * one_way)
 
 
 def test_auto_tau_is_the_smallest_whose_compute_covers_what_an_exchange_takes() -> None:
@@ -248,3 +249,26 @@ def test_plan_takes_the_links_latency_and_charges_it(
     at = {k: predict("bsp", 1, MLP, Network(12.5e6, s)) for k, s in (("1ms", 1e-3), ("0ms", 0.0))}
     assert at["1ms"].period - at["0ms"].period == pytest.approx(2e-3)
     assert bsp == {k: round(p.samples_per_second) for k, p in at.items()}
+
+
+def test_an_adaptive_row_is_predicted_over_the_periods_it_ran() -> None:
+    rows = _rows(20_000.0)
+    easgd = rows[1]
+    easgd["config"] = {**easgd["config"], "tau_policy": "auto"}
+    easgd["samples"] = 2 * 64 * 1000  # 1000 local steps a worker
+    # worker 0 ran 100 steps at 8, then 64; worker 1 200 steps at 8, then 64
+    easgd["tau_choices"] = {"0": [[0, 8], [100, 64]], "1": [[0, 8], [200, 64]]}
+    easgd["bytes_per_sample"] = 1.0  # ignored: the choices are known
+    add_predictions(rows, [{"mlp": MLP}], network=SLOW)
+
+    def seconds_per_step(tau: int) -> float:
+        return 2 * 64 / predict("easgd-async", 2, MLP, SLOW, tau=tau).samples_per_second
+
+    seconds = 300 * seconds_per_step(8) + 1700 * seconds_per_step(64)
+    assert easgd["predicted_samples_per_second"] == pytest.approx(2 * 2000 * 64 / seconds)
+    # without its choices, at the mean period its bytes say it ran
+    del easgd["tau_choices"]
+    easgd["bytes_per_sample"] = MLP.exchange_bytes / (32 * 64)
+    add_predictions(rows, [{"mlp": MLP}], network=SLOW)
+    at_32 = predict("easgd-async", 2, MLP, SLOW, tau=32).samples_per_second
+    assert easgd["predicted_samples_per_second"] == pytest.approx(at_32)

@@ -60,13 +60,16 @@ def transfer_bytes(link: str) -> int:
 
 
 def measure_link(cluster: Any, link: str) -> dict[str, Any]:
-    """What the link carries: a timed TCP transfer from host 1 to host 2 (or host 0); and its
-    latency: round trips from host 1 to host 0, as a worker's exchanges go."""
+    """What the link carries: a timed TCP transfer from host 1 to host 2 (or host 0); its
+    latency: round trips from host 1 to host 0, as a worker's exchanges go; and what one
+    parameter exchange alone costs from host 1 to a server on host 0 (exchange_probe.py)."""
+    from ember.bench.exchange_probe import measure_exchange
     from ember.emulated.links import one_way_latency, round_trip, transfer
 
     receiver = 2 if cluster.hosts > 2 else 0
     done = transfer(cluster, 1, receiver, transfer_bytes(link))
     pings = round_trip(cluster, 1, 0)["seconds"]
+    exchange = measure_exchange(cluster, 1, 0)
     return {
         "link": link,
         "bytes": done["bytes"],
@@ -76,6 +79,7 @@ def measure_link(cluster: Any, link: str) -> dict[str, Any]:
         "round_trips": len(pings),
         "round_trip_seconds": statistics.median(pings),
         "latency_seconds": one_way_latency(pings),
+        "exchange": exchange,
     }
 
 
@@ -153,11 +157,14 @@ def _links(
                 record = measure(row, repeat, settings, execute, set())
                 record["link_bytes_per_second"] = figures["bytes_per_second"]
                 record["link_latency_seconds"] = figures["latency_seconds"]
+                record["link_exchange"] = figures["exchange"]
                 mine.append(record)
                 append(settings.out / "results.jsonl", record)
                 log("  " + one_line(record))
         rate, latency = figures["bytes_per_second"], figures["latency_seconds"]
-        predict_on_link(mine, calibrations, rate, latency, among=[*records, *mine])
+        predict_on_link(
+            mine, calibrations, rate, latency, among=[*records, *mine], exchange=figures["exchange"]
+        )
         records += mine
 
 
@@ -185,13 +192,15 @@ def predict_on_link(
     bandwidth: float,
     latency: float,
     among: list[dict[str, Any]] | None = None,
+    exchange: dict[str, Any] | None = None,
 ) -> None:
-    """The model's figures for rows on a link, at the link's measured rate and latency; the
-    single rows for their time to target are those of `among` (default: `records`)."""
-    from ember.bench.predict import add_predictions
-    from ember.perfmodel import Network
+    """The model's figures for rows on a link, at the link's measured rate and latency (and
+    the `exchange` exchange_probe measured on it), the emulated hosts sharing this machine's
+    cores; the single rows for their time to target are those of `among` (default:
+    `records`)."""
+    from ember.bench.predict import add_predictions, link_network
 
-    network = Network(bandwidth=bandwidth, latency=latency)
+    network = link_network(bandwidth, latency, os.cpu_count() or 1, exchange)
     add_predictions(records, calibrations, network=network, among=among)
 
 

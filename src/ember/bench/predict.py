@@ -13,6 +13,7 @@ from ember.config import AlgorithmKind, RunConfig, Strategy
 from ember.perfmodel import (
     AUTO_MARGIN,
     Calibration,
+    LinkExchange,
     Network,
     evaluation_wait,
     model_tau,
@@ -82,12 +83,16 @@ def add_predictions(
             calibration = calibration.compressed(config.get("compress") or "none")
         except ValueError:  # a codec the model has no byte count for: no prediction
             continue
-        period = _period(record, config, calibration, link)
-        if period is None:
-            continue
-        predicted = predict(
-            config["strategy"], config["workers"], calibration, link, period, config["servers"]
-        ).samples_per_second
+        spans = _spans(record, config)
+        if spans:  # the periods the run chose, each for the steps it ran
+            predicted = _over_spans(spans, config, calibration, link)
+        else:
+            period = _period(record, config, calibration, link)
+            if period is None:
+                continue
+            predicted = predict(
+                config["strategy"], config["workers"], calibration, link, period, config["servers"]
+            ).samples_per_second
         samples = record.get("samples") or 0
         if samples:  # the loop's time at that speed, and the waits for worker 0's evaluations
             wait = evaluation_wait(config["strategy"], _evaluations(config, samples), calibration)
@@ -132,19 +137,68 @@ def _as_ember(record: dict[str, Any]) -> dict[str, Any] | None:
 def _period(
     record: dict[str, Any], config: dict[str, Any], c: Calibration, link: Network
 ) -> float | None:
-    """Minibatches between a row's exchanges: its n_push, or easgd's tau. `--tau auto`'s is
-    the one the model would pick on the row's link; `--tau loss` moves with the loss, so its
-    mean is read from the bytes the row moved per sample (each exchange moves
-    exchange_bytes for tau minibatches of one worker), None when they are unknown."""
+    """Minibatches between a row's exchanges: its n_push, or easgd's tau. `--tau auto` and
+    `--tau loss` move theirs as the run goes, so the period is the one the row ran at on
+    average, read from the bytes it moved per sample (each exchange moves exchange_bytes for
+    tau minibatches of one worker); before a row has run, `auto`'s is the one the model would
+    pick on the row's link, and `loss`'s is unknown (None)."""
     if Strategy(config["strategy"]).algorithm is not AlgorithmKind.EASGD:
         return float(config["n_push"])
     policy = config.get("tau_policy") or "fixed"
+    moved = record.get("bytes_per_sample")
+    if policy in ("auto", "loss") and moved:
+        return c.exchange_bytes / (moved * config["batch_size"])
     if policy == "auto":
         return float(model_tau(c, link, config["workers"], config["servers"], AUTO_MARGIN))
     if policy == "loss":
-        moved = record.get("bytes_per_sample")
-        return c.exchange_bytes / (moved * config["batch_size"]) if moved else None
+        return None
     return float(config["tau"])
+
+
+def _spans(record: dict[str, Any], config: dict[str, Any]) -> dict[int, int]:
+    """Local steps run at each tau, over the workers, from the choices an adaptive row
+    recorded (`tau_choices`: each worker's [step, tau] from that step on); {} without them."""
+    choices = record.get("tau_choices") or {}
+    samples = record.get("samples") or 0
+    if not choices or not samples:
+        return {}
+    last = samples // config["workers"] // config["batch_size"]  # a worker's local steps
+    spans: dict[int, int] = {}
+    for chosen in choices.values():
+        ordered = sorted((int(step), int(tau)) for step, tau in chosen)
+        ends = [step for step, _ in ordered[1:]] + [last]
+        for (step, tau), end in zip(ordered, ends, strict=True):
+            spans[tau] = spans.get(tau, 0) + max(0, min(end, last) - step)
+    return spans
+
+
+def _over_spans(
+    spans: dict[int, int], config: dict[str, Any], c: Calibration, link: Network
+) -> float:
+    """Samples/s of a run whose workers spent spans[tau] local steps in all at each tau: the
+    workers' steps over the seconds each span takes at the model's speed for its tau, times
+    the workers running side by side."""
+    workers, steps, seconds = config["workers"], sum(spans.values()), 0.0
+    for tau, count in spans.items():
+        rate = predict(config["strategy"], workers, c, link, tau, config["servers"])
+        seconds += count * workers * c.batch_size / rate.samples_per_second
+    return workers * steps * c.batch_size / seconds if seconds > 0 else float("inf")
+
+
+def link_network(
+    bandwidth: float, latency: float, cores: int | None, exchange: dict[str, Any] | None
+) -> Network:
+    """An emulated link as it measured: its rate, its one-way latency, and what the probe's
+    exchange (bench/exchange_probe.py) took beyond the bytes at that rate and the latencies;
+    its hosts share `cores`."""
+    measured = None
+    if exchange:
+        moved = exchange["bytes"]
+        beyond = exchange["seconds"] - 2 * latency - moved / bandwidth
+        measured = LinkExchange(
+            max(0.0, beyond) / moved, exchange["client_cpu"] / moved, exchange["server_cpu"] / moved
+        )
+    return Network(bandwidth=bandwidth, latency=latency, cores=cores, exchange=measured)
 
 
 def predict_results(
@@ -152,8 +206,9 @@ def predict_results(
 ) -> list[dict[str, Any]]:
     """Predict a results file's rows again, with this model: the rows on this host as the
     local bench does, each link's rows at the rate and latency they measured (the median of
-    its rows'). `calibrations` is settings.json's "calibration": {task: [one per repeat]},
-    each a Calibration's fields. Returns the records, predicted."""
+    its rows') and its probe's exchange, the hosts sharing the calibrating machine's cores.
+    `calibrations` is settings.json's "calibration": {task: [one per repeat]}, each a
+    Calibration's fields. Returns the records, predicted."""
     known = {f.name for f in fields(Calibration)}
     by_repeat: list[dict[str, Calibration]] = []
     for task, figures in calibrations.items():
@@ -162,12 +217,15 @@ def predict_results(
                 by_repeat.append({})
             by_repeat[repeat][task] = Calibration(**{k: v for k, v in given.items() if k in known})
     add_predictions([r for r in records if not r.get("link")], by_repeat)
+    # the emulated hosts shared the cores of the machine that calibrated
+    cores = max((c.cores for by_task in by_repeat for c in by_task.values()), default=None)
     for name in dict.fromkeys(r["link"] for r in records if r.get("link")):
         rows = [r for r in records if r.get("link") == name]
         rate = statistics.median(r["link_bytes_per_second"] for r in rows)
         latencies = [r["link_latency_seconds"] for r in rows if r.get("link_latency_seconds")]
         latency = statistics.median(latencies) if latencies else UNMEASURED_LATENCY
-        network = Network(bandwidth=rate, latency=latency)
+        exchange = next((r["link_exchange"] for r in rows if r.get("link_exchange")), None)
+        network = link_network(rate, latency, cores, exchange)
         add_predictions(rows, by_repeat, network=network, among=records)
     return records
 

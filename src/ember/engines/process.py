@@ -133,7 +133,7 @@ class Interpreter:
         try:
             while b"\n" not in line:
                 left = deadline - time.monotonic()
-                if left <= 0 or not _ready(fd, select.POLLIN, min(left, 0.5)):
+                if left <= 0 or not wait_ready(fd, select.POLLIN, min(left, 0.5)):
                     if left <= 0 or not self.is_alive():
                         return None
                     continue
@@ -146,7 +146,7 @@ class Interpreter:
         return line.decode(errors="replace").strip()
 
 
-def _ready(fd: int, event: int, seconds: float) -> bool:
+def wait_ready(fd: int, event: int, seconds: float) -> bool:
     """Whether `fd` is ready for `event` (or at its end) within `seconds`. poll, not select:
     select refuses a descriptor numbered past 1023, and a driver that has run long may hold
     that many."""
@@ -166,7 +166,7 @@ def _write_within(fd: int, data: bytes, seconds: float) -> None:
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError
-        if _ready(fd, select.POLLOUT, left):
+        if wait_ready(fd, select.POLLOUT, left):
             view = view[os.write(fd, view) :]
 
 

@@ -24,125 +24,29 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from ember.config import CODECS, STRATEGIES, AlgorithmKind, ConsistencyKind, Strategy
+from ember.config import STRATEGIES, AlgorithmKind, ConsistencyKind, Strategy
+from ember.perfmodel.inputs import CALIBRATION_TAU as CALIBRATION_TAU
+from ember.perfmodel.inputs import COMPRESSIONS as COMPRESSIONS
+from ember.perfmodel.inputs import FLOAT_BYTES as FLOAT_BYTES
+from ember.perfmodel.inputs import INT8_CHUNK as INT8_CHUNK
+from ember.perfmodel.inputs import WIRE_FRACTION as WIRE_FRACTION
+from ember.perfmodel.inputs import Calibration as Calibration
+from ember.perfmodel.inputs import LinkExchange as LinkExchange
+from ember.perfmodel.inputs import Network as Network
+from ember.perfmodel.inputs import wire_fraction as wire_fraction
 from ember.units import parse_bandwidth as parse_bandwidth
 from ember.units import parse_bandwidths as parse_bandwidths
 from ember.units import parse_counts as parse_counts
 from ember.units import parse_latency as parse_latency
 
-FLOAT_BYTES = 4
-INT8_CHUNK = 4096  # values sharing one float32 scale in int8 compression
-# The share of float32's bytes an exchange puts on the wire, per RunConfig.compress choice: push
-# and pull both compressed; int8 is a byte per value plus a 4-byte scale per INT8_CHUNK values.
-WIRE_FRACTION = {"none": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": (1 + 4 / INT8_CHUNK) / 4}
-COMPRESSIONS: tuple[str, ...] = CODECS  # RunConfig.compress's choices
 MAX_TAU = 256  # the largest period model_tau names, as `--tau auto` clamps its own
 AUTO_MARGIN = 1.25  # `--tau auto`'s margin of compute over an exchange (algorithms/period.py)
 # an asynchronous server link's queue is named as the bound only when it is this much longer
 # than the worker's own path
 BOUND_MARGIN = 0.05
-# Strategies without a two-worker calibration run of their own wait like one that has it:
-# SSP with a small bound waits for the slowest about as often as BSP's rounds do.
-_WAITS_LIKE = {Strategy.SSP: Strategy.BSP, Strategy.EASGD: Strategy.BSP}
-# The tau of easgd-async's two-worker calibration run: an exchange every minibatch, so the
-# exchange's cost under load is most of the period and is measured precisely.
-CALIBRATION_TAU = 1
 # The mean rest of a transfer in service, as a share of one, that a transfer arriving on a busy
 # link waits for: a half, since every exchange moves the same bytes (a memoryless service: 1).
 RESIDUAL = 0.5
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """What a short local run measured; every figure is per worker and one torch thread."""
-
-    batch_size: int
-    t_comp: float  # seconds per minibatch outside exchanges: the loop's wall less its blocking
-    parameters: int  # floats in the model
-    exchange_wall: float  # seconds per push + pull of all parameters, one client, loopback
-    client_cpu: float  # CPU seconds a worker spends on that exchange (its zmq thread included)
-    server_cpu: float  # CPU seconds the one server spends on it
-    cores: int  # of the calibrating machine
-    # (seconds per minibatch, seconds blocked per exchange) of ember's worker loop with two workers
-    # (and a server) sharing this host, per strategy measured: async, bsp, ssp, allreduce and
-    # easgd-async (at CALIBRATION_TAU)
-    on_host: dict[str, tuple[float, float]] = field(default_factory=dict)
-    t_eval: float = 0.0  # seconds worker 0 spends on one evaluation of the test set
-    # share of float32's bytes an exchange puts on the wire (WIRE_FRACTION); the times above are
-    # measured uncompressed
-    compression: float = 1.0
-    # seconds per float of each codec of ps/codec.py: (encode, decode), measured here
-    codecs: dict[str, tuple[float, float]] = field(default_factory=dict)
-    codec_cpu: float = 0.0  # seconds each end spends on the codec per exchange (compressed())
-
-    def compressed(self, compress: str) -> Calibration:
-        """These figures for a run with RunConfig.compress = `compress`. Each end of an
-        exchange encodes once and decodes twice (ps/compress.py): the worker encodes its push
-        and decodes it for its residual or mirror, then decodes the reply; the server decodes
-        the push, and encodes its reply and decodes it to fold what the worker will apply."""
-        encode, decode = self.codecs.get(compress, (0.0, 0.0))
-        cpu = self.parameters * (encode + 2 * decode) if compress != "none" else 0.0
-        return replace(self, compression=wire_fraction(compress), codec_cpu=cpu)
-
-    def sharing(
-        self, strategy: str, workers: int, servers: int, tau: float = 1
-    ) -> tuple[float, float]:
-        """(seconds per minibatch, seconds per exchange) with `workers` workers and `servers`
-        servers on this one host: the figures alone for one worker; else the two-worker run
-        of the strategy that waits like this one, scaled by how many more processes than that
-        run's compete for the cores. easgd-async's exchanger keeps its exchanges off the
-        worker's path, so its compute is the figure alone; the cores bound what it shares.
-
-        A synchronous round waits for the slowest worker. What the calibration (one minibatch
-        per exchange) blocked beyond the exchange itself is the gap between two workers'
-        minibatch times; over tau minibatches of independent jitter that gap is a random
-        walk, which grows as sqrt(tau)."""
-        mode = Strategy(strategy)
-        if mode.overlaps_exchange:
-            return self.t_comp, self.exchange_wall
-        measured = self.on_host.get(mode) or self.on_host.get(_WAITS_LIKE.get(mode, ""))
-        if workers < 2 or measured is None:
-            return self.t_comp, self.exchange_wall
-        step, blocked = measured
-        if mode.consistency is ConsistencyKind.BSP and tau > 1:
-            blocked += max(0.0, blocked - self.exchange_wall) * (math.sqrt(tau) - 1)
-        scale = max(1.0, (workers + servers) / (2 + min(servers, 1)))
-        return step * scale, blocked * scale
-
-    def exchange_cpu_under_load(self) -> float:
-        """CPU seconds one easgd-async exchange costs the host's cores while two workers and a
-        server share them: the worker's and the server's own CPU, plus what measuring them
-        alone misses (wake-ups, zmq's threads, caches the other processes evict). When the
-        calibration kept every core busy, its period at CALIBRATION_TAU is that many
-        minibatches plus this cost, spread over the cores."""
-        alone = self.client_cpu + self.server_cpu
-        measured = self.on_host.get(Strategy.EASGD_ASYNC)
-        if measured is None or self.cores > 2:  # cores to spare: the processes did not compete
-            return alone
-        period = CALIBRATION_TAU * measured[0] + measured[1]  # compute, then the wait for it
-        return max(alone, period * self.cores / 2 - CALIBRATION_TAU * self.t_comp)
-
-    @property
-    def exchange_bytes(self) -> int:
-        """Bytes one exchange moves: all parameters each way, compressed as configured."""
-        return round(2 * FLOAT_BYTES * self.parameters * self.compression)
-
-
-def wire_fraction(compress: str) -> float:
-    """The share of float32's bytes a `compress` choice puts on the wire."""
-    if compress not in COMPRESSIONS or compress not in WIRE_FRACTION:
-        raise ValueError(f"compress {compress!r}: choose from {', '.join(COMPRESSIONS)}")
-    return WIRE_FRACTION[compress]
-
-
-@dataclass(frozen=True)
-class Network:
-    """Where the processes run. `bandwidth` None means all on this host, over loopback, where
-    the calibrated times already include moving the bytes; then `cores` bounds the CPU."""
-
-    bandwidth: float | None = None  # bytes per second of each host's link
-    latency: float = 0.0  # seconds one way
-    cores: int | None = None  # cores shared by every process when on one host
 
 
 @dataclass(frozen=True)
@@ -179,14 +83,22 @@ def predict(
         raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
     mode = Strategy(strategy)
     algorithm, consistency = mode.algorithm, mode.consistency
-    c, n = calibration, workers
+    c, n = _on_link(calibration, network), workers
     if algorithm is AlgorithmKind.SINGLE:
         n, tau, servers = 1, 1, 1
     if algorithm is AlgorithmKind.ALLREDUCE:
         tau, servers = 1, 1
-    # On one host, processes slow each other down; over a network each has a host to itself.
+    # On one host, processes slow each other down; over a network each has a host to itself,
+    # unless the hosts are emulated on one machine, where the calibration's slowdown and waits
+    # (beyond its exchange, which the link now takes the place of) hold as they did there.
+    wait = 0.0
     if network.bandwidth is None:
         t_step, t_exchange = c.sharing(strategy, n, servers if mode.uses_server else 0, tau)
+    elif network.emulated and not mode.overlaps_exchange:
+        t_step, blocked = c.sharing(strategy, n, servers if mode.uses_server else 0, tau)
+        t_exchange, wait = c.exchange_wall, max(0.0, blocked - c.exchange_wall)
+    elif network.emulated and n > 1:  # the exchanger overlaps: steps as two workers' go here
+        t_step, t_exchange = c.on_host.get(Strategy.ASYNC, (c.t_comp, 0.0))[0], c.exchange_wall
     else:
         t_step, t_exchange = c.t_comp, c.exchange_wall
     compute = tau * t_step
@@ -196,36 +108,43 @@ def predict(
         candidates["worker"] = tau * c.t_comp
     elif algorithm is AlgorithmKind.ALLREDUCE:
         t_comm = _allreduce_seconds(c, network, n, t_exchange)
-        candidates["worker"] = compute + t_comm
+        t_comm += _core_wait(_scaled(c.client_cpu, n), network, n)
+        candidates["worker"] = compute + wait + t_comm
         if network.bandwidth is None:
             candidates["cpu"] = n * (tau * c.t_comp + _scaled(c.client_cpu, n)) / _cores(c, network)
     else:
         # each shard handles 1/S of every exchange, and decodes and encodes its part
         server_share = (c.server_cpu + c.codec_cpu) / servers
-        t_comm = _exchange_seconds(c, network, servers, t_exchange)
+        off_links = _off_links(c, network, n, servers)  # nobody shares that part
+        t_comm = _exchange_seconds(c, network, servers, t_exchange) + off_links
         if mode.overlaps_exchange:  # the exchanger thread's CPU comes out of compute's
             compute += c.client_cpu + c.codec_cpu
             candidates["worker"] = max(compute, t_comm)
         else:
-            candidates["worker"] = compute + t_comm
+            candidates["worker"] = compute + wait + t_comm
         # A shard answers requests one after another: n of them per period keep it busy.
         candidates["server"] = n * server_share
         if consistency is ConsistencyKind.BSP and Strategy.BSP not in c.on_host:
             # a round closes after the server took every worker's push
             candidates["worker"] += (n - 1) * server_share
-        if network.bandwidth is None:
-            exchange_cpu = c.client_cpu + c.server_cpu
-            if mode.overlaps_exchange:  # its compute overlaps the exchange: only CPU bounds
-                exchange_cpu = c.exchange_cpu_under_load()
-            per_worker = tau * c.t_comp + exchange_cpu + 2 * c.codec_cpu
+        if network.bandwidth is None or network.emulated:  # every process on the same cores
+            exchange_cpu = c.client_cpu + c.server_cpu  # on a link, as it measured them
+            if mode.overlaps_exchange and network.bandwidth is None:
+                exchange_cpu = c.exchange_cpu_under_load()  # its compute overlaps: CPU bounds
+            step = t_step if network.emulated else c.t_comp  # computing beside the others
+            per_worker = tau * step + exchange_cpu + 2 * c.codec_cpu
             candidates["cpu"] = n * per_worker / _cores(c, network)
+        if network.bandwidth is None:
+            pass  # the calibrated times moved the bytes already
         elif consistency is ConsistencyKind.BSP:
             # A server's link carries every push in and every reply out. A BSP round takes
-            # all pushes before a reply leaves, so the two directions take turns.
-            candidates["network"] = n * c.exchange_bytes / servers / network.bandwidth
+            # all pushes before a reply leaves, so the two directions take turns, and the
+            # workers compute in step between the rounds.
+            turns = n * c.exchange_bytes / servers / network.bandwidth
+            candidates["network"] = compute + wait + turns + _codec_seconds(c, servers)
         else:  # asynchronous exchanges interleave, and queue where they meet
             # the exchanger sends again as soon as a reply is in, the others after computing
-            think = 0.0 if mode.overlaps_exchange else compute
+            think = (0.0 if mode.overlaps_exchange else compute + wait) + off_links
             candidates["network"] = shared_link_cycle(c, network, n, servers, think)
     bound = max(candidates, key=lambda k: candidates[k])
     period = candidates[bound]
@@ -321,6 +240,38 @@ def _exchange_seconds(c: Calibration, network: Network, servers: int, on_host: f
         return max(on_host - c.server_cpu, 0.0) + server_part + codec
     wire = c.exchange_bytes / network.bandwidth  # ZeroMQ pipelines the chunks with the work
     return 2 * network.latency + max(wire, c.client_cpu + server_part) + codec
+
+
+def _off_links(c: Calibration, network: Network, workers: int, servers: int) -> float:
+    """What a parameter exchange spends beyond the wire's time, measured on the link (CURVE,
+    the TCP stack), plus, on emulated hosts, waiting for a core: there every core is
+    computing, and an exchange's CPU, which alone hides under the wire's time, gets a fair
+    share beside `workers` computing threads, so it takes (workers + 1) / cores times as
+    long."""
+    beyond = 0.0 if network.exchange is None else network.exchange.seconds_per_byte
+    cpu = c.client_cpu + c.server_cpu / servers
+    return beyond * c.exchange_bytes + _core_wait(cpu, network, workers)
+
+
+def _core_wait(cpu: float, network: Network, workers: int) -> float:
+    """The longer an exchange's `cpu` seconds take on emulated hosts (see _off_links)."""
+    if not network.emulated or network.cores is None:
+        return 0.0
+    return cpu * max(0.0, (workers + 1) / network.cores - 1)
+
+
+def _on_link(c: Calibration, network: Network) -> Calibration:
+    """The calibration with each end's CPU for an exchange as the link was measured to take
+    it, when that is more than on this host through shared memory: on a link, CURVE and the
+    TCP stack work on every byte."""
+    measured = network.exchange
+    if measured is None:
+        return c
+    return replace(
+        c,
+        client_cpu=max(c.client_cpu, measured.client_cpu_per_byte * c.exchange_bytes),
+        server_cpu=max(c.server_cpu, measured.server_cpu_per_byte * c.exchange_bytes),
+    )
 
 
 def _scaled(two_process_figure: float, n: int) -> float:
