@@ -380,3 +380,15 @@ def test_a_links_measured_exchange_adds_its_time_and_cpu_and_a_busy_core_stretch
     # a probe that took no longer than the wire adds no time, only its CPU
     quick = link_network(GBIT.bandwidth, GBIT.latency, 2, {**probe, "seconds": 0.001})
     assert quick.exchange is not None and quick.exchange.seconds_per_byte == 0.0
+
+
+def test_on_emulated_hosts_the_codecs_cpu_waits_for_a_core_too() -> None:
+    timed = Calibration(**{**JUDGED.__dict__, "codecs": CODED.codecs}).compressed("int8")
+    free = Calibration(**{**JUDGED.__dict__, "codecs": {}}).compressed("int8")
+    apart = Network(bandwidth=GBIT.bandwidth, latency=GBIT.latency)
+    codec = timed.codec_cpu * 2  # the worker's, then the one shard's
+    for network, stretch in ((apart, 1.0), (GBIT, 1.5)):  # two computing threads, 2 cores
+        added = (
+            predict("async", 2, timed, network).t_comm - predict("async", 2, free, network).t_comm
+        )
+        assert added == pytest.approx(stretch * codec)

@@ -245,11 +245,11 @@ def _exchange_seconds(c: Calibration, network: Network, servers: int, on_host: f
 def _off_links(c: Calibration, network: Network, workers: int, servers: int) -> float:
     """What a parameter exchange spends beyond the wire's time, measured on the link (CURVE,
     the TCP stack), plus, on emulated hosts, waiting for a core: there every core is
-    computing, and an exchange's CPU, which alone hides under the wire's time, gets a fair
-    share beside `workers` computing threads, so it takes (workers + 1) / cores times as
-    long."""
+    computing, and an exchange's CPU (each end's, codec included), which alone hides under
+    the wire's time, gets a fair share beside `workers` computing threads, so it takes
+    (workers + 1) / cores times as long."""
     beyond = 0.0 if network.exchange is None else network.exchange.seconds_per_byte
-    cpu = c.client_cpu + c.server_cpu / servers
+    cpu = c.client_cpu + c.server_cpu / servers + _codec_seconds(c, servers)
     return beyond * c.exchange_bytes + _core_wait(cpu, network, workers)
 
 
