@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 
 from ember.bench.hosts import predict_on_link
 from ember.emulated.links import SCRIPT, one_way_latency
+from ember.emulated.netns import BURST_BYTES
 from ember.engines.process import free_port
 from ember.perfmodel import RESIDUAL, Calibration, Network, predict, shared_link_cycle
 from tests.unit.test_perfmodel import MLP
@@ -179,9 +181,12 @@ def test_link_rows_are_predicted_at_the_latency_their_link_measured() -> None:
     predict_on_link(slow, [{"mlp": MLP}], 12.5e6, 0.05)
     predict_on_link(near, [{"mlp": MLP}], 12.5e6, 0.0)
     # async (the third row) pays the latency twice an exchange, at each of its minibatches;
-    # the emulated hosts share this machine's cores
-    here = os.cpu_count() or 1
-    at_50ms = predict("async", 2, MLP, Network(12.5e6, 0.05, here)).samples_per_second
+    # the emulated hosts share this machine's cores, and their links' buckets burst
+    from ember.bench.predict import link_network
+
+    link = link_network(12.5e6, 0.05, os.cpu_count() or 1, None)
+    assert link.burst == BURST_BYTES and link.emulated
+    at_50ms = predict("async", 2, MLP, link).samples_per_second
     assert slow[2]["predicted_samples_per_second"] == pytest.approx(at_50ms)
     assert slow[2]["predicted_samples_per_second"] < near[2]["predicted_samples_per_second"]
 
@@ -233,10 +238,13 @@ def test_a_results_file_is_predicted_again_per_link_at_what_each_link_measured()
     rows = _link_rows("100mbit", 11.9e6, 0.0003) + _link_rows("1gbit", 118e6, None)
     predict_results(rows, {"mlp": [asdict(MLP)]})
     slow, fast = rows[:3], rows[3:]
+
     # the emulated hosts shared the cores of the machine that calibrated
-    at_100 = predict("easgd-async", 2, MLP, Network(11.9e6, 0.0003, MLP.cores), 8)
-    at_100 = at_100.samples_per_second
-    at_1g = predict("easgd-async", 2, MLP, Network(118e6, UNMEASURED_LATENCY, MLP.cores), 8)
+    def link(rate: float, latency: float) -> Network:
+        return Network(rate, latency, MLP.cores, burst=BURST_BYTES)
+
+    at_100 = predict("easgd-async", 2, MLP, link(11.9e6, 0.0003), 8).samples_per_second
+    at_1g = predict("easgd-async", 2, MLP, link(118e6, UNMEASURED_LATENCY), 8)
     assert slow[1]["predicted_samples_per_second"] == pytest.approx(at_100)
     assert fast[1]["predicted_samples_per_second"] == pytest.approx(at_1g.samples_per_second)
     # before the bench sets d, it is the row's samples to target over its link's single's
@@ -246,8 +254,7 @@ def test_a_results_file_is_predicted_again_per_link_at_what_each_link_measured()
     local = {**slow[0], "link": None, "samples_to_target": 15_000}
     alone = _link_rows("10mbit", 1.2e6, 0.0003)[1:]
     predict_results([local, *alone], {"mlp": [asdict(MLP)]})
-    at_10 = predict("easgd-async", 2, MLP, Network(1.2e6, 0.0003, MLP.cores), 8)
-    at_10 = at_10.samples_per_second
+    at_10 = predict("easgd-async", 2, MLP, link(1.2e6, 0.0003), 8).samples_per_second
     assert alone[0]["predicted_time_to_target"] == pytest.approx(45_000 / at_10)
 
 
@@ -307,31 +314,47 @@ def test_the_calibration_times_every_codec_per_float() -> None:
 # two-core machine, the two-worker loops of each strategy on it.
 JUDGED = Calibration(
     batch_size=64,
-    t_comp=0.0022432667012492404,
+    t_comp=0.0012360987112498378,
     parameters=269_322,
-    exchange_wall=0.0013012189997425594,
-    client_cpu=0.0004523551899999978,
-    server_cpu=0.0009,
+    exchange_wall=0.0012127964998853713,
+    client_cpu=0.0004364431700000004,
+    server_cpu=0.0008,
     cores=2,
     on_host={
-        "async": (0.0031959858809316984, 0.003757657170987798),
-        "bsp": (0.0030109553876969445, 0.004498186018623901),
-        "allreduce": (0.0028308859051854396, 0.0036210586868011692),
-        "easgd-async": (0.004570553857236531, 0.000791639357371582),
+        "async": (0.0015111618532746207, 0.002522130851014257),
+        "bsp": (0.0014098520468349032, 0.0026793617099368904),
+        "allreduce": (0.0014910521467305631, 0.002463714323359637),
+        "easgd-async": (0.0024448783103874494, 0.0007188262542243588),
     },
-    t_eval=0.08786911399965902,
+    t_eval=0.04252088300017931,
 )
-GBIT = Network(bandwidth=117_131_130.8, latency=5.2e-05, cores=2)  # as that run measured it
+GBIT = Network(bandwidth=118_880_282.9, latency=3.3e-05, cores=2)  # as that run measured it
+# and its exchange probe on that link
+GBIT_PROBE = {
+    "bytes": 2 << 20,
+    "seconds": 0.0209183185,
+    "client_cpu": 0.0058361,
+    "server_cpu": 0.009,
+}
 
 
-@pytest.mark.parametrize(("strategy", "measured"), [("bsp", 2831.0), ("allreduce", 7850.0)])
+@pytest.mark.parametrize(
+    ("strategy", "tau", "measured"),
+    [("bsp", 1, 2983.0), ("async", 1, 3936.0), ("allreduce", 1, 8372.0),
+     ("easgd-async", 4, 13488.0), ("easgd-async", 64, 70124.0)],
+)  # fmt: skip
 def test_emulated_hosts_at_1gbit_are_predicted_within_15_percent(
-    strategy: str, measured: float
+    strategy: str, tau: int, measured: float
 ) -> None:
-    # that run's rows at 1 Gbit; its samples/s pays for worker 0's evaluations (12 of them)
+    from ember.bench.predict import link_network
+
+    link = link_network(GBIT.bandwidth, GBIT.latency, 2, GBIT_PROBE)
+    # that run's rows at 1 Gbit; samples/s pays for worker 0's evaluations (12 of them) in
+    # the synchronous ones
     samples = 179_712
-    rate = predict(strategy, 2, JUDGED, GBIT).samples_per_second
-    predicted = samples / (samples / rate + 12 * JUDGED.t_eval)
+    rate = predict(strategy, 2, JUDGED, link, tau).samples_per_second
+    waits = 12 * JUDGED.t_eval if strategy in ("bsp", "allreduce") else 0.0
+    predicted = samples / (samples / rate + waits)
     assert abs(predicted - measured) / measured <= 0.15
 
 
@@ -362,13 +385,15 @@ def test_emulated_hosts_share_the_cores_and_wait_as_the_calibration_did() -> Non
 def test_a_links_measured_exchange_adds_its_time_and_cpu_and_a_busy_core_stretches_it() -> None:
     from ember.bench.predict import link_network
 
-    # the probe on that 1 Gbit link: 2 MiB moved in 21.1 ms, 6.6 ms client CPU, 8.25 ms server
+    # a probe on a 1 Gbit link: 2 MiB moved in 21.1 ms, 6.6 ms client CPU, 8.25 ms server
     probe = {"bytes": 2 << 20, "seconds": 0.0211, "client_cpu": 0.0066, "server_cpu": 0.00825}
     link = link_network(GBIT.bandwidth, GBIT.latency, 2, probe)
     assert link.exchange is not None and link.emulated
-    beyond = 0.0211 - 2 * GBIT.latency - (2 << 20) / GBIT.bandwidth
+    # the push and the reply at the link's rate, each with a bucket's burst let through
+    wire = 2 * ((1 << 20) - BURST_BYTES) / GBIT.bandwidth
+    beyond = 0.0211 - 2 * GBIT.latency - wire
     assert link.exchange.seconds_per_byte * (2 << 20) == pytest.approx(beyond)
-    plain = predict("async", 2, JUDGED, GBIT)
+    plain = predict("async", 2, JUDGED, replace(link, exchange=None))
     measured = predict("async", 2, JUDGED, link)
     per_byte = JUDGED.exchange_bytes / (2 << 20)
     cpu = (0.0066 + 0.00825) * per_byte  # each end's, for the model's bytes
@@ -377,6 +402,15 @@ def test_a_links_measured_exchange_adds_its_time_and_cpu_and_a_busy_core_stretch
     extra = beyond * per_byte + 0.5 * (cpu - JUDGED.client_cpu - JUDGED.server_cpu)
     assert measured.t_comm - plain.t_comm == pytest.approx(extra)
     assert measured.bounds["server"] == pytest.approx(2 * 0.00825 * per_byte)
+    # easgd-async's exchanger overlaps its own worker's compute: both workers compute
+    # meanwhile, so four threads share the two cores and the CPU takes twice as long
+    overlapped = predict("easgd-async", 2, JUDGED, link, 64)
+    alone = predict("easgd-async", 2, JUDGED, replace(link, exchange=None), 64)
+    extra = beyond * per_byte + 1.0 * (cpu - JUDGED.client_cpu - JUDGED.server_cpu)
+    assert overlapped.t_comm - alone.t_comm == pytest.approx(extra)
+    # a token bucket's burst crosses at once; what is past it, at the rate
+    assert link.transfer_seconds(BURST_BYTES) == 0.0
+    assert link.transfer_seconds(BURST_BYTES + 1000) == pytest.approx(1000 / GBIT.bandwidth)
     # a probe that took no longer than the wire adds no time, only its CPU
     quick = link_network(GBIT.bandwidth, GBIT.latency, 2, {**probe, "seconds": 0.001})
     assert quick.exchange is not None and quick.exchange.seconds_per_byte == 0.0

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 from ember.bench.calibrate import calibrate
 from ember.config import AlgorithmKind, RunConfig, Strategy
+from ember.emulated.netns import BURST_BYTES
 from ember.perfmodel import (
     AUTO_MARGIN,
     Calibration,
@@ -189,16 +190,17 @@ def link_network(
     bandwidth: float, latency: float, cores: int | None, exchange: dict[str, Any] | None
 ) -> Network:
     """An emulated link as it measured: its rate, its one-way latency, and what the probe's
-    exchange (bench/exchange_probe.py) took beyond the bytes at that rate and the latencies;
-    its hosts share `cores`."""
-    measured = None
-    if exchange:
-        moved = exchange["bytes"]
-        beyond = exchange["seconds"] - 2 * latency - moved / bandwidth
-        measured = LinkExchange(
-            max(0.0, beyond) / moved, exchange["client_cpu"] / moved, exchange["server_cpu"] / moved
-        )
-    return Network(bandwidth=bandwidth, latency=latency, cores=cores, exchange=measured)
+    exchange (bench/exchange_probe.py) took beyond the push and the reply at that rate and
+    the latencies; its hosts share `cores`, and its token bucket passes BURST_BYTES at once."""
+    link = Network(bandwidth=bandwidth, latency=latency, cores=cores, burst=BURST_BYTES)
+    if not exchange:
+        return link
+    moved = exchange["bytes"]
+    beyond = exchange["seconds"] - 2 * latency - 2 * link.transfer_seconds(moved / 2)
+    measured = LinkExchange(
+        max(0.0, beyond) / moved, exchange["client_cpu"] / moved, exchange["server_cpu"] / moved
+    )
+    return replace(link, exchange=measured)
 
 
 def predict_results(

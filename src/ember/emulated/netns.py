@@ -51,6 +51,7 @@ MASTER_UI_PORT = 8080
 COMMAND_TIMEOUT = 30.0  # seconds for one ip/tc command
 SPARK_TIMEOUT = 180.0  # seconds for the master and all workers to be up (3 JVMs on 2 cores)
 KILL_TIMEOUT = 10.0
+BURST_BYTES = 64 << 10  # a shaped link's bucket: a TSO segment fits (smaller ones stall it)
 
 
 class ClusterError(RuntimeError):
@@ -292,8 +293,7 @@ class Cluster:
         self._shape(SWITCH, f"h{host}", rate)
 
     def _shape(self, name: str, device: str, rate: str | None) -> None:
-        """A token bucket on a device's egress: at most `rate`, bursts of 64 KiB (a TSO segment
-        fits; smaller ones stall the link), 50 ms of queue before tbf drops."""
+        """A token bucket on a device's egress: `rate`, BURST_BYTES, 50 ms of queue to drop at."""
         if shutil.which("tc") is None:
             raise ClusterError("a link rate needs tc (iproute2)")
         if rate is None:
@@ -301,7 +301,7 @@ class Cluster:
             ip("ip", "netns", "exec", name, *delete, check=False)
             return
         self._in(name, "tc", "qdisc", "replace", "dev", device, "root", "tbf",
-                 "rate", rate, "burst", "64kb", "latency", "50ms")  # fmt: skip
+                 "rate", rate, "burst", f"{BURST_BYTES >> 10}kb", "latency", "50ms")  # fmt: skip
 
     def _in(self, name: str, *argv: str) -> str:
         return ip("ip", "netns", "exec", name, *argv)

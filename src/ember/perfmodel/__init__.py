@@ -108,14 +108,16 @@ def predict(
         candidates["worker"] = tau * c.t_comp
     elif algorithm is AlgorithmKind.ALLREDUCE:
         t_comm = _allreduce_seconds(c, network, n, t_exchange)
-        t_comm += _core_wait(_scaled(c.client_cpu, n), network, n)
+        t_comm += _core_wait(_scaled(c.client_cpu, n), network, n - 1)  # as async's, below
         candidates["worker"] = compute + wait + t_comm
         if network.bandwidth is None:
             candidates["cpu"] = n * (tau * c.t_comp + _scaled(c.client_cpu, n)) / _cores(c, network)
     else:
         # each shard handles 1/S of every exchange, and decodes and encodes its part
         server_share = (c.server_cpu + c.codec_cpu) / servers
-        off_links = _off_links(c, network, n, servers)  # nobody shares that part
+        # the workers computing while one exchanges: easgd-async's exchanger overlaps its own
+        computing = n if mode.overlaps_exchange else n - 1
+        off_links = _off_links(c, network, computing, servers)  # nobody shares that part
         t_comm = _exchange_seconds(c, network, servers, t_exchange) + off_links
         if mode.overlaps_exchange:  # the exchanger thread's CPU comes out of compute's
             compute += c.client_cpu + c.codec_cpu
@@ -138,10 +140,13 @@ def predict(
             pass  # the calibrated times moved the bytes already
         elif consistency is ConsistencyKind.BSP:
             # A server's link carries every push in and every reply out. A BSP round takes
-            # all pushes before a reply leaves, so the two directions take turns, and the
-            # workers compute in step between the rounds.
-            turns = n * c.exchange_bytes / servers / network.bandwidth
-            candidates["network"] = compute + wait + turns + _codec_seconds(c, servers)
+            # all pushes before a reply leaves, so the two directions take turns (each one's
+            # bucket fills while the other has its turn), and the workers compute in step
+            # between the rounds: no core is computing while the round's bytes move.
+            turns = 2 * network.transfer_seconds(n * c.exchange_bytes / 2 / servers)
+            beyond = network.exchange.seconds_per_byte if network.exchange else 0.0
+            off_round = beyond * c.exchange_bytes + _codec_seconds(c, servers)
+            candidates["network"] = compute + wait + turns + off_round
         else:  # asynchronous exchanges interleave, and queue where they meet
             # the exchanger sends again as soon as a reply is in, the others after computing
             think = (0.0 if mode.overlaps_exchange else compute + wait) + off_links
@@ -192,7 +197,7 @@ def shared_link_cycle(
     many workers the cycle tends to n * P / (S * bandwidth), each direction of a server's link
     full; two workers with nothing between their exchanges cycle in 1.25 exchanges alone."""
     assert network.bandwidth is not None
-    one_way = c.exchange_bytes / 2 / network.bandwidth  # the push, or the reply
+    one_way = network.transfer_seconds(c.exchange_bytes / 2)  # the push, or the reply
     demand = one_way / servers  # on each shard's link, each direction
     # the rest of the worker's own link's time, the latencies and the codec: nobody shares them
     alone = think + 2 * network.latency + 2 * (one_way - demand) + _codec_seconds(c, servers)
@@ -238,26 +243,28 @@ def _exchange_seconds(c: Calibration, network: Network, servers: int, on_host: f
     codec = _codec_seconds(c, servers)
     if network.bandwidth is None:
         return max(on_host - c.server_cpu, 0.0) + server_part + codec
-    wire = c.exchange_bytes / network.bandwidth  # ZeroMQ pipelines the chunks with the work
+    # ZeroMQ pipelines the chunks with the work; the push, then the reply
+    wire = 2 * network.transfer_seconds(c.exchange_bytes / 2)
     return 2 * network.latency + max(wire, c.client_cpu + server_part) + codec
 
 
-def _off_links(c: Calibration, network: Network, workers: int, servers: int) -> float:
+def _off_links(c: Calibration, network: Network, computing: int, servers: int) -> float:
     """What a parameter exchange spends beyond the wire's time, measured on the link (CURVE,
-    the TCP stack), plus, on emulated hosts, waiting for a core: there every core is
-    computing, and an exchange's CPU (each end's, codec included), which alone hides under
-    the wire's time, gets a fair share beside `workers` computing threads, so it takes
-    (workers + 1) / cores times as long."""
+    the TCP stack), plus, on emulated hosts, waiting for a core (_core_wait) while
+    `computing` workers compute."""
     beyond = 0.0 if network.exchange is None else network.exchange.seconds_per_byte
     cpu = c.client_cpu + c.server_cpu / servers + _codec_seconds(c, servers)
-    return beyond * c.exchange_bytes + _core_wait(cpu, network, workers)
+    return beyond * c.exchange_bytes + _core_wait(cpu, network, computing)
 
 
-def _core_wait(cpu: float, network: Network, workers: int) -> float:
-    """The longer an exchange's `cpu` seconds take on emulated hosts (see _off_links)."""
+def _core_wait(cpu: float, network: Network, computing: int) -> float:
+    """What an exchange's `cpu` seconds (each end's, codec included) add to its wall time on
+    emulated hosts. Alone, that work hides under the wire's time (the probe measured it so);
+    beside `computing` threads that keep cores busy, the exchange's two ends get a fair share
+    of the cores, so it takes (computing + 2) / cores times as long."""
     if not network.emulated or network.cores is None:
         return 0.0
-    return cpu * max(0.0, (workers + 1) / network.cores - 1)
+    return cpu * max(0.0, (computing + 2) / network.cores - 1)
 
 
 def _on_link(c: Calibration, network: Network) -> Calibration:

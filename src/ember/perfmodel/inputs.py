@@ -128,6 +128,13 @@ class Network:
     latency: float = 0.0  # seconds one way
     cores: int | None = None  # cores shared by every process when on one host (or emulated)
     exchange: LinkExchange | None = None  # what an exchange costs beyond the wire, measured
+    burst: float = 0.0  # bytes a shaped link passes at once after idling (a token bucket's)
+
+    def transfer_seconds(self, size: float) -> float:
+        """Seconds one transfer of `size` bytes takes at the link's rate, a full bucket's
+        `burst` of it let through at once."""
+        assert self.bandwidth is not None
+        return max(0.0, size - self.burst) / self.bandwidth
 
     @property
     def emulated(self) -> bool:
