@@ -52,7 +52,8 @@ def eval_config(row: Row, out: Path, dataset: Dataset) -> RunConfig:
 def run_figures(row: Row, out: Path, config: RunConfig) -> dict[str, Any]:
     """A finished run's figures, from its summary.json and metrics.jsonl."""
     summary = json.loads((out / "summary.json").read_text())
-    curve, chosen = [], dict[tuple[str, int], list[list[int]]]()
+    curve = []
+    chosen: dict[tuple[str, int], list[list[int]]] = {}  # (rank, incarnation) -> its choices
     for line in (out / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         if record.get("kind") == "eval":

@@ -136,18 +136,16 @@ def predict(
             step = t_step if network.emulated else c.t_comp  # computing beside the others
             per_worker = tau * step + exchange_cpu + 2 * c.codec_cpu
             candidates["cpu"] = n * per_worker / _cores(c, network)
-        if network.bandwidth is None:
-            pass  # the calibrated times moved the bytes already
-        elif consistency is ConsistencyKind.BSP:
+        # on one host the calibrated times moved the bytes already
+        if network.bandwidth is not None and consistency is ConsistencyKind.BSP:
             # A server's link carries every push in and every reply out. A BSP round takes
             # all pushes before a reply leaves, so the two directions take turns (each one's
             # bucket fills while the other has its turn), and the workers compute in step
             # between the rounds: no core is computing while the round's bytes move.
             turns = 2 * network.transfer_seconds(n * c.exchange_bytes / 2 / servers)
-            beyond = network.exchange.seconds_per_byte if network.exchange else 0.0
-            off_round = beyond * c.exchange_bytes + _codec_seconds(c, servers)
+            off_round = _beyond_wire(c, network) + _codec_seconds(c, servers)
             candidates["network"] = compute + wait + turns + off_round
-        else:  # asynchronous exchanges interleave, and queue where they meet
+        elif network.bandwidth is not None:  # asynchronous exchanges queue where they meet
             # the exchanger sends again as soon as a reply is in, the others after computing
             think = (0.0 if mode.overlaps_exchange else compute + wait) + off_links
             candidates["network"] = shared_link_cycle(c, network, n, servers, think)
@@ -252,9 +250,14 @@ def _off_links(c: Calibration, network: Network, computing: int, servers: int) -
     """What a parameter exchange spends beyond the wire's time, measured on the link (CURVE,
     the TCP stack), plus, on emulated hosts, waiting for a core (_core_wait) while
     `computing` workers compute."""
-    beyond = 0.0 if network.exchange is None else network.exchange.seconds_per_byte
     cpu = c.client_cpu + c.server_cpu / servers + _codec_seconds(c, servers)
-    return beyond * c.exchange_bytes + _core_wait(cpu, network, computing)
+    return _beyond_wire(c, network) + _core_wait(cpu, network, computing)
+
+
+def _beyond_wire(c: Calibration, network: Network) -> float:
+    """What the link's probe measured an exchange of c's bytes to take beyond the wire."""
+    measured = network.exchange
+    return 0.0 if measured is None else measured.seconds_per_byte * c.exchange_bytes
 
 
 def _core_wait(cpu: float, network: Network, computing: int) -> float:
