@@ -38,6 +38,7 @@ def test_bench_rows_run_across_hosts_and_the_report_has_their_link(
         probe = record["link_exchange"]
         assert probe["exchanges"] == 40 and probe["bytes"] == 2 << 20
         assert 0 < probe["seconds"] < 10 and probe["client_cpu"] > 0
+        assert probe["kernel_cpu"] >= 0  # the machine's CPU beyond both processes'
         assert record["curve"] and record["samples_per_second"] > 0
     ember = by_row["easgd-async"]
     assert ember["config"]["engine"] == "spark"

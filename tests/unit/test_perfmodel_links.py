@@ -426,3 +426,19 @@ def test_on_emulated_hosts_the_codecs_cpu_waits_for_a_core_too() -> None:
             predict("async", 2, timed, network).t_comm - predict("async", 2, free, network).t_comm
         )
         assert added == pytest.approx(stretch * codec)
+
+
+def test_the_kernels_cpu_for_a_links_bytes_bounds_the_period_on_emulated_hosts() -> None:
+    from ember.bench.predict import link_network
+
+    charged = link_network(GBIT.bandwidth, GBIT.latency, 2, {**GBIT_PROBE, "kernel_cpu": 0.0075})
+    uncharged = link_network(GBIT.bandwidth, GBIT.latency, 2, GBIT_PROBE)  # an older probe's
+    assert uncharged.exchange is not None and uncharged.exchange.kernel_cpu_per_byte == 0.0
+    kernel = 0.0075 * JUDGED.exchange_bytes / GBIT_PROBE["bytes"]  # for the model's bytes
+    with_it, without = (
+        predict("easgd-async", 2, JUDGED, link, 16) for link in (charged, uncharged)
+    )
+    # two workers' exchanges a period, on two cores; not in an exchange's own wall time
+    assert with_it.bounds["cpu"] - without.bounds["cpu"] == pytest.approx(2 * kernel / 2)
+    assert with_it.t_comm == without.t_comm
+    assert with_it.bound == "cpu" and with_it.period > without.period

@@ -198,7 +198,10 @@ def link_network(
     moved = exchange["bytes"]
     beyond = exchange["seconds"] - 2 * latency - 2 * link.transfer_seconds(moved / 2)
     measured = LinkExchange(
-        max(0.0, beyond) / moved, exchange["client_cpu"] / moved, exchange["server_cpu"] / moved
+        max(0.0, beyond) / moved,
+        exchange["client_cpu"] / moved,
+        exchange["server_cpu"] / moved,
+        exchange.get("kernel_cpu", 0.0) / moved,  # probes before it was measured: none
     )
     return replace(link, exchange=measured)
 

@@ -134,7 +134,7 @@ def predict(
             if mode.overlaps_exchange and network.bandwidth is None:
                 exchange_cpu = c.exchange_cpu_under_load()  # its compute overlaps: CPU bounds
             step = t_step if network.emulated else c.t_comp  # computing beside the others
-            per_worker = tau * step + exchange_cpu + 2 * c.codec_cpu
+            per_worker = tau * step + exchange_cpu + 2 * c.codec_cpu + _kernel_cpu(c, network)
             candidates["cpu"] = n * per_worker / _cores(c, network)
         # on one host the calibrated times moved the bytes already
         if network.bandwidth is not None and consistency is ConsistencyKind.BSP:
@@ -258,6 +258,13 @@ def _beyond_wire(c: Calibration, network: Network) -> float:
     """What the link's probe measured an exchange of c's bytes to take beyond the wire."""
     measured = network.exchange
     return 0.0 if measured is None else measured.seconds_per_byte * c.exchange_bytes
+
+
+def _kernel_cpu(c: Calibration, network: Network) -> float:
+    """The machine's CPU for an exchange of c's bytes that no process is charged for, as the
+    link's probe measured it: on emulated hosts it comes out of the same cores."""
+    measured = network.exchange
+    return 0.0 if measured is None else measured.kernel_cpu_per_byte * c.exchange_bytes
 
 
 def _core_wait(cpu: float, network: Network, computing: int) -> float:

@@ -109,11 +109,14 @@ def wire_fraction(compress: str) -> float:
 class LinkExchange:
     """What one exchange alone cost over a link, per byte it moved (bench/exchange_probe.py):
     its wall time beyond the bytes at the link's rate and its latencies (CURVE at both ends,
-    the TCP stack, the shaper's pacing), and the CPU of each end."""
+    the TCP stack, the shaper's pacing), the CPU of each end, and the machine's CPU that no
+    process was charged for: the kernel moving the bytes through the emulated hosts' veths,
+    bridge and shapers in softirqs, much of it on cores that were otherwise idle."""
 
     seconds_per_byte: float
     client_cpu_per_byte: float
     server_cpu_per_byte: float
+    kernel_cpu_per_byte: float = 0.0
 
 
 @dataclass(frozen=True)
