@@ -442,3 +442,22 @@ def test_the_kernels_cpu_for_a_links_bytes_bounds_the_period_on_emulated_hosts()
     assert with_it.bounds["cpu"] - without.bounds["cpu"] == pytest.approx(2 * kernel / 2)
     assert with_it.t_comm == without.t_comm
     assert with_it.bound == "cpu" and with_it.period > without.period
+
+
+def test_a_codec_shrinks_what_the_link_adds_per_byte_but_not_the_work_per_parameter() -> None:
+    from ember.bench.predict import link_network
+    from ember.perfmodel import _on_link
+
+    link = link_network(GBIT.bandwidth, GBIT.latency, 2, GBIT_PROBE)
+    full = JUDGED.exchange_bytes  # uncompressed: the link's CPU per byte, for these bytes
+    plain = _on_link(JUDGED, link)
+    assert plain.client_cpu == pytest.approx(GBIT_PROBE["client_cpu"] * full / (2 << 20))
+    coded = JUDGED.compressed("int8")
+    on_link = _on_link(coded, link)
+    assert coded.exchange_bytes < full / 3.5
+    for end, probed in (("client_cpu", "client_cpu"), ("server_cpu", "server_cpu")):
+        shared_memory = getattr(JUDGED, end)  # what an exchange does per parameter
+        added = GBIT_PROBE[probed] / (2 << 20) - shared_memory / full  # what the link adds
+        expected = shared_memory + added * coded.exchange_bytes
+        assert getattr(on_link, end) == pytest.approx(expected)
+        assert getattr(on_link, end) > getattr(plain, end) * coded.exchange_bytes / full

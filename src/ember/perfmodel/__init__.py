@@ -279,15 +279,23 @@ def _core_wait(cpu: float, network: Network, computing: int) -> float:
 
 def _on_link(c: Calibration, network: Network) -> Calibration:
     """The calibration with each end's CPU for an exchange as the link was measured to take
-    it, when that is more than on this host through shared memory: on a link, CURVE and the
-    TCP stack work on every byte."""
+    it: on a link, CURVE and the TCP stack work on every byte moved. What an exchange does
+    per parameter (copies, the server's rule) is the same with or without a codec, as the
+    figures through shared memory measured it; what the link added over those figures, per
+    byte the probe moved, shrinks with the bytes a codec leaves."""
     measured = network.exchange
     if measured is None:
         return c
+    full = 2 * FLOAT_BYTES * c.parameters  # an uncompressed exchange's bytes
+
+    def on_link(shared_memory_cpu: float, link_cpu_per_byte: float) -> float:
+        added = max(0.0, link_cpu_per_byte - shared_memory_cpu / full)
+        return shared_memory_cpu + added * c.exchange_bytes
+
     return replace(
         c,
-        client_cpu=max(c.client_cpu, measured.client_cpu_per_byte * c.exchange_bytes),
-        server_cpu=max(c.server_cpu, measured.server_cpu_per_byte * c.exchange_bytes),
+        client_cpu=on_link(c.client_cpu, measured.client_cpu_per_byte),
+        server_cpu=on_link(c.server_cpu, measured.server_cpu_per_byte),
     )
 
 
