@@ -31,6 +31,8 @@ def merged(runs: list[Path]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         given = _read_json(run / "settings.json", (run / "settings.json").read_text())
         lines = (run / "results.jsonl").read_text().splitlines()
         rows = [_read_json(run / f"results.jsonl:{n}", line) for n, line in enumerate(lines, 1)]
+        for number, row in enumerate(rows, 1):
+            _check_row(run / f"results.jsonl:{number}", row)
         # the first run's single row is the baseline; later runs' copies would stand beside it
         rows = [r for r in rows if r.get("link") or index == 0]
         seen = {(r["task"], r["row"], r.get("link")) for r in records}
@@ -52,6 +54,41 @@ def _read_json(where: Path, text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise SystemExit(f"{where}: not JSON ({exc.msg}, column {exc.colno})") from None
+
+
+def _check_row(where: Path, row: Any) -> None:
+    """Refuse, naming the line, a row whose fields the predictions read are not as
+    `ember bench` writes them (a hand-edited or truncated file)."""
+
+    def number(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+
+    def refuse(what: str) -> None:
+        raise SystemExit(f"{where}: {what}")
+
+    if not isinstance(row, dict):
+        refuse("not a JSON object")
+    for name, kind in (("task", str), ("row", str), ("repeat", int)):
+        if not isinstance(row.get(name), kind):
+            refuse(f"field {name!r} must be a {kind.__name__}")
+    if row.get("link") and not number(row.get("link_bytes_per_second")):
+        refuse("a link row needs 'link_bytes_per_second', a number")
+    probe = row.get("link_exchange")
+    if probe is not None:
+        fields = ("bytes", "seconds", "client_cpu", "server_cpu")
+        if not isinstance(probe, dict) or not all(number(probe.get(f)) for f in fields):
+            refuse(f"field 'link_exchange' must hold the numbers {', '.join(fields)}")
+        if probe["bytes"] <= 0 or not number(probe.get("kernel_cpu", 0.0)):
+            refuse("field 'link_exchange' needs bytes > 0 and a number for kernel_cpu")
+    choices = row.get("tau_choices")
+    if choices is not None:
+        pairs = list(choices.values()) if isinstance(choices, dict) else [None]
+        if not all(
+            isinstance(chosen, list)
+            and all(isinstance(p, list) and len(p) == 2 and all(map(number, p)) for p in chosen)
+            for chosen in pairs
+        ):
+            refuse("field 'tau_choices' must map each worker to a list of [step, tau] pairs")
 
 
 def main(argv: list[str] | None = None) -> int:

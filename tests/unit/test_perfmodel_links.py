@@ -444,6 +444,33 @@ def test_the_kernels_cpu_for_a_links_bytes_bounds_the_period_on_emulated_hosts()
     assert with_it.bound == "cpu" and with_it.period > without.period
 
 
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [({"link_exchange": {"bytes": 2 << 20, "seconds": "fast"}}, "'link_exchange'"),
+     ({"link_exchange": {**GBIT_PROBE, "bytes": 0}}, "bytes > 0"),
+     ({"tau_choices": {"0": [[0, 16], [40]]}}, "'tau_choices'"),
+     ({"tau_choices": [[0, 16]]}, "'tau_choices'"),
+     ({"link_bytes_per_second": None}, "'link_bytes_per_second'"),
+     ({"repeat": "0"}, "'repeat'")],
+)  # fmt: skip
+def test_link_report_names_the_line_of_a_malformed_row(change: dict[str, Any], named: str) -> None:
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("link_report", root / "benchmarks/link_report.py")
+    assert spec is not None and spec.loader is not None
+    link_report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(link_report)
+    # every row of the judged report's own file is as the bench writes it
+    lines = (root / "docs/comparison/links/results.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    for row in rows:
+        link_report._check_row(Path("results.jsonl:1"), row)
+    row = next(r for r in rows if r.get("link") == "1gbit" and r.get("tau_choices"))
+    with pytest.raises(SystemExit, match=f"results.jsonl:7: .*{named}"):
+        link_report._check_row(Path("results.jsonl:7"), {**row, **change})
+
+
 def test_a_codec_shrinks_what_the_link_adds_per_byte_but_not_the_work_per_parameter() -> None:
     from ember.bench.predict import link_network
     from ember.perfmodel import _on_link
