@@ -10,10 +10,11 @@ line). `serve` says "listening" and serves until told to stop; `probe` says "war
 warm-up, then one JSON line: the median wall seconds of an exchange and its own CPU seconds
 per exchange (its zmq thread's included).
 
-The launcher adds the server's CPU and the machine's CPU that neither process was charged
-for: on emulated hosts the kernel carries every byte through two veths, the bridge and the
-shapers, and a shaper's timer sends what it held back in a softirq on whatever core it
-fires, often an idle one. At 1 Gbit/s that was a third of an exchange's CPU."""
+The launcher adds the server's CPU and the machine's CPU that no process was charged for
+(`kernel_cpu`): on emulated hosts the kernel carries every byte through two veths, the
+bridge and the shapers, and a shaper's timer sends what it held back in a softirq on
+whatever core it fires, often an idle one. At 1 Gbit/s that was a third of an exchange's
+CPU."""
 
 from __future__ import annotations
 
@@ -60,12 +61,11 @@ def measure_exchange(cluster: Any, client_host: int, server_host: int) -> dict[s
         _tell(client, secret)
         _expect(client, "warm", f"the exchange probe on host {client_host}")
         serving = psutil.Process(server.pid)
-        before, machine = sum(serving.cpu_times()[:2]), machine_busy()
+        before, unattributed = sum(serving.cpu_times()[:2]), unattributed_cpu()
         figures = json.loads(_expect(client, "{", f"the exchange probe on host {client_host}"))
         count = figures["exchanges"]
         figures["server_cpu"] = (sum(serving.cpu_times()[:2]) - before) / count
-        machine = (machine_busy() - machine) / count
-        figures["kernel_cpu"] = max(0.0, machine - figures["client_cpu"] - figures["server_cpu"])
+        figures["kernel_cpu"] = max(0.0, unattributed_cpu() - unattributed) / count
         server.wait(TIMEOUT)
     finally:
         for process in (p for p in (client, server) if p is not None):
@@ -78,12 +78,21 @@ def measure_exchange(cluster: Any, client_host: int, server_host: int) -> dict[s
     return {"bytes": 2 * 4 * FLOATS, **figures}
 
 
-def machine_busy() -> float:
-    """Seconds every core of this machine has spent busy so far: in processes, the kernel,
-    interrupts and softirqs (guest time is already in user time)."""
-    times = psutil.cpu_times()
-    idle = ("idle", "iowait", "guest", "guest_nice")
-    return sum(value for name, value in times._asdict().items() if name not in idle)
+def unattributed_cpu() -> float:
+    """Seconds the cores of this machine have spent busy so far (in processes, the kernel,
+    interrupts and softirqs) beyond every user process's own CPU time: the kernel's work that
+    no process was charged for, its threads' (ksoftirqd) included. Other processes (a Spark
+    daemon starting up) are left out with their own CPU."""
+    idle = ("idle", "iowait", "guest", "guest_nice")  # guest time is already in user time
+    busy = sum(value for name, value in psutil.cpu_times()._asdict().items() if name not in idle)
+    charged = 0.0
+    for process in psutil.process_iter(["ppid", "cpu_times"]):
+        if process.pid == 2 or process.info["ppid"] == 2:  # kthreadd's: the kernel's own
+            continue
+        times = process.info["cpu_times"]
+        if times is not None:  # None: gone, or not ours to read
+            charged += times.user + times.system
+    return busy - charged
 
 
 def _tell(process: subprocess.Popen[str], line: str) -> None:
