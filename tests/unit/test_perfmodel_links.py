@@ -488,3 +488,27 @@ def test_a_codec_shrinks_what_the_link_adds_per_byte_but_not_the_work_per_parame
         expected = shared_memory + added * coded.exchange_bytes
         assert getattr(on_link, end) == pytest.approx(expected)
         assert getattr(on_link, end) > getattr(plain, end) * coded.exchange_bytes / full
+
+
+def test_a_bsp_round_waits_for_the_servers_work_the_calibration_did_not_see() -> None:
+    from ember.bench.predict import link_network
+    from ember.perfmodel import _on_link
+
+    link = link_network(GBIT.bandwidth, GBIT.latency, 2, GBIT_PROBE)
+    timed = Calibration(**{**JUDGED.__dict__, "codecs": CODED.codecs})
+    for compress in ("none", "int8"):
+        c = timed.compressed(compress)
+        # the two-worker calibration's wait held the server's full-precision work through
+        # shared memory; a round also waits for what the link and a codec add to the other
+        # worker's push, which the server takes first
+        unseen = _on_link(c, link).server_cpu + c.codec_cpu - JUDGED.server_cpu
+        assert unseen > 0
+        step, blocked = JUDGED.on_host["bsp"]
+        bsp = predict("bsp", 2, c, link)
+        expected = step + blocked - JUDGED.exchange_wall + bsp.t_comm + unseen
+        assert bsp.bounds["worker"] == pytest.approx(expected)
+        # asynchronous workers do not wait for one another's pushes
+        step, blocked = JUDGED.on_host["async"]
+        async_ = predict("async", 2, c, link)
+        expected = step + blocked - JUDGED.exchange_wall + async_.t_comm
+        assert async_.bounds["worker"] == pytest.approx(expected)

@@ -126,9 +126,12 @@ def predict(
             candidates["worker"] = compute + wait + t_comm
         # A shard answers requests one after another: n of them per period keep it busy.
         candidates["server"] = n * server_share
-        if consistency is ConsistencyKind.BSP and Strategy.BSP not in c.on_host:
-            # a round closes after the server took every worker's push
-            candidates["worker"] += (n - 1) * server_share
+        if consistency is ConsistencyKind.BSP:
+            # A round closes after the server took every worker's push, one after another.
+            # The two-worker calibration's wait holds the server's work as it measured it
+            # (full precision, through shared memory); a codec's and a link's come on top.
+            seen = calibration.server_cpu / servers if Strategy.BSP in c.on_host else 0.0
+            candidates["worker"] += (n - 1) * max(0.0, server_share - seen)
         if network.bandwidth is None or network.emulated:  # every process on the same cores
             exchange_cpu = c.client_cpu + c.server_cpu  # on a link, as it measured them
             if mode.overlaps_exchange and network.bandwidth is None:
