@@ -310,8 +310,9 @@ def test_the_calibration_times_every_codec_per_float() -> None:
         assert 0 < encode < 1e-6 and 0 < decode < 1e-6  # seconds a float: well under 1 µs
 
 
-# The calibration before the judged run of docs/comparison/links (its settings.json): an idle
-# two-core machine, the two-worker loops of each strategy on it.
+# The calibration before the first judged run of docs/comparison/links (its settings.json at
+# 7e6c5e3; the directory now holds a later run of the same command): an idle two-core
+# machine, the two-worker loops of each strategy on it.
 JUDGED = Calibration(
     batch_size=64,
     t_comp=0.0012360987112498378,
