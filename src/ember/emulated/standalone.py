@@ -66,7 +66,8 @@ def start_standalone(cluster: Cluster) -> list[subprocess.Popen[Any]]:
 
 
 def master_state() -> dict[str, Any] | None:
-    """The master's /json status, fetched from inside host 0; None while it does not answer."""
+    """The master's /json status, fetched from inside host 0; None while it does not answer
+    with a whole JSON document."""
     url = f"http://{address(0)}:{MASTER_UI_PORT}/json/"
     fetch = (
         "import sys, urllib.request\n"
@@ -80,7 +81,11 @@ def master_state() -> dict[str, Any] | None:
     )
     if done.returncode != 0:
         return None
-    state: dict[str, Any] = json.loads(done.stdout)
+    try:
+        state: dict[str, Any] = json.loads(done.stdout)
+    except json.JSONDecodeError:
+        # A master still starting its UI can answer with an empty or partial page.
+        return None
     return state
 
 
