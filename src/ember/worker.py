@@ -36,6 +36,9 @@ def make_model(config: RunConfig, dataset: Dataset) -> torch.nn.Module:
     return build_model(config.model, dataset.input_shape, dataset.num_classes, seed=config.seed)
 
 
+CENTER_SOURCE = "center as of worker 0's latest exchange"
+
+
 def evaluates_after(step: int, steps_per_epoch: int, eval_every: int) -> bool:
     """Whether worker 0 evaluates after `step` (counted from 0): at each epoch's end, and
     every `eval_every` steps if set."""
@@ -49,6 +52,18 @@ def evaluate(
     """(accuracy, mean cross-entropy) of `model` on a held-out set."""
     starts = range(0, len(x), batch)
     return evaluate_batches(model, ((x[s : s + batch], y[s : s + batch]) for s in starts))
+
+
+def evaluate_with(
+    flat: FlatModel, params: np.ndarray, x: np.ndarray, y: np.ndarray
+) -> tuple[float, float]:
+    """evaluate() of flat's module with `params` in place of its own, which it has back after."""
+    own = flat.params_np.copy()
+    flat.params_np[:] = params
+    try:
+        return evaluate(flat.module, x, y)
+    finally:
+        flat.params_np[:] = own
 
 
 @torch.no_grad()
@@ -227,9 +242,15 @@ class Worker:
         self.last_log, self.loss_sum, self.logged_steps = now, torch.zeros(()), 0
 
     def evaluate(self, step: int, epoch: int) -> None:
-        """Worker 0 evaluates its local parameters on the held-out set."""
+        """Worker 0 evaluates on the held-out set the model its strategy trains: its local
+        parameters, or easgd's center as of its latest exchange (none yet: its own)."""
         aside_started = time.perf_counter()
-        accuracy, test_loss = evaluate(self.model, self.dataset.x_test, self.dataset.y_test)
+        center = getattr(self.algorithm, "center", None)
+        x, y = self.dataset.x_test, self.dataset.y_test
+        if center is None:
+            accuracy, test_loss = evaluate(self.model, x, y)
+        else:
+            accuracy, test_loss = evaluate_with(self.flat, center, x, y)
         self.report(
             Evaluation(
                 epoch=epoch + 1,
@@ -240,6 +261,7 @@ class Worker:
                 samples=(step + 1 - self.first_step) * self.config.batch_size * self.spec.world,
                 test_accuracy=accuracy,
                 test_loss=test_loss,
+                source="worker 0 local parameters" if center is None else CENTER_SOURCE,
             ).to_json()
         )
         self.aside += time.perf_counter() - aside_started

@@ -236,3 +236,64 @@ def _set_flat(module: torch.nn.Module, values: np.ndarray) -> None:
         for p in module.parameters():
             p.copy_(torch.from_numpy(values[offset : offset + p.numel()]).view_as(p))
             offset += p.numel()
+
+
+@pytest.mark.parametrize("compress", ["none", "int8"])
+def test_worker_zero_knows_the_center_of_its_latest_exchange(compress: str) -> None:
+    # The center worker 0 evaluates is derived from its exchanges, not fetched: alone with the
+    # server, its last exchange leaves the center it derives equal to the served one.
+    steps, lr, alpha = 12, 0.1, 0.3
+    x, y = _data(steps)
+    config = RunConfig(
+        strategy="easgd-async", workers=1, lr=lr, tau=4, alpha=alpha, compress=compress,
+        request_timeout=20,
+    )  # fmt: skip
+    with running_servers(_flat(_model()), EASGDRule(alpha), "async", expected_workers=1) as (
+        server,
+    ):
+        flat = FlatModel(_model())
+        algorithm = AsyncEASGD(WorkerContext(config, 0, 1, [server.address], SECRET))
+        algorithm.start(flat, torch.optim.SGD(flat.module.parameters(), lr=lr))
+        assert algorithm.center is None  # no exchange yet: worker 0 evaluates its own
+        for step in range(steps):
+            flat.zero_grad()
+            F.cross_entropy(
+                flat.module(_batch(x, y, step, 0)[0]), _batch(x, y, step, 0)[1]
+            ).backward()
+            algorithm.after_backward(step)
+        algorithm.finish()
+        served = fetch_state([server.address], SECRET)[0]["params"]
+    assert algorithm.center is not None
+    assert not np.allclose(served, _flat(_model()))  # the center did move
+    # int8: e as decoded and x_i as sent differ from the server's by its rounding, over alpha
+    tolerance = 1e-6 if compress == "none" else 5e-3 * np.abs(served).max()
+    np.testing.assert_allclose(algorithm.center, served, atol=tolerance)
+
+
+def test_synchronous_easgd_worker_zero_knows_the_center_its_last_round_met() -> None:
+    steps, lr, tau, alpha = 6, 0.1, 3, 0.3
+    x, y = _data(steps)
+    config = RunConfig(
+        strategy="easgd", workers=WORKERS, lr=lr, momentum=0.0, tau=tau, alpha=alpha,
+        request_timeout=20,
+    )  # fmt: skip
+    algorithms: list[SyncEASGD] = []
+
+    def keep(context: WorkerContext) -> SyncEASGD:
+        algorithms.append(SyncEASGD(context))
+        return algorithms[-1]
+
+    with running_servers(_flat(_model()), EASGDRule(alpha), "bsp", expected_workers=WORKERS) as (
+        server,
+    ):
+        flats = _run_workers(
+            keep, config, [server.address], steps, x, y,
+            lambda m: torch.optim.SGD(m.parameters(), lr=lr),
+        )  # fmt: skip
+        served = fetch_state([server.address], SECRET)[0]["params"]
+    # the last round moved the center by alpha * sum_i (x_i - c): c = served - that sum
+    (zero,) = [a for a in algorithms if a.context.rank == 0]
+    assert zero.center is not None
+    moved = sum(a.elastic for a in algorithms)
+    np.testing.assert_allclose(zero.center, served - moved, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(zero.center, flats[0].params_np)

@@ -6,6 +6,7 @@ import io
 import re
 
 from ember.engines.progress import Progress
+from ember.worker import CENTER_SOURCE
 
 
 class Terminal(io.StringIO):
@@ -38,12 +39,15 @@ def test_a_non_terminal_gets_each_phase_in_order_then_one_line_per_epoch() -> No
         progress.update(worker(1, 50, 3000.0))
         for _ in range(2):  # an epoch replayed (the rows of a finished Spark stage) is said once
             progress.update({"kind": "eval", "rank": 0, "epoch": 1, "test_accuracy": 0.9})
+        center = {"source": CENTER_SOURCE, "kind": "eval", "epoch": 2, "test_accuracy": 0.95}
+        progress.update(center)  # easgd's worker 0 evaluates the center
     assert out.getvalue().splitlines() == [
         "ember: loading data",
         "ember: starting parameter servers",
         "ember: starting workers",
         "ember: waiting for the first step",
         "epoch 1: test accuracy 0.9000 (worker 0), 4,000 samples/s",
+        "epoch 2: test accuracy 0.9500 (center), 4,000 samples/s",
     ]
 
 

@@ -25,6 +25,22 @@ class _EASGDBase:
         self.steps_done: int | None = None  # local steps taken so far; None before the first
         self.exchanged_at: int | None = None  # local step of the latest exchange
         self.period = make_period(context.config)  # when to exchange
+        # Worker 0 evaluates the center, the model easgd trains (its own x_0 only trails it),
+        # as of its latest exchange: derived from that exchange, so it costs no network.
+        self.center: np.ndarray | None = None
+        self._keeps_center = context.rank == 0
+        self._center_gain = 1 / context.config.effective_alpha - 1
+
+    def _keep_center(self, base: np.ndarray) -> None:
+        """center = base - e (1/alpha - 1): with base x_i as sent, the center once this
+        exchange's e = alpha (x_i - center) moved it; with base x_i - e, the center it met.
+        With --compress, e is as decoded and x_i as sent, so the center is within rounding."""
+        if not self._keeps_center:
+            return
+        if self.center is None:
+            self.center = np.empty_like(base)
+        np.multiply(self.elastic, np.float32(-self._center_gain), out=self.center)
+        self.center += base
 
     def owes_final_exchange(self) -> bool:
         """Whether the center has yet to see this worker's final parameters: it has, unless
@@ -73,6 +89,7 @@ class SyncEASGD(_EASGDBase):
         started = time.perf_counter()
         result = self.client.push(self.flat.params_np, reply_into=self.elastic)
         self.flat.params_np -= self.elastic  # x_i -= alpha * (x_i - center)
+        self._keep_center(self.flat.params_np)  # the round's center commits only when complete
         self.stats.record(result, time.perf_counter() - started)
         self.exchanged_at = step
 
@@ -158,6 +175,7 @@ class AsyncEASGD(_EASGDBase):
             self._arrived.clear()
             self._raise_if_failed()
             self.flat.params_np -= self.elastic
+            self._keep_center(self.snapshot)  # the server moved the center by e at once
             self.stats.record(self._last_result, self._blocked)
             self.period.exchanged(self._last_result.seconds)
             self._idle.set()

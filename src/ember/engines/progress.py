@@ -87,11 +87,12 @@ class Progress:
             self._bar.n = min(self._bar.total or 0, sum(self.seen.values()))
         elif kind == "eval":
             self.accuracy = record["test_accuracy"]
+            whose = "center" if record.get("source", "").startswith("center") else "worker 0"
             if record["epoch"] > self._said_epoch:  # a retried or replayed epoch: said once
                 self._said_epoch = record["epoch"]
                 self.note(
                     f"epoch {record['epoch']}: test accuracy {self.accuracy:.4f} "
-                    f"(worker 0), {self.samples_per_second:,.0f} samples/s"
+                    f"({whose}), {self.samples_per_second:,.0f} samples/s"
                 )
         elif kind in ("rejoin", "failure"):
             self.note(f"{kind}: {record}")
