@@ -156,7 +156,9 @@ def _add_bench_parser(sub: Any) -> None:
         "--link", default="1gbit,100mbit", help="link rates for --hosts (tc rates, or unlimited)"
     )
     bench.add_argument(
-        "--compress", default="", help="compressed bsp/async rows on links, e.g. fp16,int8"
+        "--compress",
+        default="",
+        help="compressed rows on links (bsp, async, easgd-async auto and loss), e.g. int8",
     )
     bench.add_argument("--no-torch", action="store_true", help="no TorchDistributor row on links")
     bench.add_argument("--no-local", action="store_true", help="only the rows on emulated links")

@@ -4,6 +4,7 @@ file a cluster row's driver reads, and the report's section on links. No root ne
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,7 @@ def test_a_bad_link_is_one_config_error_naming_it(link: str, tmp_path: Path) -> 
         settings.validate(TASKS)
 
 
-def test_compressed_link_rows_are_bsp_and_async_and_a_bad_codec_is_refused(
+def test_compressed_link_rows_are_bsp_async_and_easgd_and_a_bad_codec_is_refused(
     tmp_path: Path,
 ) -> None:
     settings = BenchSettings(
@@ -86,6 +87,13 @@ def test_compressed_link_rows_are_bsp_and_async_and_a_bad_codec_is_refused(
     rows = plan_link_rows(settings, TASKS, "100mbit")
     assert [r.label for r in rows] == ["bsp", "bsp int8", "async int8"]
     assert [r.config.compress for r in rows] == ["none", "int8", "int8"]  # type: ignore[union-attr]
+    swept = plan_link_rows(replace(settings, sweep_tasks=["mlp"], taus=[]), TASKS, "100mbit")
+    assert [(r.label, r.config.compress, r.config.tau_policy) for r in swept[3:]] == [  # type: ignore[union-attr]
+        ("easgd-async tau=auto", "none", "auto"),
+        ("easgd-async tau=loss", "none", "loss"),
+        ("easgd-async tau=auto int8", "int8", "auto"),
+        ("easgd-async tau=loss int8", "int8", "loss"),
+    ]
     bad = BenchSettings(out=tmp_path / "b", compress=["int3"], hosts=2)
     with pytest.raises(ConfigError, match="int3"):
         bad.validate(TASKS)

@@ -88,7 +88,7 @@ class BenchSettings:
     seed: int = 0
     hosts: int = 0  # worker hosts of the emulated cluster for the link rows; 0: no link rows
     links: list[str] = field(default_factory=lambda: ["1gbit", "100mbit"])
-    compress: list[str] = field(default_factory=list)  # compressed bsp/async rows on links
+    compress: list[str] = field(default_factory=list)  # compressed bsp/async/easgd rows on links
     torch: bool = True  # the TorchDistributor row on links
     local: bool = True  # the rows on this host (off: only the link rows)
     links_run: dict[str, Any] = field(default_factory=dict)  # what the link rows measured, or
@@ -177,7 +177,7 @@ def tc_rate(link: str) -> str | None:
 def plan_link_rows(settings: BenchSettings, tasks: dict[str, Task], link: str) -> list[Row]:
     """The rows on the emulated cluster at one link rate: MLlib, TorchDistributor, every
     strategy on the Spark engine across hosts, compressed bsp/async, the easgd-async tau sweep
-    and easgd-async with tau auto and loss."""
+    and easgd-async with tau auto and loss, uncompressed and with each --compress codec."""
     rows = []
     for name in settings.tasks:
         task = tasks[name]
@@ -198,9 +198,11 @@ def plan_link_rows(settings: BenchSettings, tasks: dict[str, Task], link: str) -
         if name not in settings.sweep_tasks:
             continue
         easgd = _config(settings, task, Strategy.EASGD_ASYNC, "spark", settings.hosts)
-        for policy in ("auto", "loss"):
-            config = replace(easgd, tau_policy=policy).validate()
-            rows.append(Row(task, f"easgd-async tau={policy}", "ember", "spark", config, link=link))
+        for kind in ["none", *[k for k in settings.compress if k != "none"]]:
+            for policy in ("auto", "loss"):
+                config = replace(easgd, tau_policy=policy, compress=kind).validate()
+                name = f"easgd-async tau={policy}" + ("" if kind == "none" else f" {kind}")
+                rows.append(Row(task, name, "ember", "spark", config, link=link))
         for tau in settings.taus:
             config = replace(easgd, tau=tau)
             rows.append(Row(task, f"easgd-async tau={tau}", "ember", "spark", config, True, link))
