@@ -4,6 +4,8 @@ themselves, and each child's peak memory counted in the run's."""
 
 from __future__ import annotations
 
+import multiprocessing
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -11,10 +13,12 @@ import pytest
 
 from ember.config import RunConfig
 from ember.data.host import HostData, host_data
+from ember.engines import modelwork
 from ember.engines.forking import start_forkserver, stop_forkserver
 from ember.engines.modelwork import Forked, InProcess
 from ember.engines.phases import PeakMemory
-from ember.errors import ConfigError
+from ember.engines.process import reap
+from ember.errors import ConfigError, EmberError
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -51,3 +55,29 @@ def test_an_error_in_the_fork_is_raised_in_the_launcher_as_itself(host: HostData
     wrong_size = np.zeros(3, dtype=np.float32)  # not a ConfigError: named with its trace
     with pytest.raises(Exception, match="working out the final evaluation failed: ValueError"):
         Forked(host.files).evaluate(good, host.files.dataset(), wrong_size)
+
+
+def _hang(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_a_fork_that_hangs_is_an_error_naming_it_after_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(modelwork, "ANSWER_SECONDS", 0.5)
+    context = multiprocessing.get_context("fork")
+    ours, theirs = context.Pipe()
+    process = context.Process(target=_hang, args=(30.0,), daemon=True)
+    process.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(
+            EmberError, match=rf"the final evaluation \(pid {process.pid}\) did not"
+        ):
+            modelwork._receive(ours, process, "the final evaluation")
+        assert time.monotonic() - started < 10
+        assert process.is_alive()  # hung, not dead: only the deadline tells
+    finally:
+        reap([process])
+        ours.close()
+        theirs.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
     import torch
 
 POLL_SECONDS = 0.1  # how often a wait on the child looks whether it is still alive
+# Building a model or evaluating it on the test set takes seconds to a few minutes; a child
+# still silent after this is hung (a model factory that deadlocks, say), not slow.
+ANSWER_SECONDS = 900.0
 
 
 class ModelWork(Protocol):
@@ -150,9 +154,15 @@ def _send(conn: Any, payload: np.ndarray, process: Any, what: str) -> None:
 
 
 def _receive(conn: Any, process: Any, what: str) -> bytes:
+    deadline = time.monotonic() + ANSWER_SECONDS
     while not conn.poll(POLL_SECONDS):
         if process.exitcode is not None and not conn.poll(0):
             raise _died(process, what)
+        if time.monotonic() > deadline:  # the caller's finally kills and reaps it
+            raise EmberError(
+                f"the process working out {what} (pid {process.pid}) did not answer within"
+                f" {ANSWER_SECONDS:g}s"
+            )
     try:
         return bytes(conn.recv_bytes())
     except (EOFError, OSError):
