@@ -12,6 +12,7 @@ from ember.engines.spark import driver
 from ember.metrics import read_metrics
 
 pytestmark = pytest.mark.timeout(180)
+EPOCHS = 8  # long enough that records sent at each epoch's end arrive before the job's
 
 
 def test_epoch_records_reach_the_driver_while_the_training_stage_still_runs(
@@ -40,12 +41,14 @@ def test_epoch_records_reach_the_driver_while_the_training_stage_still_runs(
         test_df=to_frame(digits.x_test, digits.y_test),
         strategy="async",
         workers=2,
-        epochs=3,
+        epochs=EPOCHS,
         out=str(tmp_path / "run"),
     )
+    # Any epoch's but the last: a task's sender may connect late on a loaded host, and only
+    # records that wait for the job's end would fail this.
     live = [epoch for kind, epoch, running in seen if kind == "eval" and running]
-    assert 1 in live, seen
+    assert any(epoch < EPOCHS for epoch in live), seen
     assert any(kind == "worker" and running for kind, _, running in seen)
     # metrics.jsonl holds the records the tasks returned, each once, not the streamed copies
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    assert [r["epoch"] for r in records if r.get("kind") == "eval"] == [1, 2, 3]
+    assert [r["epoch"] for r in records if r.get("kind") == "eval"] == list(range(1, EPOCHS + 1))
