@@ -17,8 +17,8 @@ TAU_MIN, TAU_MAX = 1, 256  # the periods `auto` and `loss` may choose
 MARGIN = 1.25  # auto: a period's compute covers this many exchange wall times, for their jitter
 OVERHEAD = 0.1  # auto: an exchange may cost at most this share of its period's compute
 BAND = 1.25  # auto: hysteresis, a new tau differs from the current one by more than this factor
-STEP = 2  # auto: and by at least this many steps, unless compute waited
-SETTLE = 4  # auto: exchanges at a tau before it may change, unless compute waited
+STEP = 2  # auto: and by at least this many steps, unless an exchange was overdue
+SETTLE = 4  # auto: exchanges at a tau before it may change, unless an exchange was overdue
 SETTLE_STEPS = 256  # auto: and local steps, so a small tau is not changed every few steps
 PROBE = 4  # auto: the least tau while an exchange's cost to compute is not yet measured
 WINDOW = 8  # recent exchanges (and periods) whose median the choices take
@@ -88,7 +88,12 @@ class Period:
 class _Measured(Period):
     """A period that adapts, from the recent exchange wall times, step times, and each period's
     cost of its exchange to compute: what the steps its exchange touched (in flight, begun or
-    applied) took beyond the mean of its clean steps, those no exchange touched."""
+    applied) took beyond the mean of its clean steps, those no exchange touched.
+
+    An exchange that falls due while the last one is still in flight is put off, not waited
+    for: compute goes on and the exchange begins at the first step after the last one is
+    back, so an adaptive period never stalls a worker on the network (a fixed one does, to
+    keep its period)."""
 
     adaptive = True
 
@@ -104,14 +109,17 @@ class _Measured(Period):
         self._clean: list[float] = []  # of which clean
         self._fed = 0  # steps fed so far, warm-up included
         self._measurable = False  # the window began after the warm-up and an exchange
-        self._in_flight = 0  # exchanges begun and not yet applied (a blocked one overlaps)
+        self._in_flight = 0  # exchanges begun and not yet applied: 0 or 1
         self._touched = False  # an exchange touched the step under way
-        self.waited = False  # an exchange fell due with the previous one in flight
+        self.overdue = False  # an exchange fell due with the previous one in flight
         self._record(self.tau, None, "start")
 
     def exchange_now(self, done: int) -> bool:
         self.done = done
         self.since += 1
+        if self._in_flight:  # put off until the last exchange is back
+            self.overdue = self.overdue or self.since >= self.tau
+            return False
         if not self._due():
             return False
         if self._measurable and len(self._clean) >= 2:  # a period whose costs tell apart
@@ -125,7 +133,6 @@ class _Measured(Period):
             self.costs.append(sum(self._window) - clean - touched * t0)
         self._window, self._clean = [], []
         self._measurable = self._fed >= WARMUP
-        self.waited = self._in_flight > 0  # so compute waits for it now
         self._in_flight += 1
         self._touched = True
         self._begin()
@@ -171,7 +178,7 @@ class AutoPeriod(_Measured):
     exchange's cost c to compute is at most OVERHEAD of it (`c <= OVERHEAD * tau * t0`). A
     larger tau buys at most that share of speed and costs divergence.
 
-    Hysteresis: when compute waited for an exchange, a larger target is taken at once; else a
+    Hysteresis: when an exchange was overdue, a larger target is taken at once; else a
     change needs SETTLE exchanges and SETTLE_STEPS steps at the current tau, a target outside
     BAND and STEP of it, and to come down, c measured and the slowest recent exchange covered.
     Until a period has told c apart from t0, tau stays at PROBE or more, the least that leaves
@@ -187,13 +194,13 @@ class AutoPeriod(_Measured):
     def exchanged(self, seconds: float) -> None:
         super().exchanged(seconds)
         self._unchanged += 1
-        waited, self.waited = self.waited, False
-        # compute waited: the median lags a link that just slowed, this exchange does not
-        up, down, figures = self.targets(seconds if waited else 0.0)
+        overdue, self.overdue = self.overdue, False
+        # overdue: the median lags a link that just slowed, this exchange does not
+        up, down, figures = self.targets(seconds if overdue else 0.0)
         if up is None or down is None:
             return
         settled = self._unchanged >= SETTLE and self.done - self._changed_at >= SETTLE_STEPS
-        if up > self.tau and (waited or (settled and up > self.tau * BAND + STEP - 1)):
+        if up > self.tau and (overdue or (settled and up > self.tau * BAND + STEP - 1)):
             self._change(up, figures)
         elif settled and "c" in figures and down * BAND < self.tau and self.tau - down >= STEP:
             self._change(down, figures)
@@ -227,7 +234,8 @@ class AutoPeriod(_Measured):
 class LossPeriod(_Measured):
     """DeepSpark's trigger: the first period runs tau steps and sums its training loss L0;
     after it, exchange once the loss summed since the last exchange exceeds L0 (and after
-    TAU_MAX steps at most, so a worker whose loss has all but vanished still exchanges)."""
+    TAU_MAX steps at most, so a worker whose loss has all but vanished still exchanges), or,
+    if the last exchange is still in flight then, at the first step after it is back."""
 
     policy = "loss"
     wants_loss = True
