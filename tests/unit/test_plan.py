@@ -256,15 +256,19 @@ def test_an_adaptive_row_is_predicted_over_the_periods_it_ran() -> None:
     easgd = rows[1]
     easgd["config"] = {**easgd["config"], "tau_policy": "auto"}
     easgd["samples"] = 2 * 64 * 1000  # 1000 local steps a worker
-    # worker 0 ran 100 steps at 8, then 64; worker 1 200 steps at 8, then 64
-    easgd["tau_choices"] = {"0": [[0, 8], [100, 64]], "1": [[0, 8], [200, 64]]}
+    # worker 0 ran 100 steps at 8, then 128; worker 1 200 steps at 8, then 128
+    easgd["tau_choices"] = {"0": [[0, 8], [100, 128]], "1": [[0, 8], [200, 128]]}
     easgd["bytes_per_sample"] = 1.0  # ignored: the choices are known
     add_predictions(rows, [{"mlp": MLP}], network=SLOW)
 
     def seconds_per_step(tau: int) -> float:
         return 2 * 64 / predict("easgd-async", 2, MLP, SLOW, tau=tau).samples_per_second
 
-    seconds = 300 * seconds_per_step(8) + 1700 * seconds_per_step(64)
+    # a span at a tau too short to cover the exchange runs as long as the exchange takes,
+    # since the period puts off the next exchange rather than wait for the last
+    covered = model_tau(MLP, SLOW, 2, 1)
+    assert 8 < covered < 128
+    seconds = 300 * seconds_per_step(covered) + 1700 * seconds_per_step(128)
     assert easgd["predicted_samples_per_second"] == pytest.approx(2 * 2000 * 64 / seconds)
     # without its choices, at the mean period its bytes say it ran
     del easgd["tau_choices"]

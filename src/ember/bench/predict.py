@@ -180,8 +180,12 @@ def _over_spans(
     workers' steps over the seconds each span takes at the model's speed for its tau, times
     the workers running side by side."""
     workers, steps, seconds = config["workers"], sum(spans.values()), 0.0
+    # an adaptive period puts off an exchange due while the last is in flight, so it runs at
+    # least as long as the exchange takes (algorithms/period.py): compute never waits
+    covered = model_tau(c, link, workers, config["servers"])
     for tau, count in spans.items():
-        rate = predict(config["strategy"], workers, c, link, tau, config["servers"])
+        period = max(tau, covered)
+        rate = predict(config["strategy"], workers, c, link, period, config["servers"])
         seconds += count * workers * c.batch_size / rate.samples_per_second
     return workers * steps * c.batch_size / seconds if seconds > 0 else float("inf")
 
