@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -256,6 +257,41 @@ def test_a_results_file_is_predicted_again_per_link_at_what_each_link_measured()
     predict_results([local, *alone], {"mlp": [asdict(MLP)]})
     at_10 = predict("easgd-async", 2, MLP, link(1.2e6, 0.0003), 8).samples_per_second
     assert alone[0]["predicted_time_to_target"] == pytest.approx(45_000 / at_10)
+
+
+def test_auto_covers_the_exchange_with_a_steps_compute_not_the_exchanges_cpu() -> None:
+    from ember.bench.predict import link_network
+    from ember.perfmodel import model_tau
+
+    # at 100 Mbit with the 1 Gbit probe's CPU per byte: the link adds ms to an exchange's CPU,
+    # which a period holds once, whatever its tau, and so must not count as a step's compute
+    link = link_network(12.5e6, GBIT.latency, 2, GBIT_PROBE)
+    at_one = predict("easgd-async", 2, JUDGED, link, 1)
+    exchange = max(at_one.t_comm, at_one.bounds["network"], at_one.bounds["server"])
+    step = JUDGED.on_host["async"][0]  # easgd-async's emulated step
+    assert at_one.compute - step > 2 * JUDGED.client_cpu
+    assert model_tau(JUDGED, link) == math.ceil(exchange / step)
+
+
+def test_the_cpu_bound_counts_a_steps_cpu_not_its_wall_time_on_shared_cores() -> None:
+    from ember.bench.predict import link_network
+    from ember.perfmodel import _kernel_cpu, _on_link
+
+    link = link_network(GBIT.bandwidth, GBIT.latency, 2, GBIT_PROBE)
+    on_link = _on_link(JUDGED, link)
+    per_worker = (
+        64 * JUDGED.t_comp
+        + on_link.client_cpu
+        + on_link.server_cpu
+        + 2 * on_link.codec_cpu
+        + _kernel_cpu(on_link, link)
+    )
+    # two workers' CPU on two cores; the shared step (async's on the host) is slower, since it
+    # waited for a core, which is the contention this bound divides, not more CPU
+    assert JUDGED.on_host["async"][0] > JUDGED.t_comp
+    assert predict("easgd-async", 2, JUDGED, link, 64).bounds["cpu"] == pytest.approx(
+        2 * per_worker / 2
+    )
 
 
 def test_tau_auto_is_predicted_at_the_models_pick_and_tau_loss_at_its_mean() -> None:

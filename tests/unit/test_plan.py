@@ -270,6 +270,14 @@ def test_an_adaptive_row_is_predicted_over_the_periods_it_ran() -> None:
     assert 8 < covered < 128
     seconds = 300 * seconds_per_step(covered) + 1700 * seconds_per_step(128)
     assert easgd["predicted_samples_per_second"] == pytest.approx(2 * 2000 * 64 / seconds)
+    # loss records a period when it ends: [100, 40] is a period of 40 from step 60
+    easgd["config"] = {**easgd["config"], "tau_policy": "loss"}
+    easgd["tau_choices"] = {"0": [[0, 8], [100, 40]], "1": [[0, 8], [200, 160]]}
+    add_predictions(rows, [{"mlp": MLP}], network=SLOW)
+    seconds = 100 * seconds_per_step(8) + 940 * seconds_per_step(40)
+    seconds += 960 * seconds_per_step(160)
+    assert easgd["predicted_samples_per_second"] == pytest.approx(2 * 2000 * 64 / seconds)
+    easgd["config"] = {**easgd["config"], "tau_policy": "auto"}
     # without its choices, at the mean period its bytes say it ran
     del easgd["tau_choices"]
     easgd["bytes_per_sample"] = MLP.exchange_bytes / (32 * 64)

@@ -158,15 +158,19 @@ def _period(
 
 def _spans(record: dict[str, Any], config: dict[str, Any]) -> dict[int, int]:
     """Local steps run at each tau, over the workers, from the choices an adaptive row
-    recorded (`tau_choices`: each worker's [step, tau] from that step on); {} without them."""
+    recorded (`tau_choices`: each worker's [step, tau]); {} without them. auto chooses a tau
+    for the steps after `step`; loss records a period when it ends, so its tau held from
+    `step - tau` (and the periods after it repeat it until the next record)."""
     choices = record.get("tau_choices") or {}
     samples = record.get("samples") or 0
     if not choices or not samples:
         return {}
     last = samples // config["workers"] // config["batch_size"]  # a worker's local steps
+    ended = config.get("tau_policy") == "loss"
     spans: dict[int, int] = {}
     for chosen in choices.values():
-        ordered = sorted((int(step), int(tau)) for step, tau in chosen)
+        starts = ((int(s) - int(t) if ended and int(s) > 0 else int(s), int(t)) for s, t in chosen)
+        ordered = sorted((max(0, step), tau) for step, tau in starts)
         ends = [step for step, _ in ordered[1:]] + [last]
         for (step, tau), end in zip(ordered, ends, strict=True):
             spans[tau] = spans.get(tau, 0) + max(0, min(end, last) - step)
@@ -181,8 +185,10 @@ def _over_spans(
     the workers running side by side."""
     workers, steps, seconds = config["workers"], sum(spans.values()), 0.0
     # an adaptive period puts off an exchange due while the last is in flight, so it runs at
-    # least as long as the exchange takes (algorithms/period.py): compute never waits
-    covered = model_tau(c, link, workers, config["servers"])
+    # least as long as the exchange takes (algorithms/period.py): compute never waits. auto
+    # records the tau it aims at; loss records each period as it ran, put-off steps included
+    auto = config.get("tau_policy") == "auto"
+    covered = model_tau(c, link, workers, config["servers"]) if auto else 1
     for tau, count in spans.items():
         period = max(tau, covered)
         rate = predict(config["strategy"], workers, c, link, period, config["servers"])

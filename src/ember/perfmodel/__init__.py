@@ -136,8 +136,9 @@ def predict(
             exchange_cpu = c.client_cpu + c.server_cpu  # on a link, as it measured them
             if mode.overlaps_exchange and network.bandwidth is None:
                 exchange_cpu = c.exchange_cpu_under_load()  # its compute overlaps: CPU bounds
-            step = t_step if network.emulated else c.t_comp  # computing beside the others
-            per_worker = tau * step + exchange_cpu + 2 * c.codec_cpu + _kernel_cpu(c, network)
+            # a step's CPU, as measured alone: the slower steps of workers sharing the cores
+            # are what this bound divides among them, not more CPU
+            per_worker = tau * c.t_comp + exchange_cpu + 2 * c.codec_cpu + _kernel_cpu(c, network)
             candidates["cpu"] = n * per_worker / _cores(c, network)
         # on one host the calibrated times moved the bytes already
         if network.bandwidth is not None and consistency is ConsistencyKind.BSP:
@@ -179,7 +180,10 @@ def model_tau(
     at_one = predict(Strategy.EASGD_ASYNC, workers, calibration, network, 1, servers)
     shared = [at_one.bounds.get(k, 0.0) for k in ("network", "server")]
     exchange = max(at_one.t_comm, *shared)
-    t_comp = at_one.compute - calibration.client_cpu
+    # a step's compute: a period's compute holds the exchange's own CPU once, whatever tau is
+    # (on a link, what the link adds to it too), so two periods' difference is one step
+    at_two = predict(Strategy.EASGD_ASYNC, workers, calibration, network, 2, servers)
+    t_comp = at_two.compute - at_one.compute
     if t_comp <= 0:
         return MAX_TAU
     return max(1, min(MAX_TAU, math.ceil(margin * exchange / t_comp - 1e-9)))
