@@ -74,6 +74,7 @@ class RunConfig:
     encrypt: bool = True  # CURVE on every connection; off: plain TCP, for a trusted network
     log_every: int = 50  # steps between metrics records
     eval_every: int = 0  # steps between worker 0's test evaluations (0: at each epoch's end)
+    eval_deferred: bool = False  # copy the parameters at each evaluation, evaluate after training
     tensorboard: bool = False  # also write scalars as TensorBoard event files
     extra: dict[str, Any] = field(default_factory=dict)  # reserved for engine-specific settings
 
@@ -282,6 +283,7 @@ RESUME_MAY_CHANGE = (
     "encrypt",
     "log_every",
     "eval_every",
+    "eval_deferred",
     "tensorboard",
     "out",
     "resume",

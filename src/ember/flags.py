@@ -71,5 +71,8 @@ HELP = {
     "log_every": "steps between a worker's records (loss, samples/s, T_comp, T_comm) in"
     " metrics.jsonl",
     "eval_every": "steps between worker 0's test-set evaluations; 0: only at each epoch's end",
+    "eval_deferred": "worker 0 copies the parameters at each evaluation point and evaluates the"
+    " copies after training, so evaluating never pauses the run (the Spark engine then ships"
+    " the whole test set to the tasks); off: it evaluates on the spot",
     "tensorboard": "also write the metrics as TensorBoard event files, in OUT/tensorboard",
 }

@@ -6,6 +6,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,19 @@ def make_model(config: RunConfig, dataset: Dataset) -> torch.nn.Module:
 
 
 CENTER_SOURCE = "center as of worker 0's latest exchange"
+SNAPSHOT_BYTES = 256 << 20  # eval_deferred evaluates what it holds once past this
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Worker 0's parameters at an evaluation point, and the point's clock and samples."""
+
+    epoch: int
+    step: int
+    seconds: float
+    samples: int
+    params: np.ndarray
+    source: str
 
 
 def evaluates_after(step: int, steps_per_epoch: int, eval_every: int) -> bool:
@@ -115,7 +129,9 @@ def run_worker(
             worker.evaluate(step, epoch)
         if worker.checkpoint_due(step + 1):
             worker.checkpoint(step + 1)
-    return worker.finish(last_step)
+    done = worker.finish(last_step)
+    worker.evaluate_snapshots()  # those eval_deferred kept, now that the clocks have stopped
+    return done
 
 
 class Worker:
@@ -160,6 +176,7 @@ class Worker:
         self.t_comp = 0.0  # seconds of compute, without waits on the network
         self.loss_sum, self.logged_steps = torch.zeros(()), 0  # since the last progress record
         self.aside = 0.0  # seconds of evaluation and checkpointing inside the loop, not training
+        self.snapshots: list[Snapshot] = []  # evaluation points not yet evaluated
         self.saved_step = self.first_step  # of the last local checkpoint
         self.started = self.last_log = self.last_checkpoint = 0.0  # perf_counter() times
 
@@ -243,28 +260,44 @@ class Worker:
 
     def evaluate(self, step: int, epoch: int) -> None:
         """Worker 0 evaluates on the held-out set the model its strategy trains: its local
-        parameters, or easgd's center as of its latest exchange (none yet: its own)."""
+        parameters, or easgd's center as of its latest exchange (none yet: its own). With
+        eval_deferred it only copies them, for evaluate_snapshots after training: the loop
+        then never pauses, so no other worker runs ahead of the clock this one keeps."""
         aside_started = time.perf_counter()
         center = getattr(self.algorithm, "center", None)
-        x, y = self.dataset.x_test, self.dataset.y_test
-        if center is None:
-            accuracy, test_loss = evaluate(self.model, x, y)
-        else:
-            accuracy, test_loss = evaluate_with(self.flat, center, x, y)
-        self.report(
-            Evaluation(
-                epoch=epoch + 1,
-                step=step + 1,
-                # training so far, for time and samples to a target: the loop's seconds
-                # without evaluation and checkpoints, and every worker's samples alike
-                seconds=aside_started - self.started - self.aside,
-                samples=(step + 1 - self.first_step) * self.config.batch_size * self.spec.world,
-                test_accuracy=accuracy,
-                test_loss=test_loss,
-                source="worker 0 local parameters" if center is None else CENTER_SOURCE,
-            ).to_json()
+        snapshot = Snapshot(
+            epoch=epoch + 1,
+            step=step + 1,
+            # training so far, for time and samples to a target: the loop's seconds
+            # without evaluation and checkpoints, and every worker's samples alike
+            seconds=aside_started - self.started - self.aside,
+            samples=(step + 1 - self.first_step) * self.config.batch_size * self.spec.world,
+            params=(self.flat.params_np if center is None else center).copy(),
+            source="worker 0 local parameters" if center is None else CENTER_SOURCE,
         )
+        self.snapshots.append(snapshot)
+        held = sum(s.params.nbytes for s in self.snapshots)
+        if not self.config.eval_deferred or held > SNAPSHOT_BYTES:
+            self.evaluate_snapshots()
         self.aside += time.perf_counter() - aside_started
+
+    def evaluate_snapshots(self) -> None:
+        """Evaluate the parameters copied at each evaluation point, in order, and report them."""
+        x, y = self.dataset.x_test, self.dataset.y_test
+        for snapshot in self.snapshots:
+            accuracy, test_loss = evaluate_with(self.flat, snapshot.params, x, y)
+            self.report(
+                Evaluation(
+                    epoch=snapshot.epoch,
+                    step=snapshot.step,
+                    seconds=snapshot.seconds,
+                    samples=snapshot.samples,
+                    test_accuracy=accuracy,
+                    test_loss=test_loss,
+                    source=snapshot.source,
+                ).to_json()
+            )
+        self.snapshots.clear()
 
     def checkpoint_due(self, done: int) -> bool:
         """Whether worker 0 of a strategy without a server saves after `done` steps."""

@@ -206,7 +206,7 @@ def predict_on_link(
 
 def _on_cluster(cluster: Any, settings: BenchSettings) -> Any:
     def execute(row: Row, out: Path, dataset: Dataset) -> dict[str, Any]:
-        from ember.bench.runner import eval_config, run_figures
+        from ember.bench.runner import EVALUATIONS, eval_config, run_figures
 
         out.parent.mkdir(parents=True, exist_ok=True)
         steps = len(dataset.x_train) // settings.hosts // RunConfig().batch_size
@@ -222,7 +222,7 @@ def _on_cluster(cluster: Any, settings: BenchSettings) -> Any:
             "master": cluster.master_url,
             "workers": settings.hosts,
             "seed": settings.seed,
-            "eval_every": max(1, steps // 4),
+            "eval_every": max(1, steps // EVALUATIONS),
         }
         given, result = out.parent / "spec.json", out.parent / "figures.json"
         given.write_text(json.dumps(spec))

@@ -246,7 +246,10 @@ def predict_results(
 
 
 def _evaluations(config: dict[str, Any], samples: int) -> int:
-    """How many times worker 0 evaluated in a row of `samples` samples in all."""
+    """How many times worker 0 evaluated in a row of `samples` samples in all, pausing its
+    loop (deferred evaluations pause nothing)."""
+    if config.get("eval_deferred"):
+        return 0
     steps = samples // config["workers"] // config["batch_size"]
     per_epoch = max(1, steps // config["epochs"])
     return sum(evaluates_after(step, per_epoch, config["eval_every"]) for step in range(steps))

@@ -26,6 +26,7 @@ from ember.data import Dataset
 from ember.metrics import write_json
 
 Log = Callable[[str], None]
+EVALUATIONS = 8  # a row's evaluation points an epoch, for its curve and time to target
 FIGURES = (
     "test_accuracy", "test_loss", "samples", "train_seconds", "samples_per_second",
     "seconds_per_epoch", "bytes_per_sample", "t_comp_seconds", "t_comm_seconds", "curve",
@@ -43,10 +44,13 @@ def run_ember(row: Row, out: Path, dataset: Dataset) -> dict[str, Any]:
 
 
 def eval_config(row: Row, out: Path, dataset: Dataset) -> RunConfig:
-    """The row's config for a run in `out`, worker 0 evaluating four times an epoch."""
+    """The row's config for a run in `out`: worker 0 copies the parameters EVALUATIONS times
+    an epoch and evaluates the copies on the whole test set after training, so a row's time
+    to target is neither paused by evaluation nor read off a sample of the test set."""
     assert row.config is not None
     steps_per_epoch = len(dataset.x_train) // row.config.workers // row.config.batch_size
-    return replace(row.config, out=str(out), eval_every=max(1, steps_per_epoch // 4))
+    every = max(1, steps_per_epoch // EVALUATIONS)
+    return replace(row.config, out=str(out), eval_every=every, eval_deferred=True)
 
 
 def run_figures(row: Row, out: Path, config: RunConfig) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from ember.metrics import JobFailure, RunEvent
 from ember.ps import fetch_state
 from ember.spec import WorkerSpec, checkpoint_meta
 
-EVAL_ROWS = 1000  # test rows shipped to each task for worker 0's per-epoch evaluation
+EVAL_ROWS = 1000  # test rows shipped to each task for worker 0's evaluations on the spot
 
 
 def train_spark(config: RunConfig, show_progress: bool = True) -> RunResult:
@@ -142,7 +142,9 @@ def _train(
                 # allreduce starts from these, on executors that cannot read the driver's files
                 initial=setup.initial if setup.resume and run.servers is None else None,
             )
-            x_eval, y_eval = data.x_test[:EVAL_ROWS], data.y_test[:EVAL_ROWS]
+            # deferred evaluations cost the loop nothing: they get the whole test set
+            shipped = None if config.eval_deferred else EVAL_ROWS
+            x_eval, y_eval = data.x_test[:shipped], data.y_test[:shipped]
             probe = replace(data, x_train=x_eval, y_train=y_eval, x_test=x_eval, y_test=y_eval)
             run.progress.phase("warming up executors")
             wait_for_warm_up(warm_up, config.request_timeout)

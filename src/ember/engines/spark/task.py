@@ -41,7 +41,7 @@ def train_partition(
     batches: Iterator[Any],
 ) -> Iterator[Any]:
     """One worker in a barrier task: its partition as NumPy, then the ordinary worker loop.
-    `probe` holds the few test rows worker 0 evaluates on after each epoch; `rows` is how
+    `probe` holds the test rows worker 0 evaluates on (a few, or all if deferred); `rows` is how
     many rows each worker trains on, when the driver knows every partition's size. Records
     also stream to the driver's `collector` (an address) while the task runs. `local`: every
     executor is on the driver's machine (a local master), where allreduce meets on loopback."""
