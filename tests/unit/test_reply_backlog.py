@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+import zmq
 
 from ember.ps.replies import POOL_BUFFERS, Replies
 from ember.ps.shard import ShardSpec, ShardState
@@ -15,10 +16,19 @@ from ember.wire.ticket import COPIED
 
 
 class Tracker:
-    """Stands in for a zmq.MessageTracker: `done` once zmq let go of the message."""
+    """Stands in for a zmq.MessageTracker: `done` once zmq let go of the message; `lags`:
+    zmq has, and pyzmq marks it done once waited for (its garbage collector caught up)."""
 
-    def __init__(self) -> None:
-        self.done = False
+    def __init__(self, lags: bool = False) -> None:
+        self.done, self.lags, self.waits = False, lags, 0
+
+    def wait(self, timeout: float) -> None:
+        assert 0 <= timeout <= 1
+        self.waits += 1
+        if self.lags:
+            self.done = True
+        if not self.done:
+            raise zmq.NotDone
 
 
 def test_unread_bytes_count_until_zmq_lets_go_and_a_peer_over_budget_is_flagged() -> None:
@@ -49,6 +59,33 @@ def test_an_honest_peer_with_one_reply_out_is_never_over_budget() -> None:
         sent(b"honest", 100, tracker)
         assert not backlog.over_budget(b"honest")
         tracker.done = True
+
+
+def test_an_honest_peer_whose_trackers_lag_is_not_called_a_slow_reader() -> None:
+    backlog = ReplyBacklog(budget=100)
+    sent: Any = backlog.sent
+    lagging = [Tracker(lags=True) for _ in range(3)]
+    for tracker in lagging:  # replies zmq let go of, not yet marked done
+        sent(b"honest", 60, tracker)
+    sent(b"honest", 60, Tracker())  # the reply it is reading now
+    assert not backlog.over_budget(b"honest")
+    assert backlog.unread(b"honest") == 60
+    assert [t.waits for t in lagging] == [1, 1, 1]
+
+
+def test_a_slow_reader_costs_one_wait_per_oldest_reply_not_one_per_request() -> None:
+    backlog = ReplyBacklog(budget=100)
+    sent: Any = backlog.sent
+    first = Tracker()
+    sent(b"slow", 60, first)
+    sent(b"slow", 60, Tracker())
+    for _ in range(50):  # requests it sends and never reads the replies of
+        assert backlog.over_budget(b"slow")
+    assert first.waits == 1
+    first.done = True  # it read one at last: its next oldest reply gets a wait of its own
+    sent(b"slow", 60, Tracker())
+    assert backlog.over_budget(b"slow") and backlog.over_budget(b"slow")
+    assert first.waits == 1
 
 
 def test_the_reply_pool_keeps_a_few_buffers_whatever_a_burst_allocated() -> None:

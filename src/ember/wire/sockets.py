@@ -3,6 +3,7 @@ replies a server lets one peer leave unread."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 import zmq
@@ -17,6 +18,9 @@ MAX_FRAME_BYTES = max(CHUNK_BYTES, MAC_BYTES + MAX_HEADER_BYTES) + 1024
 # one loop). This many lets an honest peer's reply of a 2 GiB shard leave in one burst, so a
 # count of messages bounds little: ReplyBacklog bounds the bytes.
 ROUTER_SNDHWM = (2 << 30) // CHUNK_BYTES
+# How long a server waits, once per oldest unread reply, for trackers zmq may have let go of
+# already: pyzmq marks them done on a thread of its own, which needs the GIL and may lag.
+TRACKER_GRACE_SECONDS = 0.2
 
 
 def new_socket(context: zmq.Context, kind: int) -> zmq.Socket:
@@ -37,13 +41,18 @@ class ReplyBacklog:
     the high-water mark. Each one may hold a buffer of its own (a reply read while an update
     moved the shard to a private copy, or an easgd difference), so what a peer that sends
     requests and never reads replies makes a server hold is what this counts. An honest peer
-    reads each reply before its next request, so it never has more than that one reply here.
+    reads each reply before its next request, so it never has more than that one reply here,
+    but pyzmq learns that zmq let go of a reply on its garbage-collector thread, which lags on
+    a busy host: past the budget, the server gives that thread TRACKER_GRACE_SECONDS before
+    it calls the peer a slow reader, once per oldest reply (a reader that never reads costs
+    the server one such wait, not one per request).
     """
 
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
+    def __init__(self, budget: int, grace: float = TRACKER_GRACE_SECONDS) -> None:
+        self.budget, self.grace = budget, grace
         self._queued: dict[bytes, deque[tuple[int, zmq.MessageTracker]]] = {}
         self._bytes: dict[bytes, int] = {}
+        self._waited: dict[bytes, zmq.MessageTracker] = {}  # the oldest reply waited for
 
     def sent(self, peer: bytes, nbytes: int, tracker: zmq.MessageTracker) -> None:
         self._prune(peer)
@@ -56,12 +65,27 @@ class ReplyBacklog:
         return self._bytes.get(peer, 0)
 
     def over_budget(self, peer: bytes) -> bool:
+        if self.unread(peer) <= self.budget:
+            return False
+        queue = self._queued[peer]
+        if self._waited.get(peer) is queue[0][1]:
+            return True
+        self._waited[peer] = queue[0][1]
+        deadline = time.monotonic() + self.grace
+        for _, tracker in list(queue):
+            try:
+                tracker.wait(max(0.0, deadline - time.monotonic()))
+            except zmq.NotDone:
+                break
+            if self.unread(peer) <= self.budget:
+                return False
         return self.unread(peer) > self.budget
 
     def forget(self, peer: bytes) -> None:
         """The peer's connection closed: zmq drops what it queued for it."""
         self._queued.pop(peer, None)
         self._bytes.pop(peer, None)
+        self._waited.pop(peer, None)
 
     def peers(self) -> int:
         """Peers with replies still queued (a peer whose queue empties is not kept)."""
@@ -78,3 +102,4 @@ class ReplyBacklog:
             self._bytes[peer] -= queue.popleft()[0]
         if not queue:
             del self._queued[peer], self._bytes[peer]
+            self._waited.pop(peer, None)
