@@ -152,3 +152,26 @@ def test_a_runs_figures_keep_each_workers_periods_from_its_first_start(tmp_path:
     # a fixed period records no choices
     (tmp_path / "metrics.jsonl").write_text(json.dumps(lines[3]) + "\n")
     assert "tau_choices" not in run_figures(row, tmp_path, row.config)
+
+
+@pytest.mark.parametrize(
+    "retried", [{"spark": {"stage_attempts": 2}}, {"worker_restarts": 1}], ids=["spark", "local"]
+)
+def test_a_run_that_retried_its_training_is_a_failed_row(
+    tmp_path: Path, retried: dict[str, Any]
+) -> None:
+    import json
+
+    from ember.bench.runner import run_figures
+
+    settings = BenchSettings(out=tmp_path, tasks=["mlp"], strategies=["easgd-async"])
+    row = next(r for r in plan_rows(settings, make_tasks(True, 1000, 10)) if r.config)
+    assert row.config is not None
+    summary = {"test_accuracy": 0.9, "test_loss": 0.3, "samples": 1280, "train_seconds": 1.0,
+               "samples_per_second": 1280.0, "spark": {"stage_attempts": 1}}  # fmt: skip
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    (tmp_path / "metrics.jsonl").write_text("")
+    assert run_figures(row, tmp_path, row.config)["samples"] == 1280
+    (tmp_path / "summary.json").write_text(json.dumps({**summary, **retried}))
+    with pytest.raises(RuntimeError, match=r"retried its training .* mix attempts"):
+        run_figures(row, tmp_path, row.config)

@@ -54,8 +54,17 @@ def eval_config(row: Row, out: Path, dataset: Dataset) -> RunConfig:
 
 
 def run_figures(row: Row, out: Path, config: RunConfig) -> dict[str, Any]:
-    """A finished run's figures, from its summary.json and metrics.jsonl."""
+    """A finished run's figures, from its summary.json and metrics.jsonl. A run that had to
+    retry its training (a Spark stage attempt, a restarted worker) is a failed row: its clock
+    and samples start again with the retry, so its figures compare with no other row's."""
     summary = json.loads((out / "summary.json").read_text())
+    attempts = (summary.get("spark") or {}).get("stage_attempts", 1)
+    restarts = summary.get("worker_restarts") or 0
+    if attempts > 1 or restarts:
+        raise RuntimeError(
+            f"the run retried its training ({attempts} stage attempts, {restarts} worker "
+            "restarts), so its clock and samples mix attempts"
+        )
     curve = []
     chosen: dict[tuple[str, int], list[list[int]]] = {}  # (rank, incarnation) -> its choices
     for line in (out / "metrics.jsonl").read_text().splitlines():
