@@ -549,3 +549,15 @@ def test_a_bsp_round_waits_for_the_servers_work_the_calibration_did_not_see() ->
         async_ = predict("async", 2, c, link)
         expected = step + blocked - JUDGED.exchange_wall + async_.t_comm
         assert async_.bounds["worker"] == pytest.approx(expected)
+
+
+def test_a_probes_kernel_cpu_beyond_what_the_cores_had_is_left_out() -> None:
+    from ember.bench.predict import link_network
+
+    seconds = GBIT_PROBE["seconds"]
+    possible = {**GBIT_PROBE, "kernel_cpu": 2 * seconds}  # both cores, the whole exchange
+    impossible = {**GBIT_PROBE, "kernel_cpu": 2 * seconds + 0.1}  # a JVM that exited meanwhile
+    kept, left = (link_network(GBIT.bandwidth, GBIT.latency, 2, p) for p in (possible, impossible))
+    assert kept.exchange is not None and left.exchange is not None
+    assert kept.exchange.kernel_cpu_per_byte == pytest.approx(2 * seconds / GBIT_PROBE["bytes"])
+    assert left.exchange.kernel_cpu_per_byte == 0.0

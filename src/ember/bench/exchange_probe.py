@@ -61,11 +61,11 @@ def measure_exchange(cluster: Any, client_host: int, server_host: int) -> dict[s
         _tell(client, secret)
         _expect(client, "warm", f"the exchange probe on host {client_host}")
         serving = psutil.Process(server.pid)
-        before, unattributed = sum(serving.cpu_times()[:2]), unattributed_cpu()
+        before, machine = sum(serving.cpu_times()[:2]), cpu_snapshot()
         figures = json.loads(_expect(client, "{", f"the exchange probe on host {client_host}"))
         count = figures["exchanges"]
         figures["server_cpu"] = (sum(serving.cpu_times()[:2]) - before) / count
-        figures["kernel_cpu"] = max(0.0, unattributed_cpu() - unattributed) / count
+        figures["kernel_cpu"] = unattributed_cpu(machine, cpu_snapshot()) / count
         server.wait(TIMEOUT)
     finally:
         for process in (p for p in (client, server) if p is not None):
@@ -78,21 +78,33 @@ def measure_exchange(cluster: Any, client_host: int, server_host: int) -> dict[s
     return {"bytes": 2 * 4 * FLOATS, **figures}
 
 
-def unattributed_cpu() -> float:
+CpuSnapshot = tuple[float, dict[tuple[int, float], float]]
+
+
+def cpu_snapshot() -> CpuSnapshot:
     """Seconds the cores of this machine have spent busy so far (in processes, the kernel,
-    interrupts and softirqs) beyond every user process's own CPU time: the kernel's work that
-    no process was charged for, its threads' (ksoftirqd) included. Other processes (a Spark
-    daemon starting up) are left out with their own CPU."""
+    interrupts and softirqs), and each user process's own CPU seconds, by (pid, start time).
+    The kernel's own threads (kthreadd's children, ksoftirqd among them) count as uncharged."""
     idle = ("idle", "iowait", "guest", "guest_nice")  # guest time is already in user time
     busy = sum(value for name, value in psutil.cpu_times()._asdict().items() if name not in idle)
-    charged = 0.0
-    for process in psutil.process_iter(["ppid", "cpu_times"]):
+    charged: dict[tuple[int, float], float] = {}
+    for process in psutil.process_iter(["ppid", "cpu_times", "create_time"]):
         if process.pid == 2 or process.info["ppid"] == 2:  # kthreadd's: the kernel's own
             continue
         times = process.info["cpu_times"]
         if times is not None:  # None: gone, or not ours to read
-            charged += times.user + times.system
-    return busy - charged
+            charged[process.pid, process.info["create_time"]] = times.user + times.system
+    return busy, charged
+
+
+def unattributed_cpu(before: CpuSnapshot, after: CpuSnapshot) -> float:
+    """CPU seconds between two snapshots that no process was charged for: the kernel's work
+    for the exchanges. Each process counts what it used in between, so one that exits
+    meanwhile (a Spark JVM of the row before) takes only its last moments with it, not the
+    seconds it had used before, which the machine's total already held."""
+    busy = after[0] - before[0]
+    charged = sum(seconds - before[1].get(key, 0.0) for key, seconds in after[1].items())
+    return max(0.0, busy - charged)
 
 
 def _tell(process: subprocess.Popen[str], line: str) -> None:

@@ -207,11 +207,16 @@ def link_network(
         return link
     moved = exchange["bytes"]
     beyond = exchange["seconds"] - 2 * latency - 2 * link.transfer_seconds(moved / 2)
+    kernel = exchange.get("kernel_cpu", 0.0)  # probes before it was measured: none
+    if kernel > exchange["seconds"] * (cores or 1):
+        # more CPU than the cores had in an exchange's time: a process that exited during
+        # the probe, counted whole by probes before cpu_snapshot; not the kernel's
+        kernel = 0.0
     measured = LinkExchange(
         max(0.0, beyond) / moved,
         exchange["client_cpu"] / moved,
         exchange["server_cpu"] / moved,
-        exchange.get("kernel_cpu", 0.0) / moved,  # probes before it was measured: none
+        kernel / moved,
     )
     return replace(link, exchange=measured)
 
