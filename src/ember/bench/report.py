@@ -29,10 +29,13 @@ READING_GUIDE = (
     "percentage of all cores, taken over the row's whole process tree, and peak memory is that "
     "tree's largest summed RSS. Bytes/sample counts bytes pushed and pulled per training sample; "
     "divergence d is the samples a row needed to reach the target over single's in the same "
-    "repetition. In the synchronous rows (bsp, ssp, easgd, allreduce) the other workers wait "
-    "while worker 0 evaluates for the curve, four times an epoch, and samples/s pays for those "
-    "waits. Predicted samples/s comes from ember.perfmodel, waits included, followed by its "
-    "error relative to the measured median."
+    "repetition. For the curve, ember's worker 0 copies the model eight times an epoch and "
+    "evaluates the copies on the whole test set after training (`--eval-deferred`), so no "
+    "worker waits for it; rows whose config lacks eval_deferred were measured before that, "
+    "evaluating on the spot four times an epoch, and in their synchronous rows (bsp, ssp, "
+    "easgd, allreduce) samples/s pays for the other workers' waits. Predicted samples/s comes "
+    "from ember.perfmodel, such waits included, followed by its error relative to the "
+    "measured median."
 )
 
 
