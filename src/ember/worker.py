@@ -43,14 +43,11 @@ SNAPSHOT_BYTES = 256 << 20  # eval_deferred evaluates what it holds once past th
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Worker 0's parameters at an evaluation point, and the point's clock and samples."""
+    """Worker 0's parameters at an evaluation point, and that point's Evaluation fields
+    (all but what evaluating them gives)."""
 
-    epoch: int
-    step: int
-    seconds: float
-    samples: int
     params: np.ndarray
-    source: str
+    point: dict[str, Any]
 
 
 def evaluates_after(step: int, steps_per_epoch: int, eval_every: int) -> bool:
@@ -265,20 +262,26 @@ class Worker:
         then never pauses, so no other worker runs ahead of the clock this one keeps."""
         aside_started = time.perf_counter()
         center = getattr(self.algorithm, "center", None)
-        snapshot = Snapshot(
-            epoch=epoch + 1,
-            step=step + 1,
+        point = {
+            "epoch": epoch + 1,
+            "step": step + 1,
             # training so far, for time and samples to a target: the loop's seconds
             # without evaluation and checkpoints, and every worker's samples alike
-            seconds=aside_started - self.started - self.aside,
-            samples=(step + 1 - self.first_step) * self.config.batch_size * self.spec.world,
-            params=(self.flat.params_np if center is None else center).copy(),
-            source="worker 0 local parameters" if center is None else CENTER_SOURCE,
-        )
-        self.snapshots.append(snapshot)
-        held = sum(s.params.nbytes for s in self.snapshots)
-        if not self.config.eval_deferred or held > SNAPSHOT_BYTES:
-            self.evaluate_snapshots()
+            "seconds": aside_started - self.started - self.aside,
+            "samples": (step + 1 - self.first_step) * self.config.batch_size * self.spec.world,
+            "source": "worker 0 local parameters" if center is None else CENTER_SOURCE,
+        }
+        if self.config.eval_deferred:
+            params = self.flat.params_np if center is None else center
+            self.snapshots.append(Snapshot(params.copy(), point))
+            if len(self.snapshots) * params.nbytes > SNAPSHOT_BYTES:
+                self.evaluate_snapshots()
+        else:
+            x, y = self.dataset.x_test, self.dataset.y_test
+            if center is None:
+                self._report_evaluation(point, *evaluate(self.model, x, y))
+            else:
+                self._report_evaluation(point, *evaluate_with(self.flat, center, x, y))
         self.aside += time.perf_counter() - aside_started
 
     def evaluate_snapshots(self) -> None:
@@ -286,18 +289,11 @@ class Worker:
         x, y = self.dataset.x_test, self.dataset.y_test
         for snapshot in self.snapshots:
             accuracy, test_loss = evaluate_with(self.flat, snapshot.params, x, y)
-            self.report(
-                Evaluation(
-                    epoch=snapshot.epoch,
-                    step=snapshot.step,
-                    seconds=snapshot.seconds,
-                    samples=snapshot.samples,
-                    test_accuracy=accuracy,
-                    test_loss=test_loss,
-                    source=snapshot.source,
-                ).to_json()
-            )
+            self._report_evaluation(snapshot.point, accuracy, test_loss)
         self.snapshots.clear()
+
+    def _report_evaluation(self, point: dict[str, Any], accuracy: float, loss: float) -> None:
+        self.report(Evaluation(**point, test_accuracy=accuracy, test_loss=loss).to_json())
 
     def checkpoint_due(self, done: int) -> bool:
         """Whether worker 0 of a strategy without a server saves after `done` steps."""
