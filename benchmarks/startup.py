@@ -121,6 +121,7 @@ def run_plain(epochs: int) -> dict[str, Any]:
 
 def _distributed_job(folder: str, epochs: int) -> float:
     """One DDP process's share of the job (TorchDistributor sets the rendezvous)."""
+    import gc
     import gzip
 
     import numpy as np
@@ -156,14 +157,19 @@ def _distributed_job(folder: str, epochs: int) -> float:
             loss = F.cross_entropy(model(x.index_select(0, batch)), y.index_select(0, batch))
             loss.backward()
             optimizer.step()
-    accuracy = 0.0
+    accuracy = torch.zeros(1)
     if rank == 0:
         xt = images("t10k-images-idx3-ubyte")
         yt = torch.from_numpy(idx("t10k-labels-idx1-ubyte", 8).astype(np.int64))
         with torch.no_grad():
-            accuracy = float((model(xt).argmax(1) == yt).float().mean())
+            accuracy[0] = (model(xt).argmax(1) == yt).float().mean()
+    # Every rank returns rank 0's figure and all leave together: local mode once returned a
+    # rank's placeholder when rank 0 was stopped at exit.
+    dist.broadcast(accuracy, 0)
+    del model, optimizer  # the reducer holds the process group; release it before its teardown
+    gc.collect()
     dist.destroy_process_group()
-    return accuracy
+    return float(accuracy[0])
 
 
 def _distributor_child(epochs: int) -> dict[str, Any]:

@@ -12,6 +12,7 @@ task's result, and nothing else of the run is unpickled on the driver.
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from datetime import timedelta
@@ -91,9 +92,16 @@ def train_ddp(job_text: str) -> str:
                     accuracy, test_loss = evaluate(model, dataset.x_test, dataset.y_test)
                     value = accuracy if metric == "test_accuracy" else test_loss
                     curve.append([clock, samples, value])
+        if rank == 0:
+            accuracy, test_loss = evaluate(model, dataset.x_test, dataset.y_test)
+        # Every rank leaves together. A rank that had torn its process group down while rank 0
+        # still evaluated once aborted at exit on a loaded host, and torchrun's agents then
+        # waited out their exit barrier (300 s) before the row could end.
+        dist.barrier()
+        del ddp, optimizer  # the reducer holds the process group; release it before its teardown
+        gc.collect()
         if rank != 0:
             return ""
-        accuracy, test_loss = evaluate(model, dataset.x_test, dataset.y_test)
         parameters = sum(p.numel() * p.element_size() for p in model.parameters())
         # a ring all-reduce sends and receives 2 (n - 1) / n of the gradients per worker a step,
         # counted as ember's allreduce counts it: once pushed, once pulled
