@@ -265,6 +265,7 @@ class Worker:
         point = {
             "epoch": epoch + 1,
             "step": step + 1,
+            "epoch_end": (step + 1) % self.steps_per_epoch == 0,
             # training so far, for time and samples to a target: the loop's seconds
             # without evaluation and checkpoints, and every worker's samples alike
             "seconds": aside_started - self.started - self.aside,

@@ -37,10 +37,13 @@ def test_a_non_terminal_gets_each_phase_in_order_then_one_line_per_epoch() -> No
         progress.update({"kind": "start", "rank": 1})
         progress.update(worker(0, 50, 1000.0))
         progress.update(worker(1, 50, 3000.0))
+        within = {"kind": "eval", "rank": 0, "epoch": 1, "test_accuracy": 0.5}
+        progress.update({**within, "epoch_end": False})  # --eval-every: not the epoch's figure
         for _ in range(2):  # an epoch replayed (the rows of a finished Spark stage) is said once
-            progress.update({"kind": "eval", "rank": 0, "epoch": 1, "test_accuracy": 0.9})
+            end = {"kind": "eval", "rank": 0, "epoch": 1, "test_accuracy": 0.9, "epoch_end": True}
+            progress.update(end)
         center = {"source": CENTER_SOURCE, "kind": "eval", "epoch": 2, "test_accuracy": 0.95}
-        progress.update(center)  # easgd's worker 0 evaluates the center
+        progress.update({**center, "epoch_end": True})  # easgd's worker 0 evaluates the center
     assert out.getvalue().splitlines() == [
         "ember: loading data",
         "ember: starting parameter servers",

@@ -79,6 +79,7 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
             "rank": 0,
             "epoch": 2,
             "step": 20,
+            "epoch_end": True,
             "seconds": 1.5,
             "samples": 2560,
             "test_accuracy": 0.9,
@@ -216,7 +217,9 @@ def test_metrics_log_writes_a_record_as_the_same_line_as_its_dict(tmp_path: Path
     assert untimed[0::2] == untimed[1::2] == [json.loads(json.dumps(s)) for _, s in SHAPES]
 
 
-def _train_single(tmp_path: Path, stop: threading.Event | None = None) -> list[dict[str, Any]]:
+def _train_single(
+    tmp_path: Path, stop: threading.Event | None = None, eval_every: int = 0
+) -> list[dict[str, Any]]:
     config = RunConfig(
         data="synthetic-lr",
         model="logreg",
@@ -227,6 +230,7 @@ def _train_single(tmp_path: Path, stop: threading.Event | None = None) -> list[d
         synthetic_samples=640,
         synthetic_features=8,
         log_every=5,
+        eval_every=eval_every,
     ).validate()
     reported: list[dict[str, Any]] = []
     spec = WorkerSpec(config, 0, 1, run_dir=str(tmp_path))
@@ -245,11 +249,18 @@ def test_a_worker_reports_plain_dicts_start_progress_evals_and_done(tmp_path: Pa
     assert list(reported[3]) == [*SHAPES[2][1]]
     assert list(reported[-1]) == [*SHAPES[3][1]]
     assert [r["step"] for r in reported if r["kind"] == "worker"] == [5, 10, 15, 20]
-    assert [(r["epoch"], r["step"]) for r in reported if r["kind"] == "eval"] == [(1, 10), (2, 20)]
+    evaluations = [(r["epoch"], r["step"], r["epoch_end"]) for r in reported if r["kind"] == "eval"]
+    assert evaluations == [(1, 10, True), (2, 20, True)]
     done = reported[-1]
     assert (done["steps"], done["samples"]) == (20, 1280)
     assert 0 < done["t_comp"] <= done["seconds"]
     assert (tmp_path / "checkpoints").is_dir()  # worker 0 of a strategy without a server saves
+
+
+def test_evaluations_within_an_epoch_are_told_from_its_end(tmp_path: Path) -> None:
+    reported = _train_single(tmp_path, eval_every=4)  # 10 steps an epoch
+    evaluations = [(r["step"], r["epoch_end"]) for r in reported if r["kind"] == "eval"]
+    assert evaluations == [(4, False), (8, False), (10, True), (12, False), (16, False), (20, True)]
 
 
 def test_a_stopped_worker_reports_no_steps_and_still_totals_up(tmp_path: Path) -> None:

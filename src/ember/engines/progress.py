@@ -88,7 +88,9 @@ class Progress:
         elif kind == "eval":
             self.accuracy = record["test_accuracy"]
             whose = "center" if record.get("source", "").startswith("center") else "worker 0"
-            if record["epoch"] > self._said_epoch:  # a retried or replayed epoch: said once
+            # one line at each epoch's end, not at the evaluations within it (--eval-every);
+            # a retried or replayed epoch is said once
+            if record.get("epoch_end") and record["epoch"] > self._said_epoch:
                 self._said_epoch = record["epoch"]
                 self.note(
                     f"epoch {record['epoch']}: test accuracy {self.accuracy:.4f} "
