@@ -82,7 +82,7 @@ class Evaluation(Record):
     rank: int = 0  # only worker 0 evaluates
     epoch: int  # the epoch evaluated in, counted from 1
     step: int  # steps done, counted from 1
-    epoch_end: bool = True  # at the epoch's last step; False: within it (--eval-every)
+    epoch_end: bool  # at the epoch's last step; False: within it (--eval-every)
     seconds: float  # training so far, without evaluations and checkpoints
     samples: int  # every worker's samples so far, counted alike
     test_accuracy: float  # on the held-out set

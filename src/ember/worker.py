@@ -50,11 +50,16 @@ class Snapshot:
     point: dict[str, Any]
 
 
+def ends_epoch(step: int, steps_per_epoch: int) -> bool:
+    """Whether `step` (counted from 0) is its epoch's last."""
+    return (step + 1) % steps_per_epoch == 0
+
+
 def evaluates_after(step: int, steps_per_epoch: int, eval_every: int) -> bool:
     """Whether worker 0 evaluates after `step` (counted from 0): at each epoch's end, and
     every `eval_every` steps if set."""
     periodic = eval_every > 0 and (step + 1) % eval_every == 0
-    return (step + 1) % steps_per_epoch == 0 or periodic
+    return ends_epoch(step, steps_per_epoch) or periodic
 
 
 def evaluate(
@@ -265,7 +270,7 @@ class Worker:
         point = {
             "epoch": epoch + 1,
             "step": step + 1,
-            "epoch_end": (step + 1) % self.steps_per_epoch == 0,
+            "epoch_end": ends_epoch(step, self.steps_per_epoch),
             # training so far, for time and samples to a target: the loop's seconds
             # without evaluation and checkpoints, and every worker's samples alike
             "seconds": aside_started - self.started - self.aside,

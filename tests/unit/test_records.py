@@ -73,7 +73,15 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
         },
     ),
     (
-        Evaluation(epoch=2, step=20, seconds=1.5, samples=2560, test_accuracy=0.9, test_loss=0.3),
+        Evaluation(
+            epoch=2,
+            step=20,
+            epoch_end=True,
+            seconds=1.5,
+            samples=2560,
+            test_accuracy=0.9,
+            test_loss=0.3,
+        ),
         {
             "kind": "eval",
             "rank": 0,
