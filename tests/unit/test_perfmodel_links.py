@@ -561,3 +561,27 @@ def test_a_probes_kernel_cpu_beyond_what_the_cores_had_is_left_out() -> None:
     assert kept.exchange is not None and left.exchange is not None
     assert kept.exchange.kernel_cpu_per_byte == pytest.approx(2 * seconds / GBIT_PROBE["bytes"])
     assert left.exchange.kernel_cpu_per_byte == 0.0
+
+
+def test_easgds_last_exchanges_are_what_a_loop_spends_after_its_last_step() -> None:
+    from ember.perfmodel import closing_seconds
+
+    slow = Network(12.5e6, 1e-4)
+    # compute covers the exchange: the one in flight has X^2 / 2P left on average, then the
+    # final exchanges of both workers meet on the server's link as back-to-back ones do
+    covered = predict("easgd-async", 2, MLP, slow, 256)
+    exchange = max(covered.t_comm, covered.bounds["network"])
+    assert covered.period > exchange
+    in_flight = exchange**2 / (2 * covered.period)
+    assert closing_seconds(covered) == pytest.approx(exchange + in_flight)
+    # the link bounds the period: an exchange is always in flight, half of it left
+    bound = predict("easgd-async", 2, MLP, slow, 4)
+    assert bound.period == pytest.approx(bound.bounds["network"])
+    assert closing_seconds(bound) == pytest.approx(1.5 * bound.period)
+    # a synchronous easgd run ends on a round like the others; gradient strategies and
+    # all-reduce send their last with their last step
+    rounds = predict("easgd", 2, MLP, slow, 8)
+    assert rounds.period > rounds.compute
+    assert closing_seconds(rounds) == pytest.approx(rounds.period - rounds.compute)
+    for strategy in ("single", "bsp", "async", "allreduce"):
+        assert closing_seconds(predict(strategy, 2, MLP, slow)) == 0.0

@@ -16,6 +16,7 @@ from ember.perfmodel import (
     MAX_TAU,
     WIRE_FRACTION,
     Network,
+    closing_seconds,
     model_tau,
     parse_bandwidths,
     predict,
@@ -255,7 +256,7 @@ def test_an_adaptive_row_is_predicted_over_the_periods_it_ran() -> None:
     rows = _rows(20_000.0)
     easgd = rows[1]
     easgd["config"] = {**easgd["config"], "tau_policy": "auto"}
-    easgd["samples"] = 2 * 64 * 1000  # 1000 local steps a worker
+    samples = easgd["samples"] = 2 * 64 * 1000  # 1000 local steps a worker
     # worker 0 ran 100 steps at 8, then 128; worker 1 200 steps at 8, then 128
     easgd["tau_choices"] = {"0": [[0, 8], [100, 128]], "1": [[0, 8], [200, 128]]}
     easgd["bytes_per_sample"] = 1.0  # ignored: the choices are known
@@ -264,23 +265,34 @@ def test_an_adaptive_row_is_predicted_over_the_periods_it_ran() -> None:
     def seconds_per_step(tau: int) -> float:
         return 2 * 64 / predict("easgd-async", 2, MLP, SLOW, tau=tau).samples_per_second
 
+    def with_closing(seconds: float, most_run: int) -> float:
+        """The samples/s of a loop of `seconds` over both workers' steps, and the last
+        exchanges after it, at the tau the run ran most steps at."""
+        ending = closing_seconds(predict("easgd-async", 2, MLP, SLOW, tau=most_run))
+        return samples / (seconds / 2 + ending)
+
     # a span at a tau too short to cover the exchange runs as long as the exchange takes,
     # since the period puts off the next exchange rather than wait for the last
     covered = model_tau(MLP, SLOW, 2, 1)
     assert 8 < covered < 128
     seconds = 300 * seconds_per_step(covered) + 1700 * seconds_per_step(128)
-    assert easgd["predicted_samples_per_second"] == pytest.approx(2 * 2000 * 64 / seconds)
+    assert easgd["predicted_samples_per_second"] == pytest.approx(with_closing(seconds, 128))
     # loss records a period when it ends: [100, 40] is a period of 40 from step 60
     easgd["config"] = {**easgd["config"], "tau_policy": "loss"}
     easgd["tau_choices"] = {"0": [[0, 8], [100, 40]], "1": [[0, 8], [200, 160]]}
     add_predictions(rows, [{"mlp": MLP}], network=SLOW)
     seconds = 100 * seconds_per_step(8) + 940 * seconds_per_step(40)
     seconds += 960 * seconds_per_step(160)
-    assert easgd["predicted_samples_per_second"] == pytest.approx(2 * 2000 * 64 / seconds)
+    assert easgd["predicted_samples_per_second"] == pytest.approx(with_closing(seconds, 160))
     easgd["config"] = {**easgd["config"], "tau_policy": "auto"}
     # without its choices, at the mean period its bytes say it ran
     del easgd["tau_choices"]
     easgd["bytes_per_sample"] = MLP.exchange_bytes / (32 * 64)
     add_predictions(rows, [{"mlp": MLP}], network=SLOW)
-    at_32 = predict("easgd-async", 2, MLP, SLOW, tau=32).samples_per_second
-    assert easgd["predicted_samples_per_second"] == pytest.approx(at_32)
+    at_32 = predict("easgd-async", 2, MLP, SLOW, tau=32)
+    seconds = samples / at_32.samples_per_second + closing_seconds(at_32)
+    assert easgd["predicted_samples_per_second"] == pytest.approx(samples / seconds)
+    # the time to target, reached before the last exchanges, is at the loop's own speed
+    assert easgd["predicted_time_to_target"] == pytest.approx(
+        1.5 * 30_000 / at_32.samples_per_second
+    )

@@ -16,6 +16,7 @@ from ember.perfmodel import (
     Calibration,
     LinkExchange,
     Network,
+    closing_seconds,
     evaluation_wait,
     model_tau,
     predict,
@@ -60,7 +61,8 @@ def add_predictions(
 
     `network` is the link the rows ran over, with its measured rate; None means all of a row's
     processes on this host, sharing its cores, as the local bench runs them. Either way the
-    other workers wait out worker 0's evaluations for the curve where the strategy makes them.
+    other workers wait out worker 0's evaluations for the curve where the strategy makes them,
+    and each worker's loop ends with easgd's last exchanges (perfmodel.closing_seconds).
     Each row is predicted from its own repetition's calibration (`calibrations[repeat]`), and
     with its own compression. A row's d, before the bench sets it, is its samples to target
     over single's in its link's rows, else in the rows on this host, of `among` (all the
@@ -85,23 +87,28 @@ def add_predictions(
         except ValueError:  # a codec the model has no byte count for: no prediction
             continue
         spans = _spans(record, config)
-        if spans:  # the periods the run chose, each for the steps it ran
+        # the periods the run chose, each for the steps it ran, and the one it ran most at
+        most_run = max(spans, key=spans.__getitem__) if spans else None
+        period = most_run or _period(record, config, calibration, link)
+        if period is None:
+            continue
+        at_period = predict(
+            config["strategy"], config["workers"], calibration, link, period, config["servers"]
+        )
+        predicted = at_period.samples_per_second
+        if spans:
             predicted = _over_spans(spans, config, calibration, link)
-        else:
-            period = _period(record, config, calibration, link)
-            if period is None:
-                continue
-            predicted = predict(
-                config["strategy"], config["workers"], calibration, link, period, config["servers"]
-            ).samples_per_second
-        samples = record.get("samples") or 0
+        rate, samples = predicted, record.get("samples") or 0
         if samples:  # the loop's time at that speed, and the waits for worker 0's evaluations
             wait = evaluation_wait(config["strategy"], _evaluations(config, samples), calibration)
             predicted = samples / (samples / predicted + wait)
-        record["predicted_samples_per_second"] = predicted
+            # the run's samples/s also pays for what its loop does after the last step; the
+            # time to target, reached before that, does not
+            rate = samples / (samples / predicted + closing_seconds(at_period))
+        record["predicted_samples_per_second"] = rate
         measured = record.get("samples_per_second")
         if record["status"] == "ok" and measured:
-            record["prediction_error"] = (predicted - measured) / measured
+            record["prediction_error"] = (rate - measured) / measured
         key = (record["task"], repeat)
         base = single.get((*key, record.get("link"))) or single.get((*key, None))
         reached = record.get("samples_to_target")

@@ -218,6 +218,25 @@ def shared_link_cycle(
     return cycle
 
 
+def closing_seconds(prediction: Prediction) -> float:
+    """Seconds a worker's loop spends after its last step, which a run's samples/s pays for:
+    easgd's final exchange, so the center holds what the worker learned since its last one
+    (algorithms/easgd.py, finish). easgd-async first waits out the exchange in flight: its
+    last exchange began at a point spread evenly over the period, so of an exchange of X
+    seconds in a period of P, X^2 / 2P is left on average; the final exchanges of workers
+    that end together queue on the server's link as exchanges back to back do (the network
+    bound's cycle). A synchronous easgd round ends the run as every round does. The other
+    strategies' last push goes with their last step."""
+    mode = Strategy(prediction.strategy)
+    if mode.algorithm is not AlgorithmKind.EASGD or prediction.workers < 2:
+        return 0.0
+    if not mode.overlaps_exchange:
+        return max(0.0, prediction.period - prediction.compute)
+    exchange = max(prediction.t_comm, prediction.bounds.get("network", 0.0))
+    in_flight = exchange**2 / (2 * max(prediction.period, exchange))
+    return in_flight + exchange
+
+
 def evaluation_wait(strategy: str, evaluations: int, calibration: Calibration) -> float:
     """Seconds the other workers wait while worker 0 evaluates the test set `evaluations`
     times. A synchronous round (bsp, easgd, all-reduce) cannot close without worker 0, and
