@@ -134,8 +134,12 @@ def predict(
             candidates["worker"] += (n - 1) * max(0.0, server_share - seen)
         if network.bandwidth is None or network.emulated:  # every process on the same cores
             exchange_cpu = c.client_cpu + c.server_cpu  # on a link, as it measured them
-            if mode.overlaps_exchange and network.bandwidth is None:
-                exchange_cpu = c.exchange_cpu_under_load()  # its compute overlaps: CPU bounds
+            alone = calibration.client_cpu + calibration.server_cpu
+            if mode.overlaps_exchange and alone > 0:
+                # its compute overlaps, so the cores bound it at what an exchange costs them
+                # beside two computing workers: as much more than alone (wake-ups, evicted
+                # caches) as the two-worker calibration measured through shared memory
+                exchange_cpu *= calibration.exchange_cpu_under_load() / alone
             # a step's CPU, as measured alone: the slower steps of workers sharing the cores
             # are what this bound divides among them, not more CPU
             per_worker = tau * c.t_comp + exchange_cpu + 2 * c.codec_cpu + _kernel_cpu(c, network)
