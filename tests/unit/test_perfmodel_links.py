@@ -567,27 +567,31 @@ def test_a_probes_kernel_cpu_beyond_what_the_cores_had_is_left_out() -> None:
 
 
 def test_easgds_last_exchanges_are_what_a_loop_spends_after_its_last_step() -> None:
-    from ember.perfmodel import closing_seconds
+    from ember.perfmodel import Prediction, closing_seconds
 
-    slow = Network(12.5e6, 1e-4)
-    # compute covers the exchange: the one in flight has X^2 / 2P left on average, then the
-    # final exchanges of both workers meet on the server's link as back-to-back ones do
-    covered = predict("easgd-async", 2, MLP, slow, 256)
-    exchange = max(covered.t_comm, covered.bounds["network"])
-    assert covered.period > exchange
-    in_flight = exchange**2 / (2 * covered.period)
-    assert closing_seconds(covered) == pytest.approx(exchange + in_flight)
-    # the link bounds the period: an exchange is always in flight, half of it left
-    bound = predict("easgd-async", 2, MLP, slow, 4)
-    assert bound.period == pytest.approx(bound.bounds["network"])
-    assert closing_seconds(bound) == pytest.approx(1.5 * bound.period)
-    # a synchronous easgd run ends on a round like the others; gradient strategies and
-    # all-reduce send their last with their last step
-    rounds = predict("easgd", 2, MLP, slow, 8)
-    assert rounds.period > rounds.compute
-    assert closing_seconds(rounds) == pytest.approx(rounds.period - rounds.compute)
+    def made(strategy: str, t_comm: float, cycle: float, period: float = 0.4) -> Prediction:
+        """tau 100, compute 0.4 s a period, an exchange alone of t_comm, a shared cycle."""
+        bounds = {"network": cycle}
+        return Prediction(strategy, 2, 1, 100, 1.0, period, t_comm, "worker", 0.4, bounds)
+
+    # a period that adapts: 0.2^2 / (2 * 0.4) of the exchange in flight is left on average,
+    # then the final exchange
+    assert closing_seconds(made("easgd-async", 0.2, 0.15)) == pytest.approx(0.05 + 0.2)
+    # two workers' final exchanges meet on the server's link: the cycle, when longer
+    assert closing_seconds(made("easgd-async", 0.2, 0.3)) == pytest.approx(0.09 / 0.8 + 0.3)
+    # a fixed period: the last step began an exchange, so only that one is left
+    assert closing_seconds(made("easgd-async", 0.2, 0.15), steps=1000) == pytest.approx(0.2)
+    # 25 steps (0.1 s) after the last exchange began: 0.1 s of it, then the final one
+    assert closing_seconds(made("easgd-async", 0.2, 0.15), steps=1025) == pytest.approx(0.3)
+    assert closing_seconds(made("easgd-async", 0.2, 0.15), steps=1075) == pytest.approx(0.2)
+    # a synchronous easgd run: one more round, unless its last step closed one
+    rounds = made("easgd", 0.08, 0.0, period=0.5)
+    assert closing_seconds(rounds) == pytest.approx(0.1)
+    assert closing_seconds(rounds, steps=1000) == 0.0
+    assert closing_seconds(made("easgd-async", 0.0, 0.0, period=0.0)) == 0.0
+    # gradient strategies and all-reduce send their last with their last step
     for strategy in ("single", "bsp", "async", "allreduce"):
-        assert closing_seconds(predict(strategy, 2, MLP, slow)) == 0.0
+        assert closing_seconds(predict(strategy, 2, MLP, Network(12.5e6, 1e-4))) == 0.0
 
 
 def test_the_judged_runs_rows_at_both_link_rates_are_predicted_within_15_percent() -> None:

@@ -252,6 +252,21 @@ def test_plan_takes_the_links_latency_and_charges_it(
     assert bsp == {k: round(p.samples_per_second) for k, p in at.items()}
 
 
+def test_a_fixed_rows_loop_pays_for_the_last_exchanges_its_phase_leaves() -> None:
+    rows = _rows(20_000.0)
+    easgd = rows[1]
+    samples = easgd["samples"] = 2 * 64 * 1004  # 1004 local steps: 4 past the last exchange
+    add_predictions(rows, [{"mlp": MLP}], network=SLOW)
+    at_8 = predict("easgd-async", 2, MLP, SLOW, tau=8)
+    ending = closing_seconds(at_8, steps=1004)
+    assert ending > closing_seconds(at_8, steps=1000) > 0
+    expected = samples / (samples / at_8.samples_per_second + ending)
+    assert easgd["predicted_samples_per_second"] == pytest.approx(expected)
+    assert easgd["predicted_time_to_target"] == pytest.approx(
+        1.5 * 30_000 / at_8.samples_per_second
+    )
+
+
 def test_an_adaptive_row_is_predicted_over_the_periods_it_ran() -> None:
     rows = _rows(20_000.0)
     easgd = rows[1]

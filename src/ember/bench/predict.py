@@ -88,8 +88,12 @@ def add_predictions(
             continue
         spans = _spans(record, config)
         # the periods the run chose, each for the steps it ran, and the one it ran most at
-        most_run = max(spans, key=spans.__getitem__) if spans else None
-        period = most_run or _period(record, config, calibration, link)
+        if spans:
+            period: float | None = _covered(
+                max(spans, key=spans.__getitem__), config, calibration, link
+            )
+        else:
+            period = _period(record, config, calibration, link)
         if period is None:
             continue
         at_period = predict(
@@ -103,8 +107,11 @@ def add_predictions(
             wait = evaluation_wait(config["strategy"], _evaluations(config, samples), calibration)
             predicted = samples / (samples / predicted + wait)
             # the run's samples/s also pays for what its loop does after the last step; the
-            # time to target, reached before that, does not
-            rate = samples / (samples / predicted + closing_seconds(at_period))
+            # time to target, reached before that, does not. A fixed period's phase places
+            # its last exchange
+            fixed = (config.get("tau_policy") or "fixed") == "fixed"
+            steps = samples // config["workers"] // config["batch_size"] if fixed else None
+            rate = samples / (samples / predicted + closing_seconds(at_period, steps))
         record["predicted_samples_per_second"] = rate
         measured = record.get("samples_per_second")
         if record["status"] == "ok" and measured:
@@ -191,16 +198,21 @@ def _over_spans(
     workers' steps over the seconds each span takes at the model's speed for its tau, times
     the workers running side by side."""
     workers, steps, seconds = config["workers"], sum(spans.values()), 0.0
-    # an adaptive period puts off an exchange due while the last is in flight, so it runs at
-    # least as long as the exchange takes (algorithms/period.py): compute never waits. auto
-    # records the tau it aims at; loss records each period as it ran, put-off steps included
-    auto = config.get("tau_policy") == "auto"
-    covered = model_tau(c, link, workers, config["servers"]) if auto else 1
     for tau, count in spans.items():
-        period = max(tau, covered)
+        period = _covered(tau, config, c, link)
         rate = predict(config["strategy"], workers, c, link, period, config["servers"])
         seconds += count * workers * c.batch_size / rate.samples_per_second
     return workers * steps * c.batch_size / seconds if seconds > 0 else float("inf")
+
+
+def _covered(tau: int, config: dict[str, Any], c: Calibration, link: Network) -> int:
+    """The period a span at `tau` ran: an adaptive period puts off an exchange due while the
+    last is in flight, so it runs at least as long as the exchange takes
+    (algorithms/period.py) and compute never waits. auto records the tau it aims at; loss
+    records each period as it ran, put-off steps included."""
+    if config.get("tau_policy") != "auto":
+        return tau
+    return max(tau, model_tau(c, link, config["workers"], config["servers"]))
 
 
 def link_network(

@@ -34,6 +34,8 @@ from ember.perfmodel.inputs import Calibration as Calibration
 from ember.perfmodel.inputs import LinkExchange as LinkExchange
 from ember.perfmodel.inputs import Network as Network
 from ember.perfmodel.inputs import wire_fraction as wire_fraction
+from ember.perfmodel.run import closing_seconds as closing_seconds
+from ember.perfmodel.run import evaluation_wait as evaluation_wait
 from ember.units import parse_bandwidth as parse_bandwidth
 from ember.units import parse_bandwidths as parse_bandwidths
 from ember.units import parse_counts as parse_counts
@@ -134,12 +136,13 @@ def predict(
             candidates["worker"] += (n - 1) * max(0.0, server_share - seen)
         if network.bandwidth is None or network.emulated:  # every process on the same cores
             exchange_cpu = c.client_cpu + c.server_cpu  # on a link, as it measured them
-            alone = calibration.client_cpu + calibration.server_cpu
-            if mode.overlaps_exchange and alone > 0:
+            if mode.overlaps_exchange:
                 # its compute overlaps, so the cores bound it at what an exchange costs them
                 # beside two computing workers: as much more than alone (wake-ups, evicted
                 # caches) as the two-worker calibration measured through shared memory
-                exchange_cpu *= calibration.exchange_cpu_under_load() / alone
+                alone = calibration.client_cpu + calibration.server_cpu
+                under_load = calibration.exchange_cpu_under_load()
+                exchange_cpu = exchange_cpu * under_load / alone if alone > 0 else under_load
             # a step's CPU, as measured alone: the slower steps of workers sharing the cores
             # are what this bound divides among them, not more CPU
             per_worker = tau * c.t_comp + exchange_cpu + 2 * c.codec_cpu + _kernel_cpu(c, network)
@@ -220,37 +223,6 @@ def shared_link_cycle(
         queued = [m / cycle * r for r in response]
         busy = [m / cycle * demand] * 2
     return cycle
-
-
-def closing_seconds(prediction: Prediction) -> float:
-    """Seconds a worker's loop spends after its last step, which a run's samples/s pays for:
-    easgd's final exchange, so the center holds what the worker learned since its last one
-    (algorithms/easgd.py, finish). easgd-async first waits out the exchange in flight: its
-    last exchange began at a point spread evenly over the period, so of an exchange of X
-    seconds in a period of P, X^2 / 2P is left on average; the final exchanges of workers
-    that end together queue on the server's link as exchanges back to back do (the network
-    bound's cycle). A synchronous easgd round ends the run as every round does. The other
-    strategies' last push goes with their last step."""
-    mode = Strategy(prediction.strategy)
-    if mode.algorithm is not AlgorithmKind.EASGD or prediction.workers < 2:
-        return 0.0
-    if not mode.overlaps_exchange:
-        return max(0.0, prediction.period - prediction.compute)
-    exchange = max(prediction.t_comm, prediction.bounds.get("network", 0.0))
-    in_flight = exchange**2 / (2 * max(prediction.period, exchange))
-    return in_flight + exchange
-
-
-def evaluation_wait(strategy: str, evaluations: int, calibration: Calibration) -> float:
-    """Seconds the other workers wait while worker 0 evaluates the test set `evaluations`
-    times. A synchronous round (bsp, easgd, all-reduce) cannot close without worker 0, and
-    under ssp the others run only `staleness` minibatches ahead, little beside an evaluation;
-    asynchronous workers go on. The run's samples/s counts the slowest worker's loop, so it
-    pays for these waits; the evaluations themselves are not training and are left out."""
-    mode = Strategy(strategy)
-    if mode is Strategy.SINGLE or mode.consistency is ConsistencyKind.ASYNC:
-        return 0.0
-    return evaluations * calibration.t_eval
 
 
 def _cores(c: Calibration, network: Network) -> int:
