@@ -86,12 +86,12 @@ def add_predictions(
             calibration = calibration.compressed(config.get("compress") or "none")
         except ValueError:  # a codec the model has no byte count for: no prediction
             continue
-        spans = _spans(record, config)
-        # the periods the run chose, each for the steps it ran, and the one it ran most at
+        # the periods the run chose, each for the steps it ran; the closing exchanges at the
+        # one it ran most at
+        spans, cover = _spans(record, config), 1
         if spans:
-            period: float | None = _covered(
-                max(spans, key=spans.__getitem__), config, calibration, link
-            )
+            cover = _cover(config, calibration, link)
+            period: float | None = max(max(spans, key=spans.__getitem__), cover)
         else:
             period = _period(record, config, calibration, link)
         if period is None:
@@ -101,7 +101,7 @@ def add_predictions(
         )
         predicted = at_period.samples_per_second
         if spans:
-            predicted = _over_spans(spans, config, calibration, link)
+            predicted = _over_spans(spans, cover, config, calibration, link)
         rate, samples = predicted, record.get("samples") or 0
         if samples:  # the loop's time at that speed, and the waits for worker 0's evaluations
             wait = evaluation_wait(config["strategy"], _evaluations(config, samples), calibration)
@@ -192,27 +192,29 @@ def _spans(record: dict[str, Any], config: dict[str, Any]) -> dict[int, int]:
 
 
 def _over_spans(
-    spans: dict[int, int], config: dict[str, Any], c: Calibration, link: Network
+    spans: dict[int, int], cover: int, config: dict[str, Any], c: Calibration, link: Network
 ) -> float:
-    """Samples/s of a run whose workers spent spans[tau] local steps in all at each tau: the
-    workers' steps over the seconds each span takes at the model's speed for its tau, times
-    the workers running side by side."""
+    """Samples/s of a run whose workers spent spans[tau] local steps in all at each tau, each
+    span running at least `cover` steps a period (_cover): the workers' steps over the
+    seconds each span takes at the model's speed for its period, times the workers running
+    side by side."""
     workers, steps, seconds = config["workers"], sum(spans.values()), 0.0
     for tau, count in spans.items():
-        period = _covered(tau, config, c, link)
+        period = max(tau, cover)
         rate = predict(config["strategy"], workers, c, link, period, config["servers"])
         seconds += count * workers * c.batch_size / rate.samples_per_second
     return workers * steps * c.batch_size / seconds if seconds > 0 else float("inf")
 
 
-def _covered(tau: int, config: dict[str, Any], c: Calibration, link: Network) -> int:
-    """The period a span at `tau` ran: an adaptive period puts off an exchange due while the
-    last is in flight, so it runs at least as long as the exchange takes
-    (algorithms/period.py) and compute never waits. auto records the tau it aims at; loss
-    records each period as it ran, put-off steps included."""
+def _cover(config: dict[str, Any], c: Calibration, link: Network) -> int:
+    """The fewest steps a period of the row's tau policy runs: an adaptive period puts off an
+    exchange due while the last is in flight, so it runs at least as long as the exchange
+    takes (algorithms/period.py) and compute never waits. auto records the tau it aims at,
+    so its periods are covered by the model's; loss records each period as it ran, put-off
+    steps included (1: nothing to add)."""
     if config.get("tau_policy") != "auto":
-        return tau
-    return max(tau, model_tau(c, link, config["workers"], config["servers"]))
+        return 1
+    return model_tau(c, link, config["workers"], config["servers"])
 
 
 def link_network(
