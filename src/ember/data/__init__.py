@@ -4,6 +4,8 @@ Dataset        datasets.py  train/test arrays (float32 features, int64 labels), 
 load_dataset   datasets.py  mnist, digits, synthetic-lr or a .npz/.parquet/IDX path -> Dataset
 shard_indices  datasets.py  the contiguous, equal-size rows worker `rank` of `world` trains on
 DATASET_NAMES  datasets.py  the names load_dataset accepts besides paths
+load_npz       files.py     a user's .npz (its own split, or x and y) checked -> Dataset
+load_parquet   files.py     a user's Parquet file or folder (features, label) checked -> Dataset
 read_idx       idx.py       one IDX file, gzipped or raw, checked and read into a NumPy array
 cached_idx     cache.py     an IDX folder decoded once per machine into .npy files
 DataFiles      store.py     a dataset as .npy files every process maps; a worker its shard alone

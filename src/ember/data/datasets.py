@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,6 @@ from ember.errors import ConfigError
 _DIGITS_ROWS = (10_000, 2_000)  # digits: the first train and test MNIST images
 _SIGNAL = 4.0  # synthetic-lr: std of the true logit; Bayes accuracy is then about 0.87
 _FILE_KINDS = ".npz, .parquet file or an MNIST IDX folder"
-_NPZ_SPLIT = ("x_train", "y_train", "x_test", "y_test")  # an .npz with its own test split
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,6 +73,8 @@ def load_dataset(
     named = _NAMED.get(spec)
     if named is not None:
         return named(seed, synthetic_samples, synthetic_features)
+    from ember.data.files import load_npz, load_parquet  # files.py builds on Dataset, above
+
     path = Path(spec).expanduser()
     if not spec:  # Path("") is the working directory, which nobody means by an empty spec
         raise ConfigError(_unknown_data(spec))
@@ -82,15 +82,15 @@ def load_dataset(
         if find_idx_files(path):
             return _from_idx(str(path), path, None, None)
         if any(path.rglob("*.parquet")):
-            return _load_parquet(path)
+            return load_parquet(path)
         raise ConfigError(
             f"data path {path}: folder holds neither MNIST IDX files nor .parquet files"
         )
     if path.is_file():
         if path.suffix == ".npz":
-            return _load_npz(path)
+            return load_npz(path)
         if path.suffix == ".parquet":
-            return _load_parquet(path)
+            return load_parquet(path)
         raise ConfigError(
             f"data path {path}: unsupported file type {path.suffix!r}; expected .npz or .parquet"
         )
@@ -213,165 +213,3 @@ _NAMED: dict[str, Callable[[int, int, int], Dataset]] = {
     "synthetic-lr": _synthetic_lr,
 }
 DATASET_NAMES = tuple(_NAMED)
-
-
-def _load_npz(path: Path) -> Dataset:
-    where = f"data path {path}"
-    # checked first because np.load reports any non-zip file as "pickled data"
-    if not zipfile.is_zipfile(path):
-        raise ConfigError(f"{where}: not an .npz (zip) archive")
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise ConfigError(f"{where}: cannot read ({exc})") from exc
-    with archive:
-        found = sorted(archive.files)
-        wanted = _NPZ_SPLIT if any(k in found for k in _NPZ_SPLIT) else ("x", "y")
-        for key in wanted:
-            if key not in found:
-                raise ConfigError(_missing_array(where, key, found))
-        arrays = {}
-        for key in wanted:
-            try:
-                arrays[key] = archive[key]
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-                raise ConfigError(f"{where}: cannot read array {key!r} ({exc})") from exc
-
-    def pair(x: str, y: str) -> tuple[np.ndarray, np.ndarray]:
-        return _validated(where, arrays[x], arrays[y], f"array {x!r}", f"array {y!r}")
-
-    if wanted == _NPZ_SPLIT:
-        return _make(str(path), where, *pair("x_train", "y_train"), *pair("x_test", "y_test"))
-    return _make(str(path), where, *_hold_out(where, *pair("x", "y")))
-
-
-def _missing_array(where: str, key: str, found: list[str]) -> str:
-    accepted = f"{', '.join(_NPZ_SPLIT)}, or x and y (the last tenth becomes the test set)"
-    # X_train is not x_train: say so, since that is the usual slip
-    miscased = any(n != n.lower() and n.lower() in (*_NPZ_SPLIT, "x", "y") for n in found)
-    hint = "; array names are case-sensitive" if miscased else ""
-    return (
-        f"{where}: missing array {key!r} (found: {', '.join(found) or 'no arrays'});"
-        f" an .npz holds arrays {accepted}{hint}"
-    )
-
-
-def _load_parquet(path: Path) -> Dataset:
-    train, test = path / "train.parquet", path / "test.parquet"
-    if path.is_dir() and train.is_file() and test.is_file():
-        return _make(str(path), f"data path {path}", *_read_parquet(train), *_read_parquet(test))
-    return _make(
-        str(path), f"data path {path}", *_hold_out(f"data path {path}", *_read_parquet(path))
-    )
-
-
-def _read_parquet(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Read the `features` list column and `label` column of a file or folder, no per-row loop."""
-    import pyarrow as pa  # lazily: pyarrow is slow to import and most runs use no Parquet
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    where = f"data path {path}"
-    try:
-        source = pq.ParquetDataset(path)
-        found = source.schema.names
-        for column in ("features", "label"):
-            if column not in found:
-                raise ConfigError(f"{where}: missing column {column!r} (found: {', '.join(found)})")
-        table = source.read(columns=["features", "label"])
-    except (pa.ArrowException, OSError) as exc:
-        raise ConfigError(f"{where}: cannot read as Parquet ({exc})") from exc
-    features, label = table.column("features"), table.column("label")
-    ftype, ltype = features.type, label.type
-    is_list = pa.types.is_list(ftype) or pa.types.is_large_list(ftype)
-    if not (is_list or pa.types.is_fixed_size_list(ftype)):
-        raise ConfigError(f"{where}: column 'features' must be a list of numbers, got {ftype}")
-    if not (pa.types.is_integer(ftype.value_type) or pa.types.is_floating(ftype.value_type)):
-        raise ConfigError(f"{where}: column 'features' must hold numbers, got {ftype}")
-    if not (
-        pa.types.is_integer(ltype) or pa.types.is_floating(ltype) or pa.types.is_boolean(ltype)
-    ):
-        raise ConfigError(f"{where}: column 'label' must hold integer labels, got {ltype}")
-    for name, column in (("features", features), ("label", label)):
-        if column.null_count:
-            raise ConfigError(f"{where}: column {name!r} has {column.null_count} null rows")
-    if len(table) == 0:
-        raise ConfigError(f"{where}: column 'features' has no rows")
-    lengths = pc.list_value_length(features).to_numpy()
-    width = int(lengths[0])
-    if (lengths != width).any():
-        row = int(np.argmax(lengths != width))
-        raise ConfigError(
-            f"{where}: column 'features' is ragged: row 0 has {width} values, row {row} has"
-            f" {lengths[row]}"
-        )
-    flat = pc.list_flatten(features)
-    if width == 0 or flat.null_count:
-        raise ConfigError(f"{where}: column 'features' has empty lists or nulls inside lists")
-    x = flat.to_numpy().reshape(len(table), width)
-    return _validated(where, x, label.to_numpy(), "column 'features'", "column 'label'")
-
-
-def _hold_out(
-    where: str, x: np.ndarray, y: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Split off the last max(1, n // 10) rows as the test set (views, no copy)."""
-    n = len(x)
-    if n < 2:
-        raise ConfigError(f"{where}: only {n} row; need at least 2 to hold out a test set")
-    cut = n - max(1, n // 10)
-    return x[:cut], y[:cut], x[cut:], y[cut:]
-
-
-def _make(
-    name: str,
-    where: str,
-    x_train: np.ndarray,
-    y_train: np.ndarray,
-    x_test: np.ndarray,
-    y_test: np.ndarray,
-) -> Dataset:
-    if x_train.shape[1:] != x_test.shape[1:]:
-        raise ConfigError(
-            f"{where}: training rows have shape {x_train.shape[1:]} but test rows have shape"
-            f" {x_test.shape[1:]}"
-        )
-    num_classes = max(2, int(max(y_train.max(), y_test.max())) + 1)
-    input_shape = tuple(int(d) for d in x_train.shape[1:])
-    return Dataset(name, x_train, y_train, x_test, y_test, num_classes, input_shape)
-
-
-def _validated(
-    where: str, x: np.ndarray, y: np.ndarray, x_what: str, y_what: str
-) -> tuple[np.ndarray, np.ndarray]:
-    """Check one feature/label pair and convert it to C-contiguous float32 and int64."""
-    if x.dtype.kind not in "biuf":
-        raise ConfigError(f"{where}: {x_what} must be numeric, got dtype {x.dtype}")
-    if x.ndim < 2:
-        raise ConfigError(f"{where}: {x_what} must have shape (rows, features...), got {x.shape}")
-    if y.dtype.kind not in "biuf":
-        raise ConfigError(f"{where}: {y_what} must hold integer labels, got dtype {y.dtype}")
-    if y.ndim != 1:
-        raise ConfigError(f"{where}: {y_what} must be 1-D (one label per row), got shape {y.shape}")
-    if len(x) != len(y):
-        raise ConfigError(f"{where}: {x_what} has {len(x)} rows but {y_what} has {len(y)}")
-    if len(x) == 0:
-        raise ConfigError(f"{where}: {x_what} has no rows")
-    with np.errstate(over="ignore"):  # overflow to Inf is reported just below, by row
-        x = np.ascontiguousarray(x, dtype=np.float32)
-    if not x.flags.writeable:
-        x = x.copy()  # a zero-copy view of Arrow memory; a Dataset's arrays are the caller's
-    # after the cast, so float64 values beyond float32's range are caught too
-    finite = np.isfinite(x).reshape(len(x), -1).all(axis=1)
-    if not finite.all():
-        row = int(np.argmin(finite))
-        raise ConfigError(f"{where}: {x_what} has NaN or Inf in row {row}")
-    bad = y < 0
-    if y.dtype.kind == "f":
-        bad |= ~np.isfinite(y) | (y != np.floor(y))
-    if bad.any():
-        row = int(np.argmax(bad))
-        raise ConfigError(
-            f"{where}: {y_what} has label {y[row]} in row {row}; labels must be integers >= 0"
-        )
-    return x, y.astype(np.int64)
