@@ -108,8 +108,9 @@ def evaluate_checkpoint(
     from ember.algorithms import load_flat_parameters
     from ember.checkpoint import load_checkpoint, verify_run_state
     from ember.errors import CheckpointError
+    from ember.evaluation import evaluate
     from ember.models import MODEL_NAMES
-    from ember.worker import evaluate, load_data, make_model
+    from ember.worker import load_data, make_model
 
     loaded = verify_run_state(load_checkpoint(Path(checkpoint)))
     saved = loaded.meta.get("config", {})

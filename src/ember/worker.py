@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from ember.algorithms.period import Period
 from ember.checkpoint import free_step, save_checkpoint
 from ember.config import RunConfig
 from ember.data import Dataset, shard_indices
+from ember.evaluation import ends_epoch, evaluate, evaluate_with, evaluates_after
 from ember.metrics import Evaluation, TauChoice, WorkerDone, WorkerProgress, WorkerStart
 from ember.models import build_model
 from ember.spec import WorkerSpec, checkpoint_meta, load_data
@@ -48,57 +49,6 @@ class Snapshot:
 
     params: np.ndarray
     point: dict[str, Any]
-
-
-def ends_epoch(step: int, steps_per_epoch: int) -> bool:
-    """Whether `step` (counted from 0) is its epoch's last."""
-    return (step + 1) % steps_per_epoch == 0
-
-
-def evaluates_after(step: int, steps_per_epoch: int, eval_every: int) -> bool:
-    """Whether worker 0 evaluates after `step` (counted from 0): at each epoch's end, and
-    every `eval_every` steps if set."""
-    periodic = eval_every > 0 and (step + 1) % eval_every == 0
-    return ends_epoch(step, steps_per_epoch) or periodic
-
-
-def evaluate(
-    model: torch.nn.Module, x: np.ndarray, y: np.ndarray, batch: int = 2000
-) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) of `model` on a held-out set."""
-    starts = range(0, len(x), batch)
-    return evaluate_batches(model, ((x[s : s + batch], y[s : s + batch]) for s in starts))
-
-
-def evaluate_with(
-    flat: FlatModel, params: np.ndarray, x: np.ndarray, y: np.ndarray
-) -> tuple[float, float]:
-    """evaluate() of flat's module with `params` in place of its own, which it has back after."""
-    own = flat.params_np.copy()
-    flat.params_np[:] = params
-    try:
-        return evaluate(flat.module, x, y)
-    finally:
-        flat.params_np[:] = own
-
-
-@torch.no_grad()
-def evaluate_batches(
-    model: torch.nn.Module, batches: Iterable[tuple[np.ndarray, np.ndarray]]
-) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) of `model` over (inputs, labels) batches."""
-    model.eval()
-    correct, loss, count = 0, 0.0, 0
-    for x, y in batches:
-        with warnings.catch_warnings():  # the test set may be a read-only mapping: only read
-            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
-            inputs, labels = torch.from_numpy(x), torch.from_numpy(y)
-        logits = model(inputs)
-        loss += float(F.cross_entropy(logits, labels, reduction="sum"))
-        correct += int((logits.argmax(dim=1) == labels).sum())
-        count += len(y)
-    model.train()
-    return correct / max(1, count), loss / max(1, count)
 
 
 def run_worker(

@@ -14,9 +14,10 @@ import torch.nn.functional as F
 
 from ember.algorithms import EASGDRule, FlatModel, WorkerContext, make_algorithm, make_update_rule
 from ember.config import RunConfig
+from ember.evaluation import evaluate
 from ember.metrics import read_metrics
 from ember.ps import fetch_state
-from ember.worker import evaluate, load_data, make_model
+from ember.worker import load_data, make_model
 from tests.conftest import SECRET, running_servers
 
 pytestmark = pytest.mark.timeout(60)

@@ -23,6 +23,7 @@ LAYERS: list[set[str]] = [
     {"plan", "spec"},
     {"ps"},
     {"algorithms"},
+    {"evaluation"},
     {"worker"},
     {"engines"},
     {"api"},

@@ -21,11 +21,12 @@ from ember.config import RunConfig, Strategy
 from ember.data import Dataset
 from ember.engines.process import SPAWN, free_port, reap
 from ember.engines.servers import ServerGroup
+from ember.evaluation import evaluate
 from ember.perfmodel import CALIBRATION_TAU, Calibration
 from ember.ps import PSClient
 from ember.ps.codec import CODECS, decode, encode
 from ember.spec import WorkerSpec
-from ember.worker import evaluate, load_data, make_model, run_worker
+from ember.worker import load_data, make_model, run_worker
 
 WARM_STEPS = 50  # minibatches per worker before the loop is measured
 # Minibatches per worker measured, at least: a second or more of the loop, since a shorter

@@ -84,7 +84,7 @@ class InProcess:
     def evaluate(
         self, config: RunConfig, dataset: Dataset, params: np.ndarray
     ) -> tuple[float, float]:
-        from ember.worker import evaluate
+        from ember.evaluation import evaluate
 
         model = trained_model(config, dataset.input_shape, dataset.num_classes, params)
         return evaluate(model, dataset.x_test, dataset.y_test)
@@ -199,7 +199,7 @@ def _answer(
             body: Any = fresh_parameters(config, input_shape, num_classes)  # sent as its buffer
         else:
             params = np.frombuffer(conn.recv_bytes(), dtype=np.float32).copy()  # writable
-            from ember.worker import evaluate_batches
+            from ember.evaluation import evaluate_batches
 
             model = trained_model(config, input_shape, num_classes, params)
             # read a window at a time, not mapped: this fork holds no copy of the test set
