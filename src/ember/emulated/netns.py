@@ -22,12 +22,9 @@ Needs Linux, root and iproute2 (`available()` says which is missing); Spark need
 from __future__ import annotations
 
 import atexit
-import contextlib
 import fcntl
-import importlib.util
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -40,113 +37,57 @@ from typing import IO, Any
 
 import psutil
 
-SUBNET = "198.18.0.0/24"
-SWITCH = "ember-sw"
+from ember.emulated.system import (
+    COMMAND_TIMEOUT,
+    KILL_TIMEOUT,
+    LOCK,
+    PREFIX,
+    STATE,
+    SUBNET,
+    SWITCH,
+    ClusterError,
+    address,
+    available,
+    blackhole_exists,
+    ip,
+    kill_tree,
+    namespace,
+    namespaces,
+    pids_in,
+    remove_leftovers,
+    spark_available,
+    spark_class,
+)
+
 BRIDGE = "br0"
-PREFIX = "ember-h"
-LOCK = Path("/run/ember-cluster.lock")
-STATE = Path("/run/ember-cluster.json")  # what a crashed harness left, for the next to remove
 MASTER_PORT = 7077
 MASTER_UI_PORT = 8080
-COMMAND_TIMEOUT = 30.0  # seconds for one ip/tc command
 SPARK_TIMEOUT = 180.0  # seconds for the master and all workers to be up (3 JVMs on 2 cores)
-KILL_TIMEOUT = 10.0
 BURST_BYTES = 64 << 10  # a shaped link's bucket: a TSO segment fits (smaller ones stall it)
 
-
-class ClusterError(RuntimeError):
-    """The emulated cluster could not be built, or another one is running."""
-
-
-def available() -> str | None:
-    """Why a cluster cannot be built here, or None when it can."""
-    if not sys.platform.startswith("linux"):
-        return "the emulated cluster needs Linux network namespaces"
-    if os.geteuid() != 0:
-        return "the emulated cluster needs root (network namespaces, veths, a bridge)"
-    if shutil.which("ip") is None:
-        return "the emulated cluster needs iproute2 (`ip`)"
-    return None
-
-
-def spark_available() -> str | None:
-    """Why a Spark standalone cluster cannot start here, or None."""
-    if shutil.which("java") is None:
-        return "the Spark cluster needs a Java runtime (`java`)"
-    try:
-        spark_class()
-    except ClusterError as error:
-        return str(error)
-    return None
-
-
-def spark_class() -> str:
-    # found, not imported: the daemons are started from pyspark's scripts, never its Python
-    spec = importlib.util.find_spec("pyspark")
-    if spec is None or spec.origin is None:
-        raise ClusterError("the Spark cluster needs pyspark: pip install -e '.[spark]'")
-    path = Path(spec.origin).parent / "bin" / "spark-class"
-    if not path.exists():
-        raise ClusterError(f"pyspark has no {path}")
-    return str(path)
-
-
-def address(host: int) -> str:
-    return f"198.18.0.{10 + host}"
-
-
-def namespace(host: int) -> str:
-    return f"{PREFIX}{host}"
-
-
-def ip(*args: str, check: bool = True) -> str:
-    """One iproute2/tc command (`ip netns exec ...` included); its stdout."""
-    done = subprocess.run(args, capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
-    if check and done.returncode != 0:
-        raise ClusterError(f"`{' '.join(args)}` failed: {done.stderr.strip()}")
-    return done.stdout
-
-
-def namespaces() -> list[str]:
-    """This harness's namespaces that exist now."""
-    names = [line.split()[0] for line in ip("ip", "netns", "list").splitlines() if line.strip()]
-    return [n for n in names if n == SWITCH or re.fullmatch(rf"{PREFIX}\d+", n)]
-
-
-def pids_in(name: str) -> list[int]:
-    """Every process living in a namespace."""
-    return [int(pid) for pid in ip("ip", "netns", "pids", name, check=False).split()]
-
-
-def kill_tree(pids: Sequence[int]) -> None:
-    """SIGKILL these processes and all their descendants, and wait (bounded) until they are gone."""
-    doomed: dict[int, psutil.Process] = {}
-    for pid in pids:
-        try:
-            root = psutil.Process(pid)
-            for process in [root, *root.children(recursive=True)]:
-                doomed[process.pid] = process
-        except psutil.Error:
-            continue
-    for process in doomed.values():
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-    psutil.wait_procs(list(doomed.values()), timeout=KILL_TIMEOUT)
-
-
-def _blackhole_exists() -> bool:
-    return bool(ip("ip", "route", "show", "exact", SUBNET, "type", "blackhole").strip())
-
-
-def remove_leftovers() -> None:
-    """Remove what a harness that died without tearing down left: call with the lock held."""
-    state = json.loads(STATE.read_text()) if STATE.exists() else {}
-    for name in namespaces():
-        kill_tree(pids_in(name))
-        ip("ip", "netns", "del", name)
-    if state.get("route_added") and _blackhole_exists():
-        ip("ip", "route", "del", "blackhole", SUBNET)
-    STATE.unlink(missing_ok=True)
+__all__ = [  # the helpers of system.py are used through this module too
+    "BURST_BYTES",
+    "COMMAND_TIMEOUT",
+    "KILL_TIMEOUT",
+    "LOCK",
+    "PREFIX",
+    "STATE",
+    "SUBNET",
+    "SWITCH",
+    "Cluster",
+    "ClusterError",
+    "address",
+    "available",
+    "blackhole_exists",
+    "ip",
+    "kill_tree",
+    "namespace",
+    "namespaces",
+    "pids_in",
+    "remove_leftovers",
+    "spark_available",
+    "spark_class",
+]
 
 
 class Cluster:
@@ -221,7 +162,7 @@ class Cluster:
                 process.wait(KILL_TIMEOUT)
             for name in namespaces():
                 ip("ip", "netns", "del", name)
-            if self._route_added and _blackhole_exists():
+            if self._route_added and blackhole_exists():
                 ip("ip", "route", "del", "blackhole", SUBNET)
             STATE.unlink(missing_ok=True)
         finally:
@@ -265,7 +206,7 @@ class Cluster:
 
     # ---- the network ----------------------------------------------------------------------------
     def _build_network(self) -> None:
-        if not _blackhole_exists():
+        if not blackhole_exists():
             ip("ip", "route", "add", "blackhole", SUBNET)
             self._route_added = True
         STATE.write_text(json.dumps({"route_added": self._route_added, "pid": os.getpid()}))
