@@ -1,10 +1,11 @@
 """tau_links: what `--tau auto` chooses on an emulated link, and which of its bounds decides.
 
-Runs `ember train --strategy easgd-async --tau auto` (MNIST mlp, 2 workers, 3 epochs, the
-Spark engine; worker 0 evaluates deferred copies of the center eight times an epoch) on the
-emulated cluster of ember.emulated: driver and server in host 0, one worker in each of hosts 1
-and 2, every link shaped to --link. Per run: the time to test accuracy 0.97, samples/s, and
-each tau the workers chose after their first, with the bounds of docs/tau.md behind it: the
+Runs `ember bench`'s `easgd-async tau=auto` link row (MNIST mlp, 2 workers, 3 epochs, the
+Spark engine; worker 0 evaluates deferred copies of the center eight times an epoch) with
+`ember train` on the emulated cluster of ember.emulated: driver and server in host 0, one
+worker in each of hosts 1 and 2, every link shaped to --link. Per run: the time to test
+accuracy 0.97 and samples/s as ember bench reads them, and each tau the workers chose after
+their first, with the bounds of docs/tau.md behind it: the
 cover of the exchange's wall time (`tau_cover`), the amortization of its cost to compute
 (`tau_amortize`, from `c` and `t0`). The run directories stay under --keep, if given.
 
@@ -20,29 +21,29 @@ import os
 import statistics
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from common import make_parser, markdown_table, report
+from ember.bench.hosts import config_file, tc_rate
+from ember.bench.rows import BenchSettings, Row, make_tasks, plan_link_rows
+from ember.bench.runner import eval_config, run_figures
+from ember.config import RunConfig
 
-TARGET = 0.97
 RUN_TIMEOUT = 900.0  # seconds for one `ember train` on the cluster, Spark's start included
+ROW = "easgd-async tau=auto"  # ember bench's link row this script runs
 
 
-def run_config(master: str, out: Path) -> dict[str, Any]:
-    return {
-        "data": "mnist",
-        "model": "mlp",
-        "strategy": "easgd-async",
-        "workers": 2,
-        "epochs": 3,
-        "tau_policy": "auto",
-        "engine": "spark",
-        "master": master,
-        "out": str(out),
-        "eval_every": 58,  # eight times an epoch, as ember bench's link rows
-        "eval_deferred": True,
-    }
+def auto_row(link: str) -> Row:
+    """ember bench's `--tau auto` row on a link (mlp, 3 epochs, 2 worker hosts): its config,
+    and its target and the rule for reaching it."""
+    settings = BenchSettings(
+        out=Path("."), tasks=["mlp"], strategies=[], mllib=False, taus=[], epochs=3, hosts=2,
+        torch=False,
+    )  # fmt: skip
+    tasks = make_tasks(False, settings.lr_rows, settings.lr_features, settings.epochs)
+    return next(r for r in plan_link_rows(settings, tasks, link) if r.label == ROW)
 
 
 def decided_by(change: dict[str, Any]) -> str:
@@ -54,12 +55,12 @@ def decided_by(change: dict[str, Any]) -> str:
     return "amortize" if amortize > cover else "cover"
 
 
-def figures(run: Path) -> dict[str, Any]:
-    """One run's time to target, samples/s and the tau changes after each worker's first."""
+def figures(row: Row, run: Path, config: RunConfig) -> dict[str, Any]:
+    """One run's figures as ember bench reads them (its time to target counts the final
+    parameters too), and the tau changes after each worker's first, with their bounds."""
+    bench = run_figures(row, run, config)
+    hit = next((point for point in bench["curve"] if row.task.reached(point[2])), None)
     records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
-    evals = [r for r in records if r["kind"] == "eval"]
-    done = [r for r in records if r["kind"] == "done"]
-    seconds = max(r["seconds"] for r in done)
     changes = [r for r in records if r["kind"] == "tau" and r["reason"] == "measured"]
     decided = [
         {
@@ -77,10 +78,10 @@ def figures(run: Path) -> dict[str, Any]:
         if r.get("tau_amortize") is not None  # the first changes come before c is measured
     ]
     return {
-        "time_to_target": next((e["seconds"] for e in evals if e["test_accuracy"] >= TARGET), None),
-        "samples_per_second": sum(r["samples"] for r in done) / seconds,
-        "final_accuracy": json.loads((run / "summary.json").read_text()).get("test_accuracy"),
-        "exchanges": [r["exchanges"] for r in done],
+        "time_to_target": hit[0] if hit else None,
+        "samples_per_second": bench["samples_per_second"],
+        "final_accuracy": bench["test_accuracy"],
+        "exchanges": [r["exchanges"] for r in records if r["kind"] == "done"],
         "changes": decided,
     }
 
@@ -91,20 +92,21 @@ def run_all(link: str, repeat: int, keep: Path) -> list[dict[str, Any]]:
     # the hosts' processes (Spark's daemons, executors and drivers) import this ember
     source = str(Path(__file__).resolve().parents[1] / "src")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))
-    rate = None if link == "unlimited" else link
+    row = auto_row(link)
+    dataset = row.task.load(seed=0)
     results = []
-    with Cluster(3, keep / "cluster-logs", rate=rate, worker_cores=1) as cluster:
+    with Cluster(3, keep / "cluster-logs", rate=tc_rate(link), worker_cores=1) as cluster:
         for index in range(repeat):
             out = keep / f"run{index}"
-            config = keep / f"config{index}.json"
-            config.write_text(json.dumps(run_config(cluster.master_url, out)))
-            argv = [sys.executable, "-m", "ember", "train", "--config", str(config)]
+            config = replace(eval_config(row, out, dataset), master=cluster.master_url)
+            given = config_file(config, keep / f"config{index}.json")
+            argv = [sys.executable, "-m", "ember", "train", "--config", str(given)]
             done = cluster.run(0, argv, env=cluster.env(0), timeout=RUN_TIMEOUT)
             if done.returncode != 0:
                 raise SystemExit(
                     f"ember train exited with {done.returncode}: {done.stderr[-2000:]}"
                 )
-            results.append(figures(out))
+            results.append(figures(row, out, config))
             print(f"run {index + 1}/{repeat}: {json.dumps(results[-1])}", flush=True)
     return results
 
