@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ember.cli import positive_int
+from ember.units import positive_int
 
 SPAWN = mp.get_context("spawn")  # as ember does: fork would copy torch's threads and locks
 CHILD_TIMEOUT = 600.0  # seconds a benchmark child may take before it counts as hung

@@ -1,7 +1,9 @@
-"""The units `ember plan` and the bench read link rates, latencies and counts in (a leaf)."""
+"""The units `ember plan` and the bench read link rates, latencies and counts in, and the
+argparse type of a count (a leaf)."""
 
 from __future__ import annotations
 
+import argparse
 import re
 
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -57,3 +59,14 @@ def parse_counts(text: str) -> list[int]:
     if not counts or min(counts) < 1 or sorted(counts) != counts:
         raise ValueError(f"{text!r}: give increasing counts >= 1, like 1,2,4,...,64")
     return counts
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for counts: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value

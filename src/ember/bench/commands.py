@@ -1,0 +1,169 @@
+"""The measuring commands, `ember bench` and `ember plan`: their flags and what they call.
+cli.py adds their parsers and hands them the parsed arguments."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ember.config import STRATEGIES, make_config
+from ember.errors import ConfigError
+from ember.flags import HELP
+from ember.units import positive_int
+
+
+def add_bench_parser(sub: Any) -> None:
+    """`ember bench`'s flags, on the subcommands of cli.py's parser."""
+    parser = sub.add_parser(
+        "bench", help="compare Spark MLlib and every strategy here; write a report and plots"
+    )
+    parser.add_argument(
+        "--out", default="bench", help="directory for results.jsonl, report.md, PNGs"
+    )
+    parser.add_argument("--quick", action="store_true", help="a reduced run of everything (~3 min)")
+    parser.add_argument(
+        "--repeat", type=positive_int, default=1, help="runs of each row (default 1)"
+    )
+    parser.add_argument("--tasks", default="lr,mlp", help="of lr, mlp, lenet (default lr,mlp)")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES), help="ember rows to run")
+    parser.add_argument("--engines", default="local", help="local and/or spark (default local)")
+    parser.add_argument("--no-mllib", action="store_true", help="leave out the Spark MLlib rows")
+    parser.add_argument(
+        "--taus", default=None, help="easgd-async tau sweep (default 1,2,4,8,16,32; quick 1,4,32)"
+    )
+    parser.add_argument("--sweep-tasks", default="mlp", help="tasks to sweep tau on (default mlp)")
+    parser.add_argument(
+        "--workers", type=positive_int, default=2, help="workers per row (default 2)"
+    )
+    parser.add_argument(
+        "--epochs", type=positive_int, default=None, help="epochs of every task (default its own)"
+    )
+    parser.add_argument("--lr-rows", type=positive_int, default=1_000_000, help="lr training rows")
+    parser.add_argument("--lr-features", type=positive_int, default=100, help="lr feature columns")
+    parser.add_argument(
+        "--hosts", type=positive_int, default=0,
+        help="also run the rows on an emulated cluster of this many worker hosts (root)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--link", default="1gbit,100mbit", help="link rates for --hosts (tc rates, or unlimited)"
+    )
+    parser.add_argument(
+        "--compress",
+        default="",
+        help="compressed rows on links (bsp, async, easgd-async auto and loss), e.g. int8",
+    )
+    parser.add_argument("--no-torch", action="store_true", help="no TorchDistributor row on links")
+    parser.add_argument("--no-local", action="store_true", help="only the rows on emulated links")
+
+
+def bench(args: argparse.Namespace) -> int:
+    """`ember bench`: run the rows, write the report and plots."""
+    from pathlib import Path
+
+    from ember.bench.report import write_report
+    from ember.bench.runner import BenchSettings, run_bench
+    from ember.perfmodel import parse_counts
+
+    try:
+        taus = parse_counts(args.taus or ("1,4,32" if args.quick else "1,2,4,8,16,32"))
+    except ValueError as exc:
+        raise ConfigError(f"--taus {exc}") from None
+    settings = BenchSettings(
+        out=Path(args.out),
+        quick=args.quick,
+        repeat=args.repeat,
+        tasks=_names(args.tasks),
+        strategies=_names(args.strategies),
+        engines=_names(args.engines),
+        mllib=not args.no_mllib,
+        taus=taus,
+        sweep_tasks=_names(args.sweep_tasks),
+        workers=args.workers,
+        lr_rows=args.lr_rows,
+        lr_features=args.lr_features,
+        epochs=args.epochs,
+        hosts=args.hosts,
+        links=_names(args.link),
+        compress=_names(args.compress),
+        torch=not args.no_torch,
+        local=not args.no_local,
+    )
+    _require("matplotlib", "ember bench draws its plots with matplotlib", "bench")
+    if settings.mllib or "spark" in settings.engines:
+        _require("pyspark", "the Spark MLlib rows need pyspark (or pass --no-mllib)", "bench")
+    records = run_bench(settings, log=lambda line: print(line, file=sys.stderr, flush=True))
+    written = write_report(records, settings.out, settings.to_dict())
+    failed = sum(r["status"] != "ok" for r in records)
+    print(f"{len(records)} rows ({failed} failed); wrote {', '.join(map(str, written))}")
+    return 0
+
+
+def _require(module: str, why: str, extra: str) -> None:
+    """Name the missing package before a long run starts, not after it."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(f"{why}: pip install 'ember[{extra}]'")
+
+
+def add_plan_parser(sub: Any) -> None:
+    """`ember plan`'s flags, on the subcommands of cli.py's parser."""
+    parser = sub.add_parser("plan", help="predict throughput per strategy and tau; recommend a tau")
+    parser.add_argument("--model", default="mlp", help=HELP["model"])
+    parser.add_argument("--data", default="mnist", help=HELP["data"])
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="per-worker minibatch")
+    parser.add_argument(
+        "--workers", default="1,2,4,...,64", help="worker counts, e.g. 1,2,4,...,64"
+    )
+    parser.add_argument("--taus", default="1,2,4,8,16,32", help="communication periods to consider")
+    parser.add_argument(
+        "--bandwidth",
+        default=None,
+        help="each host's link, or several to compare, e.g. 1Gbit,100Mbit (default: here)",
+    )
+    parser.add_argument("--latency", default="0.5ms", help="one-way latency, e.g. 0.5ms or 50us")
+    parser.add_argument(
+        "--compress", default="none", help="what exchanges put on the wire: none|fp16|bf16|int8"
+    )
+
+
+def plan(args: argparse.Namespace) -> int:
+    """`ember plan`: calibrate here, then predict per link rate and worker count."""
+    from ember.bench.calibrate import calibrate
+    from ember.perfmodel import (
+        Network,
+        parse_bandwidths,
+        parse_counts,
+        parse_latency,
+        wire_fraction,
+    )
+    from ember.plan import plan_report, scale_report
+    from ember.worker import load_data
+
+    try:
+        workers, taus = parse_counts(args.workers), parse_counts(args.taus)
+        latency = parse_latency(args.latency)
+        links = parse_bandwidths(args.bandwidth) if args.bandwidth else [None]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        wire_fraction(args.compress)
+    except ValueError as exc:
+        raise ConfigError(f"--{exc}") from None
+    config = make_config({"model": args.model, "data": args.data, "batch_size": args.batch_size})
+    print(f"calibrating {config.model} on {config.data} here...", file=sys.stderr, flush=True)
+    calibration = calibrate(config, load_data(config)).compressed(args.compress)
+    reports = []
+    for bandwidth in links:
+        network = Network(bandwidth, latency if bandwidth else 0.0)
+        report = plan_report(calibration, network, workers, taus)
+        reports.append(
+            "\n\n".join(filter(None, [report, scale_report(calibration, network, workers, taus)]))
+        )
+    print("\n\n".join(reports))
+    return 0
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
