@@ -5,7 +5,7 @@ Map (class or function -> file -> what it does):
 - spark.fit -> spark.py: the same on a Spark DataFrame (engines/spark/ runs it)
 - RunConfig, Strategy, STRATEGIES -> config.py: the validated run configuration; the strategies
   and what each implies
-- RunResult -> engines/run.py: summary dict + trained torch.nn.Module + run directory
+- RunResult -> engines/rundir.py: summary dict + trained torch.nn.Module + run directory
 - EmberError, ConfigError, ProtocolError, ServerUnavailable, WorkerFailed, CheckpointError
   -> errors.py
 - ParameterServer, PSClient -> ps/: the sharded parameter server and its client
@@ -36,12 +36,12 @@ from ember.errors import (
 if TYPE_CHECKING:
     from ember import spark
     from ember.api import evaluate_checkpoint, fit
-    from ember.engines.run import RunResult
+    from ember.engines.rundir import RunResult
 
 _LAZY = {  # name -> the module that defines it
     "evaluate_checkpoint": "ember.api",
     "fit": "ember.api",
-    "RunResult": "ember.engines.run",
+    "RunResult": "ember.engines.rundir",
 }
 
 

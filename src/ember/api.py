@@ -32,7 +32,7 @@ def run_config(overrides: dict[str, Any], config_file: str | None = None) -> Run
         return RunConfig(**explicit).validate()
     # Only here: run.py imports torch, which the local engine's fork server should be
     # importing beside the launcher by then (engines/__init__.py), not after it.
-    from ember.engines.run import _resolve_resume
+    from ember.engines.rundir import _resolve_resume
 
     probe = RunConfig(out=explicit.get("out"), resume=explicit["resume"]).validate()
     with warnings.catch_warnings():  # prepare_run looks again and warns of a bad checkpoint

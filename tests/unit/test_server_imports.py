@@ -31,5 +31,5 @@ def test_the_package_still_offers_its_public_names() -> None:
     modules = _imported_after(
         "import ember\nfrom ember import fit, RunResult, spark\nassert spark.fit and fit"
     )
-    assert {"ember.api", "ember.engines.run"} <= modules
+    assert {"ember.api", "ember.engines.rundir"} <= modules
     assert "torch" not in modules  # RunResult builds its model, with torch, when asked

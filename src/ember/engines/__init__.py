@@ -31,13 +31,13 @@ from ember.config import RunConfig
 from ember.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ember.engines.run import RunResult
+    from ember.engines.rundir import RunResult
 
 
 def __getattr__(name: str) -> Any:
     # run.py imports torch, which `python -m ember.engines.server_main` must not (PEP 562)
     if name == "RunResult":
-        from ember.engines.run import RunResult
+        from ember.engines.rundir import RunResult
 
         return RunResult
     raise AttributeError(f"module 'ember.engines' has no attribute {name!r}")

@@ -23,7 +23,8 @@ from ember.engines.phases import PeakMemory, Timeline, pids_of
 from ember.engines.process import Interpreter, _child_main, free_port, reap, tail
 from ember.engines.progress import Progress
 from ember.engines.recordpipes import RecordPipes, RecordSender
-from ember.engines.run import Run, RunResult, RunSetup, prepare_run
+from ember.engines.run import Run
+from ember.engines.rundir import RunResult, RunSetup, prepare_run
 from ember.engines.servers import spare_servers
 from ember.metrics import WorkerError, WorkerFailure, WorkerRestart, write_json
 from ember.spec import WorkerSpec

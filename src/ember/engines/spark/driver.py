@@ -17,7 +17,8 @@ from ember.data import Dataset
 from ember.data.datasets import train_pixels
 from ember.data.spark import FrameFacts, dataframe_dataset, frame_from_arrays, frame_from_pixels
 from ember.engines.progress import Progress
-from ember.engines.run import Run, RunResult, RunSetup, prepare_run
+from ember.engines.run import Run
+from ember.engines.rundir import RunResult, RunSetup, prepare_run
 from ember.engines.spark.jobs import RECORDS, Job, python_error, start_warm_up, wait_for_warm_up
 from ember.engines.spark.records import RecordCollector
 from ember.engines.spark.rendezvous import STATE, exposure, state_params

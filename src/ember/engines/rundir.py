@@ -1,0 +1,165 @@
+"""A run's directory, opened and closed: the data, the model's starting parameters and
+--resume resolved before anything starts (never clobbering a run), and at the end the final
+evaluation, summary.json and what `ember.fit` returns."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ember._version import __version__
+from ember.checkpoint import (
+    Checkpoint,
+    latest_valid_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    verify_run_state,
+)
+from ember.config import RunConfig
+from ember.data import Dataset
+from ember.engines.modelwork import InProcess, ModelWork, trained_model
+from ember.engines.servers import ServerGroup
+from ember.errors import CheckpointError, ConfigError
+from ember.metrics import MetricsLog, RunEvent, RunSummary, write_json
+from ember.spec import load_data
+from ember.wire import use_encryption
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class RunResult:
+    """What `ember.fit` returns: the summary written to summary.json and the trained model
+    (built when first asked for: the launcher of a local run does not import torch)."""
+
+    summary: dict[str, Any]
+    run_dir: Path
+    config: RunConfig = field(repr=False)
+    shape: tuple[tuple[int, ...], int] = field(repr=False)  # the model's input shape, classes
+    params: np.ndarray = field(repr=False, compare=False)  # the final parameters, flat
+
+    @cached_property
+    def model(self) -> torch.nn.Module:
+        return trained_model(self.config, *self.shape, self.params)
+
+
+@dataclass
+class RunSetup:
+    config: RunConfig
+    run_dir: Path
+    dataset: Dataset
+    initial: np.ndarray  # flat starting parameters (fresh, or the checkpoint's)
+    resume: Checkpoint | None
+    metrics: MetricsLog
+    work: ModelWork  # who builds and evaluates the model
+    spare_servers: list[Any] = field(default_factory=list)  # started early; ServerGroup takes them
+    secret: bytes = field(default_factory=lambda: os.urandom(32))  # proves membership of the run
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    def server_group(self) -> ServerGroup:
+        """This run's parameter servers, not started yet."""
+        logs = self.run_dir / "logs"
+        spares = self.spare_servers
+        return ServerGroup(self.config, self.initial, self.secret, logs, self.resume, spares)
+
+    @property
+    def resumed_step(self) -> int:
+        return int(self.resume.meta.get("step", 0)) if self.resume is not None else 0
+
+
+def prepare_run(
+    config: RunConfig, dataset: Dataset | None = None, work: ModelWork | None = None
+) -> RunSetup:
+    """Load data (unless given, e.g. a DataFrame's test rows) and model, resolve --resume, and
+    open the run directory (never clobbering one)."""
+    use_encryption(config.encrypt)  # the launcher's connections to its servers and collector
+    dataset = dataset if dataset is not None else load_data(config)
+    work = work if work is not None else InProcess()
+    run_dir = config.run_dir()
+    checkpoints = run_dir / "checkpoints"
+    resume = _resolve_resume(config, checkpoints)
+    if resume is None and list_checkpoints(checkpoints):
+        raise ConfigError(
+            f"out {run_dir} already holds checkpoints; pass --resume auto to continue"
+            " that run or choose another --out"
+        )
+    initial = work.initial(config, dataset)
+    if resume is not None:
+        params = resume.tensors.get("params")
+        if params is None or params.shape != initial.shape:
+            found = "no params" if params is None else f"{params.size} parameters"
+            raise CheckpointError(
+                f"checkpoint {resume.path} holds {found}; model {config.model!r}"
+                f" on {config.data!r} needs {initial.size}"
+            )
+        initial = params.astype(np.float32, copy=False)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    metrics = MetricsLog(run_dir / "metrics.jsonl", tensorboard=config.tensorboard)
+    checkpoint = str(resume.path) if resume else None
+    details = {"checkpoint": checkpoint, "config": config.to_dict()}
+    metrics.write(RunEvent(event="resume" if resume else "start", details=details))
+    return RunSetup(config, run_dir, dataset, initial, resume, metrics, work)
+
+
+def _resolve_resume(config: RunConfig, checkpoints: Path) -> Checkpoint | None:
+    if config.resume is None:
+        return None
+    if config.resume == "auto":
+        found = latest_valid_checkpoint(checkpoints, verify_run_state)
+        if found is None and (corrupt := list_checkpoints(checkpoints)):
+            names = ", ".join(p.name for p in corrupt)
+            raise CheckpointError(
+                f"--resume auto: every checkpoint in {checkpoints} is corrupt ({names});"
+                " pass --resume PATH to see why, or choose another --out"
+            )
+        return found
+    path = Path(config.resume)
+    if not path.exists():
+        raise ConfigError(f"resume must be 'auto' or an existing checkpoint path; got {path}")
+    return verify_run_state(load_checkpoint(path))
+
+
+def finish_run(
+    setup: RunSetup,
+    params: np.ndarray,
+    workers: list[dict[str, Any]],
+    seconds: float,
+    extra: dict[str, Any],
+) -> RunResult:
+    """Evaluate the final parameters on the held-out set and write summary.json."""
+    from ember.metrics import summarize_workers
+
+    config, dataset = setup.config, setup.dataset
+    accuracy, loss = setup.work.evaluate(config, dataset, params)
+    summary = {
+        "strategy": config.strategy,
+        "engine": config.engine,
+        "workers": config.workers,
+        "servers": config.servers if config.uses_server else 0,
+        "epochs": config.epochs,
+        "model": config.model,
+        "data": config.data,
+        "parameters": int(params.size),
+        "test_accuracy": accuracy,
+        "test_loss": loss,
+        **summarize_workers(workers, seconds),
+        "resumed_from": str(setup.resume.path) if setup.resume else None,
+        "ember_version": __version__,
+        **extra,
+        "config": config.to_dict(),
+    }
+    write_json(setup.run_dir / "summary.json", summary)
+    setup.metrics.write(RunSummary(test_accuracy=accuracy, test_loss=loss))
+    setup.metrics.close()
+    # not the dataset: a local run's is a mapping of files the run removes, kept alive by it
+    shape = (tuple(dataset.input_shape), dataset.num_classes)
+    return RunResult(summary, setup.run_dir, config, shape, params)
