@@ -30,14 +30,14 @@ def run_config(overrides: dict[str, Any], config_file: str | None = None) -> Run
     explicit = explicit_fields(overrides, config_file)
     if explicit.get("resume") is None:
         return RunConfig(**explicit).validate()
-    # Only here: run.py imports torch, which the local engine's fork server should be
-    # importing beside the launcher by then (engines/__init__.py), not after it.
-    from ember.engines.rundir import _resolve_resume
+    # Only here: a fresh run's configuration needs none of the run directory's machinery
+    # (checkpoints, servers, the wire), so `ember train` does not import it before it must.
+    from ember.engines.rundir import resolve_resume
 
     probe = RunConfig(out=explicit.get("out"), resume=explicit["resume"]).validate()
     with warnings.catch_warnings():  # prepare_run looks again and warns of a bad checkpoint
         warnings.simplefilter("ignore")
-        checkpoint = _resolve_resume(probe, probe.run_dir() / "checkpoints")
+        checkpoint = resolve_resume(probe, probe.run_dir() / "checkpoints")
     if checkpoint is None:  # --resume auto in a run directory without checkpoints: start afresh
         return RunConfig(**explicit).validate()
     values, changed = resumed_values(checkpoint.meta.get("config"), explicit, str(checkpoint.path))

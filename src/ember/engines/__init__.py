@@ -8,8 +8,10 @@ Map:
   driver (its session, jobs, task body and JVM options: see its own docstring)
 - ServerGroup -> servers.py: the server processes, their replicas, restarts, checkpoints, shutdown
 - join_run, write_join_file -> join.py: `ember join`, a worker added to a running async run
-- Run, RunResult, prepare_run, finish_run -> run.py: one run lifecycle for both engines (run
-  directory, resume, servers kept alive and checkpointed, events relayed, final evaluation)
+- RunSetup, RunResult, prepare_run, finish_run -> rundir.py: a run's directory opened (data,
+  starting parameters, resume) and closed (final evaluation, summary.json)
+- Run -> run.py: one run lifecycle for both engines (servers kept alive and checkpointed,
+  events relayed, what the servers hold saved on failure)
 - start_child, Interpreter, reap -> process.py: children (spawned workers, servers as fresh
   interpreters) tied to the launcher's life
 - server_main.py: `python -m ember.engines.server_main`, one parameter-server process
@@ -35,7 +37,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    # run.py imports torch, which `python -m ember.engines.server_main` must not (PEP 562)
+    # rundir.py brings the run's checkpoints, servers and wire, which `python -m
+    # ember.engines.server_main` imports this package without needing (PEP 562)
     if name == "RunResult":
         from ember.engines.rundir import RunResult
 

@@ -86,7 +86,7 @@ def prepare_run(
     work = work if work is not None else InProcess()
     run_dir = config.run_dir()
     checkpoints = run_dir / "checkpoints"
-    resume = _resolve_resume(config, checkpoints)
+    resume = resolve_resume(config, checkpoints)
     if resume is None and list_checkpoints(checkpoints):
         raise ConfigError(
             f"out {run_dir} already holds checkpoints; pass --resume auto to continue"
@@ -110,7 +110,7 @@ def prepare_run(
     return RunSetup(config, run_dir, dataset, initial, resume, metrics, work)
 
 
-def _resolve_resume(config: RunConfig, checkpoints: Path) -> Checkpoint | None:
+def resolve_resume(config: RunConfig, checkpoints: Path) -> Checkpoint | None:
     if config.resume is None:
         return None
     if config.resume == "auto":
