@@ -28,7 +28,7 @@ from typing import Any
 from common import make_parser, markdown_table, report
 from ember.bench.hosts import config_file, tc_rate
 from ember.bench.rows import BenchSettings, Row, make_tasks, plan_link_rows
-from ember.bench.runner import eval_config, run_figures
+from ember.bench.runner import eval_config, first_reached, run_figures
 from ember.config import RunConfig
 
 RUN_TIMEOUT = 900.0  # seconds for one `ember train` on the cluster, Spark's start included
@@ -59,8 +59,8 @@ def figures(row: Row, run: Path, config: RunConfig) -> dict[str, Any]:
     """One run's figures as ember bench reads them (its time to target counts the final
     parameters too), and the tau changes after each worker's first, with their bounds."""
     bench = run_figures(row, run, config)
-    hit = next((point for point in bench["curve"] if row.task.reached(point[2])), None)
-    records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    hit = first_reached(row, bench["curve"])
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     changes = [r for r in records if r["kind"] == "tau" and r["reason"] == "measured"]
     decided = [
         {

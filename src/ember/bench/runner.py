@@ -225,11 +225,15 @@ def measure(
             record["traceback"] = traceback.format_exc()
     record["wall_seconds"] = time.perf_counter() - started
     record.update(sampler.figures())
-    curve = record.get("curve") or []
-    hit = next((p for p in curve if row.task.reached(p[2])), None)
+    hit = first_reached(row, record.get("curve") or [])
     record["time_to_target"] = hit[0] if hit else None
     record["samples_to_target"] = hit[1] if hit else None
     return record
+
+
+def first_reached(row: Row, curve: list[list[float]]) -> list[float] | None:
+    """The first point of a run's curve ([seconds, samples, metric]) that meets its target."""
+    return next((point for point in curve if row.task.reached(point[2])), None)
 
 
 def add_divergence(records: list[dict[str, Any]]) -> None:
