@@ -2,6 +2,8 @@
 
 Map (class or function -> file -> what it does):
 - fit, evaluate_checkpoint -> api.py: train with the CLI's fields; score a checkpoint
+- load -> export.py: the trained nn.Module of a run directory or checkpoint (model.safetensors)
+- predict -> predictions.py: a run's model over a file in batches, predictions written as it goes
 - spark.fit -> spark.py: the same on a Spark DataFrame (engines/spark/ runs it)
 - RunConfig, Strategy, STRATEGIES -> config.py: the validated run configuration; the strategies
   and what each implies
@@ -37,19 +39,24 @@ if TYPE_CHECKING:
     from ember import spark
     from ember.api import evaluate_checkpoint, fit
     from ember.engines.rundir import RunResult
+    from ember.export import load_model as load
+    from ember.predictions import predict
 
 _LAZY = {  # name -> the module that defines it
     "evaluate_checkpoint": "ember.api",
     "fit": "ember.api",
     "RunResult": "ember.engines.rundir",
+    "load": "ember.export",
+    "predict": "ember.predictions",
 }
+_RENAMED = {"load": "load_model"}  # the public name -> the name in its module
 
 
 def __getattr__(name: str) -> Any:
     if name == "spark":  # ember.spark.fit; pyspark itself is imported only when used
         return importlib.import_module("ember.spark")
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return getattr(importlib.import_module(_LAZY[name]), _RENAMED.get(name, name))
     raise AttributeError(f"module 'ember' has no attribute {name!r}")
 
 
@@ -67,5 +74,7 @@ __all__ = [
     "__version__",
     "evaluate_checkpoint",
     "fit",
+    "load",
+    "predict",
     "spark",
 ]

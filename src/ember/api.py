@@ -105,10 +105,10 @@ def evaluate_checkpoint(
 
     A checkpoint is a user's file: a model factory it names is imported only when the caller
     names the same factory in `model`, never on the file's word alone."""
-    from ember.algorithms import load_flat_parameters
     from ember.checkpoint import load_checkpoint, verify_run_state
     from ember.errors import CheckpointError
     from ember.evaluation import evaluate
+    from ember.export import fill_from_checkpoint
     from ember.models import MODEL_NAMES
     from ember.worker import load_data, make_model
 
@@ -133,15 +133,7 @@ def evaluate_checkpoint(
         )
     dataset = load_data(config)
     network = make_model(config, dataset)
-    params = loaded.tensors.get("params")
-    expected = sum(p.numel() for p in network.parameters())
-    if params is None or params.size != expected:
-        raise CheckpointError(
-            f"checkpoint {loaded.path}: holds "
-            f"{'no params' if params is None else f'{params.size} parameters'}"
-            f", model {config.model!r} on {config.data!r} needs {expected}"
-        )
-    load_flat_parameters(network, params)
+    fill_from_checkpoint(network, loaded)
     accuracy, loss = evaluate(network, dataset.x_test, dataset.y_test)
     return {
         "checkpoint": str(loaded.path),

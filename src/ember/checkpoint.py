@@ -337,3 +337,33 @@ def _discard(path: Path) -> None:
             os.rename(path, doomed)
             path = doomed
         shutil.rmtree(path)
+
+
+def with_buffers(checkpoint: Checkpoint, initial: np.ndarray, parameters: int) -> Checkpoint:
+    """A checkpoint to start `initial`'s model from. One saved before buffers were part of the
+    flat state holds vectors of the `parameters` keys alone: its buffers (BatchNorm's
+    statistics) are taken from `initial`, with a warning, and a rule's state there is zero.
+    Any other size mismatch is a CheckpointError naming both sizes."""
+    params = checkpoint.tensors.get("params")
+    size = initial.size
+    if params is not None and params.shape == (size,):
+        return checkpoint
+    where = checkpoint.path / MANIFEST
+    if params is None or params.size != parameters or "buffers" in checkpoint.meta:
+        found = "no params" if params is None else f"{params.size} values"
+        raise CheckpointError(
+            f"checkpoint {checkpoint.path} holds {found}; the model needs {size}"
+            f" ({parameters} parameters and {size - parameters} buffer values)"
+        )
+    warnings.warn(
+        f"checkpoint {where} predates buffers in checkpoints: its {parameters} parameters are"
+        f" loaded and the model's {size - parameters} buffer values (BatchNorm statistics)"
+        " start from their initial values",
+        stacklevel=2,
+    )
+    tensors = {}
+    for name, value in checkpoint.tensors.items():
+        grown = initial.copy() if name == "params" else np.zeros(size, np.float32)
+        grown[:parameters] = value
+        tensors[name] = grown
+    return Checkpoint(checkpoint.path, checkpoint.step, tensors, checkpoint.meta)

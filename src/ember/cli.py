@@ -112,6 +112,22 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--model", default=None, help="needed to import a package.module:factory model"
     )
+    predict = sub.add_parser(
+        "predict", help="write a trained model's predictions for a file, batch by batch"
+    )
+    predict.add_argument(
+        "--run", required=True, help="a run directory (its model.safetensors) or a checkpoint"
+    )
+    predict.add_argument(
+        "--data", required=True, help="an .npz (x or x_test), .npy, Parquet (features) or name"
+    )
+    predict.add_argument("--out", required=True, help="a new .parquet or .csv file")
+    predict.add_argument(
+        "--model", default=None, help="needed to import a package.module:factory model"
+    )
+    predict.add_argument(
+        "--batch-size", type=positive_int, default=4096, help="rows a batch (default 4096)"
+    )
     join = sub.add_parser(
         "join", help="add a worker to a running async, easgd-async or ssp run (elastic)"
     )
@@ -140,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
             return plan(args)
         if args.command == "join":
             return _join(args)
+        if args.command == "predict":
+            from ember.predictions import predict
+
+            done = predict(args.run, args.data, args.out, args.model, args.batch_size)
+            print(json.dumps(done, indent=2))
+            return 0
         from ember.api import evaluate_checkpoint
 
         print(json.dumps(evaluate_checkpoint(args.checkpoint, args.data, args.model), indent=2))

@@ -37,12 +37,15 @@ def evaluate_with(
     flat: FlatModel, params: np.ndarray, x: np.ndarray, y: np.ndarray
 ) -> tuple[float, float]:
     """evaluate() of flat's module with `params` in place of its own, which it has back after."""
+    flat.gather_buffers()
     own = flat.params_np.copy()
     flat.params_np[:] = params
+    flat.scatter_buffers()
     try:
         return evaluate(flat.module, x, y)
     finally:
         flat.params_np[:] = own
+        flat.scatter_buffers()
 
 
 @torch.no_grad()
@@ -50,6 +53,7 @@ def evaluate_batches(
     model: torch.nn.Module, batches: Iterable[tuple[np.ndarray, np.ndarray]]
 ) -> tuple[float, float]:
     """(accuracy, mean cross-entropy) of `model` over (inputs, labels) batches."""
+    training = model.training  # given back as it was: a loaded model stays in eval mode
     model.eval()
     correct, loss, count = 0, 0.0, 0
     for x, y in batches:
@@ -60,5 +64,5 @@ def evaluate_batches(
         loss += float(F.cross_entropy(logits, labels, reduction="sum"))
         correct += int((logits.argmax(dim=1) == labels).sum())
         count += len(y)
-    model.train()
+    model.train(training)
     return correct / max(1, count), loss / max(1, count)

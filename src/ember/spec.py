@@ -41,12 +41,36 @@ def load_data(config: RunConfig) -> Dataset:
     )
 
 
-def checkpoint_meta(config: RunConfig, size: int, step: int, **extra: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Layout:
+    """How a model's flat state vector splits (FlatModel's order): its trainable parameters
+    first, then its buffers (BatchNorm's statistics and counts), all float32."""
+
+    parameters: int  # keys of trainable parameters, [0, parameters)
+    buffers: int = 0  # keys of buffers, [parameters, parameters + buffers)
+
+    @property
+    def size(self) -> int:
+        return self.parameters + self.buffers
+
+
+def checkpoint_meta(
+    config: RunConfig,
+    layout: Layout,
+    step: int,
+    shape: tuple[tuple[int, ...], int] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """What a checkpoint says of its run; `shape` (input shape, classes) lets ember.load
+    rebuild the model without reading the data again."""
+    where = {"input_shape": list(shape[0]), "num_classes": shape[1]} if shape else {}
     return {
         "model": config.model,
         "data": config.data,
         "strategy": config.strategy,
-        "parameters": size,
+        "parameters": layout.parameters,
+        "buffers": layout.buffers,
+        **where,
         "step": step,
         "config": config.to_dict(),
         **extra,

@@ -28,7 +28,7 @@ from ember.data import Dataset, shard_indices
 from ember.evaluation import ends_epoch, evaluate, evaluate_with, evaluates_after
 from ember.metrics import Evaluation, TauChoice, WorkerDone, WorkerProgress, WorkerStart
 from ember.models import build_model
-from ember.spec import WorkerSpec, checkpoint_meta, load_data
+from ember.spec import Layout, WorkerSpec, checkpoint_meta, load_data
 from ember.wire import use_encryption
 
 Report = Callable[[dict[str, Any]], None]
@@ -99,6 +99,7 @@ class Worker:
         self.rows = len(self.labels)
         self.steps_per_epoch = self.rows // config.batch_size
         self.model = make_model(config, dataset)
+        self.shape = (tuple(dataset.input_shape), dataset.num_classes)  # saved with checkpoints
         self.flat = flat = FlatModel(self.model, flat_grads=config.mode.ships_gradients)
         if spec.initial is not None:
             flat.load(spec.initial)
@@ -228,6 +229,7 @@ class Worker:
             "source": "worker 0 local parameters" if center is None else CENTER_SOURCE,
         }
         if self.config.eval_deferred:
+            self.flat.gather_buffers()
             params = self.flat.params_np if center is None else center
             self.snapshots.append(Snapshot(params.copy(), point))
             if len(self.snapshots) * params.nbytes > SNAPSHOT_BYTES:
@@ -266,7 +268,7 @@ class Worker:
     def checkpoint(self, step: int) -> None:
         """Save the local parameters as of `step`; the time goes aside, not to training."""
         aside_started = time.perf_counter()
-        _save_local(self.spec, self.flat, step)
+        _save_local(self.spec, self.flat, step, self.shape)
         self.last_checkpoint, self.saved_step = time.perf_counter(), step
         self.aside += self.last_checkpoint - aside_started
 
@@ -279,7 +281,7 @@ class Worker:
             self.report_tau(self.period)
         seconds = time.perf_counter() - self.started - self.aside
         if not config.uses_server and spec.rank == 0 and self.saved_step != last_step:
-            _save_local(spec, self.flat, last_step)
+            _save_local(spec, self.flat, last_step, self.shape)
         steps_run = last_step - self.first_step
         return WorkerDone(
             rank=spec.rank,
@@ -312,13 +314,16 @@ def _shard(spec: WorkerSpec, dataset: Dataset) -> tuple[torch.Tensor, torch.Tens
         return features, torch.from_numpy(np.ascontiguousarray(y))
 
 
-def _save_local(spec: WorkerSpec, flat: FlatModel, step: int) -> None:
+def _save_local(
+    spec: WorkerSpec, flat: FlatModel, step: int, shape: tuple[tuple[int, ...], int]
+) -> None:
     """Strategies without a server checkpoint worker 0's parameters (all workers agree)."""
     root = Path(spec.run_dir) / "checkpoints"
+    flat.gather_buffers()
     save_checkpoint(
         root,
         free_step(root, step),  # never collides with checkpoints a fallen-back resume left
         {"params": flat.params_np.copy()},
-        checkpoint_meta(spec.config, flat.size, step),
+        checkpoint_meta(spec.config, Layout(flat.param_size, flat.buffer_size), step, shape),
         keep=spec.config.keep_checkpoints,
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,16 +35,23 @@ def host() -> Iterator[HostData]:
         stop_forkserver()
 
 
-def test_a_fork_works_out_what_the_launcher_would(host: HostData) -> None:
-    config = RunConfig(data="synthetic-lr", model="mlp", seed=3).validate()
+def test_a_fork_works_out_what_the_launcher_would(host: HostData, tmp_path: Path) -> None:
+    config = RunConfig(data="synthetic-lr", model="tests.bn_models:bn_mlp", seed=3).validate()
     dataset, memory = host.files.dataset(), PeakMemory()
     forked, here = Forked(host.files, memory), InProcess()
-    initial = forked.initial(config, dataset)
-    assert np.array_equal(initial, here.initial(config, dataset))
+    initial, parameters = forked.initial(config, dataset)
+    expected, expected_parameters = here.initial(config, dataset)
+    assert np.array_equal(initial, expected) and parameters == expected_parameters
+    assert initial.size == parameters + 2 * (128 + 128 + 1)  # BatchNorm's buffers follow
     params = initial + np.linspace(-0.1, 0.1, initial.size, dtype=np.float32)
-    assert forked.evaluate(config, dataset, params) == pytest.approx(
-        here.evaluate(config, dataset, params), rel=1e-6
+    params[parameters:] = np.abs(params[parameters:])  # a variance is never negative
+    figures = forked.evaluate(config, dataset, params, tmp_path / "forked")
+    assert figures == pytest.approx(
+        here.evaluate(config, dataset, params, tmp_path / "here"), rel=1e-6
     )
+    assert (tmp_path / "forked" / "model.safetensors").read_bytes() == (
+        tmp_path / "here" / "model.safetensors"
+    ).read_bytes()
     assert len(memory.peaks) == 2 and all(peak > 10 << 20 for peak in memory.peaks.values())
 
 
@@ -54,7 +62,7 @@ def test_an_error_in_the_fork_is_raised_in_the_launcher_as_itself(host: HostData
     good = RunConfig(data="synthetic-lr", model="logreg").validate()
     wrong_size = np.zeros(3, dtype=np.float32)  # not a ConfigError: named with its trace
     with pytest.raises(Exception, match="working out the final evaluation failed: ValueError"):
-        Forked(host.files).evaluate(good, host.files.dataset(), wrong_size)
+        Forked(host.files).evaluate(good, host.files.dataset(), wrong_size, None)
 
 
 def _hang(seconds: float) -> None:

@@ -71,3 +71,50 @@ def test_a_refused_easgd_chunk_answers_zero_and_leaves_the_center() -> None:
     assert rejected["nonfinite"] == 1
     np.testing.assert_array_equal(out, 0.0)
     np.testing.assert_array_equal(shard.params, 1.0)
+
+
+def _fold_with_buffers(
+    rule: UpdateRule, params: np.ndarray, first_buffer: int, start: int, synchronous: bool
+) -> tuple[Fold, ShardState]:
+    """A shard of keys [start, start + params.size) of a model whose buffers begin at
+    key `first_buffer`."""
+    spec = ShardSpec(0, 1, start, start + params.size, buffers_from=first_buffer)
+    shard = ShardState.create(spec, params, rule.state_names, None, synchronous, 0)
+    clocks = ClockTable(2, None, 30.0, 30.0)
+    fold = Fold(shard, rule, clocks, Replies(shard, Counter()), Counter(), Counter())
+    return fold, shard
+
+
+def test_a_push_moves_parameters_by_sgd_and_buffer_keys_by_the_changes_pushed() -> None:
+    # keys [0, SPLIT) are parameters, the rest buffers; the split falls inside a block
+    split, params = BLOCK + 7, np.ones(SIZE, F32)
+    fold, shard = _fold_with_buffers(
+        SGDRule(lr=0.1, momentum=0.9, rescale=0.5), params, split, 0, False
+    )
+    pushed = np.full(SIZE, 3.0, F32)
+    fold.chunk(slice(0, SIZE), _read_only(pushed), None)
+    np.testing.assert_allclose(shard.params[:split], 1 - 0.1 * 0.5 * 3.0, rtol=1e-6)
+    # async: a buffer's change is added as a gradient is scaled (1 / workers), no lr
+    np.testing.assert_allclose(shard.params[split:], 1 + 0.5 * 3.0, rtol=1e-6)
+    assert not shard.rule_state["momentum"][split:].any()  # no optimizer state for buffers
+
+
+def test_a_synchronous_round_adds_the_workers_mean_change_to_buffer_keys() -> None:
+    size, start = 40, 100  # the shard's first key is 100; buffers begin at key 120
+    fold, shard = _fold_with_buffers(SGDRule(lr=1.0), np.ones(size, F32), 120, start, True)
+    for clock, value in ((0, 2.0), (0, 6.0)):
+        fold.payload([_read_only(np.full(size, value, F32))], clock)
+    for worker in (0, 1):  # both workers have folded into clock 0's round
+        fold.clocks.register(worker, 0, 0).clock = 1
+    fold.maybe_commit_round()
+    np.testing.assert_allclose(shard.params[:20], 1 - 4.0)  # the mean gradient, lr 1
+    np.testing.assert_allclose(shard.params[20:], 1 + 4.0)  # plus the mean change pushed
+
+
+def test_easgd_moves_buffers_elastically_like_the_parameters() -> None:
+    center = np.zeros(SIZE, F32)
+    fold, shard = _fold_with_buffers(EASGDRule(alpha=0.25), center, 100, 0, False)
+    out = np.empty(SIZE, F32)
+    fold.chunk(slice(0, SIZE), _read_only(np.full(SIZE, 4.0, F32)), out)
+    np.testing.assert_allclose(shard.params, 1.0)
+    np.testing.assert_allclose(out, 1.0)

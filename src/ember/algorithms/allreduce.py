@@ -31,17 +31,27 @@ class AllReduceSGD:
             timeout=datetime.timedelta(seconds=ctx.config.request_timeout),
             **meeting,
         )
+        flat.gather_buffers()
         dist.broadcast(flat.params, src=0)  # identical start, also after a resume
+        flat.scatter_buffers()
         return 0
 
     def after_backward(self, step: int) -> None:
         assert self.flat is not None and self.optimizer is not None
+        flat = self.flat
         started = time.perf_counter()
-        dist.all_reduce(self.flat.grads, op=dist.ReduceOp.SUM)
-        self.flat.grads.div_(self.context.world)
+        # The buffers ride in the gradient vector's buffer keys, so one all-reduce averages
+        # both: every worker's BatchNorm statistics count, as DDP's broadcast from rank 0
+        # (which keeps only rank 0's) would not, and no second collective is paid for.
+        flat.stage_buffers(flat.grads)
+        dist.all_reduce(flat.grads, op=dist.ReduceOp.SUM)
+        flat.grads.div_(self.context.world)
+        if flat.buffer_size:
+            flat.buffers.copy_(flat.grads[flat.param_size :])
+            flat.scatter_buffers()
         elapsed = time.perf_counter() - started
         # A ring all-reduce sends and receives 2 (n - 1) / n of the buffer per worker.
-        moved = int(2 * (self.context.world - 1) / self.context.world * self.flat.grads.nbytes)
+        moved = int(2 * (self.context.world - 1) / self.context.world * flat.grads.nbytes)
         self.stats.record(ExchangeResult(elapsed, moved, moved, 0), elapsed)
         self.optimizer.step()
 

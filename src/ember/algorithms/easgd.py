@@ -74,6 +74,7 @@ class SyncEASGD(_EASGDBase):
         # in shared memory, the elastic difference is read where the server wrote it
         self.elastic = np.empty(flat.size, np.float32) if buffers is None else buffers[1]
         self.client.pull(flat.params_np)  # x_i starts at the center
+        flat.scatter_buffers()
         return resumed["step"]
 
     def after_backward(self, step: int) -> None:
@@ -87,8 +88,10 @@ class SyncEASGD(_EASGDBase):
         assert self.flat is not None
         self.client.step = step
         started = time.perf_counter()
+        self.flat.gather_buffers()  # buffers move elastically with the parameters
         result = self.client.push(self.flat.params_np, reply_into=self.elastic)
         self.flat.params_np -= self.elastic  # x_i -= alpha * (x_i - center)
+        self.flat.scatter_buffers()
         self._keep_center(self.flat.params_np)  # the round's center commits only when complete
         self.stats.record(result, time.perf_counter() - started)
         self.exchanged_at = step
@@ -130,6 +133,7 @@ class AsyncEASGD(_EASGDBase):
             raise EmberError("exchanger thread did not start in time")
         self._arrived.clear()
         self._raise_if_failed()
+        flat.scatter_buffers()  # the exchanger pulled the center into the flat vector
         return self._resumed["step"]
 
     def _exchange_loop(self) -> None:
@@ -175,6 +179,7 @@ class AsyncEASGD(_EASGDBase):
             self._arrived.clear()
             self._raise_if_failed()
             self.flat.params_np -= self.elastic
+            self.flat.scatter_buffers()
             self._keep_center(self.snapshot)  # the server moved the center by e at once
             self.stats.record(self._last_result, self._blocked)
             self.period.exchanged(self._last_result.seconds)
@@ -199,6 +204,7 @@ class AsyncEASGD(_EASGDBase):
         """Hand the exchanger a snapshot of x_i taken after local step `step`."""
         assert self.flat is not None
         self._idle.clear()
+        self.flat.gather_buffers()  # buffers move elastically with the parameters
         np.copyto(self.snapshot, self.flat.params_np)
         self._snapshot_step = self.exchanged_at = step
         self._due.set()

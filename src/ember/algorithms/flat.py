@@ -1,25 +1,85 @@
-"""FlatModel: a module's parameters and gradients as views into two flat float32 buffers."""
+"""FlatModel: a module's whole state (trainable parameters, then its buffers) as one flat
+float32 buffer, and its gradients as another."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 
-class FlatModel:
-    """Re-points every parameter (and its .grad) at a slice of one contiguous buffer, so a whole
-    model is pushed, pulled or all-reduced as one array with no gather or scatter copies.
+@dataclass
+class _BufferSlot:
+    """Where one of the module's persistent buffers lives in the flat vector. A float32 buffer
+    is a view of its slot (the module updates it in place, as BatchNorm does); any other dtype
+    is copied in by `gather_buffers` and back by `scatter_buffers`."""
 
-    The buffers belong to the model for its lifetime; `.numpy()` views share their memory.
-    Flat gradients cost a zeroing pass and an accumulating backward each step, so only the
-    strategies that ship gradients ask for them; the others let autograd allocate them.
-    """
+    owner: torch.nn.Module  # the submodule that registered it
+    leaf: str  # its name in owner._buffers
+    name: str  # its state_dict key, for errors
+    slot: torch.Tensor  # its slice of the flat vector, float32
+    shape: torch.Size
+    dtype: torch.dtype
+
+    @property
+    def current(self) -> torch.Tensor:
+        return self.owner._buffers[self.leaf]  # type: ignore[return-value]
+
+    def is_view(self, tensor: torch.Tensor) -> bool:
+        return (
+            tensor.dtype == torch.float32
+            and tensor.data_ptr() == self.slot.data_ptr()
+            and tensor.shape == self.shape
+        )
+
+
+BufferRef = tuple[str, torch.nn.Module, str, torch.Tensor]  # state_dict key, owner, leaf, value
+
+
+def model_buffers(module: torch.nn.Module) -> list[BufferRef]:
+    """Every persistent buffer, in state_dict order: what a saved model holds beside its
+    parameters. Non-persistent ones are the model's to rebuild, and are not carried."""
+    found: list[BufferRef] = []
+    seen: set[int] = set()  # a buffer registered twice travels once
+    for prefix, owner in module.named_modules():
+        for leaf, buffer in owner._buffers.items():
+            if buffer is None or leaf in owner._non_persistent_buffers_set:
+                continue
+            if id(buffer) not in seen:
+                seen.add(id(buffer))
+                found.append((f"{prefix}.{leaf}" if prefix else leaf, owner, leaf, buffer))
+    return found
+
+
+def flat_layout(module: torch.nn.Module) -> tuple[int, int]:
+    """(parameter keys, buffer keys) of the module's flat vector."""
+    params = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    return params, sum(buffer.numel() for *_, buffer in model_buffers(module))
+
+
+class FlatModel:
+    """Re-points every trainable parameter (and its .grad) at a slice of one contiguous buffer,
+    followed by the module's persistent buffers (BatchNorm's running statistics and counts),
+    so a whole model is pushed, pulled, all-reduced or saved as one array with no gather or
+    scatter copies of its parameters.
+
+    `params` holds keys [0, param_size) of parameters, then `buffer_size` keys of buffers, all
+    float32 whatever a buffer's own dtype: integer buffers (num_batches_tracked) travel as
+    float32, exact below 2**24, and are rounded when they return to the module. The buffers
+    belong to the model for its lifetime; `.numpy()` views share their memory. Flat gradients
+    cost a zeroing pass and an accumulating backward each step, so only the strategies that
+    ship gradients ask for them; the others let autograd allocate them. The buffer keys of
+    `grads` are staging room: autograd never writes there."""
 
     def __init__(self, module: torch.nn.Module, flat_grads: bool = True) -> None:
         self.module = module
         self.flat_grads = flat_grads
         params = [p for p in module.parameters() if p.requires_grad]
-        self.size = sum(p.numel() for p in params)
+        buffers = model_buffers(module)
+        self.param_size = sum(p.numel() for p in params)
+        self.buffer_size = sum(buffer.numel() for *_, buffer in buffers)
+        self.size = self.param_size + self.buffer_size
         self.params = torch.empty(self.size, dtype=torch.float32)
         self.grads = torch.zeros(self.size if flat_grads else 0, dtype=torch.float32)
         offset = 0
@@ -29,8 +89,57 @@ class FlatModel:
             p.data = self.params[offset : offset + n].view_as(p)
             p.grad = self.grads[offset : offset + n].view_as(p) if flat_grads else None
             offset += n
+        self.slots: list[_BufferSlot] = []
+        for name, owner, leaf, buffer in buffers:
+            n = buffer.numel()
+            slot = self.params[offset : offset + n]
+            self.slots.append(_BufferSlot(owner, leaf, name, slot, buffer.shape, buffer.dtype))
+            offset += n
+        self.gather_buffers()
         self.params_np: np.ndarray = self.params.numpy()
         self.grads_np: np.ndarray = self.grads.numpy()
+
+    @property
+    def buffers(self) -> torch.Tensor:
+        """The buffer keys of the flat vector (a view)."""
+        return self.params[self.param_size :]
+
+    def gather_buffers(self) -> None:
+        """Bring the module's buffers into the flat vector before it is read (sent, saved,
+        all-reduced). A float32 buffer is a view of its slot, so this costs nothing for it
+        unless the module replaced the tensor, when its values are taken and it is a view
+        again; other dtypes are copied in."""
+        for entry in self.slots:
+            current = entry.current
+            if entry.is_view(current):
+                continue
+            if current.shape != entry.shape:
+                raise ValueError(
+                    f"buffer {entry.name!r} changed shape from {list(entry.shape)} to"
+                    f" {list(current.shape)} during training; ember exchanges buffers of a"
+                    " fixed shape"
+                )
+            with torch.no_grad():
+                entry.slot.copy_(current.detach().reshape(-1))
+            if current.dtype == torch.float32:
+                entry.owner._buffers[entry.leaf] = entry.slot.view(entry.shape)
+
+    def scatter_buffers(self) -> None:
+        """Give the module its buffers back after the flat vector was written (pulled,
+        loaded, moved by an exchange): a no-op for the float32 views."""
+        with torch.no_grad():
+            for entry in self.slots:
+                current = entry.current
+                if not entry.is_view(current):
+                    current.copy_(_as_dtype(entry.slot, entry.dtype).view(entry.shape))
+
+    def stage_buffers(self, target: torch.Tensor) -> torch.Tensor:
+        """Copy the current buffers into the buffer keys of `target` (a gradient vector about
+        to be sent): a push carries the worker's buffers beside its gradients."""
+        if self.buffer_size:
+            self.gather_buffers()
+            target[self.param_size :].copy_(self.buffers)
+        return target
 
     def zero_grad(self) -> None:
         if self.flat_grads:
@@ -40,21 +149,39 @@ class FlatModel:
 
     def load(self, values: np.ndarray | torch.Tensor) -> None:
         self.params.copy_(torch.as_tensor(values).reshape(-1))
+        self.scatter_buffers()
+
+
+def _as_dtype(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Float32 values in a buffer's own dtype: integers rounded, booleans thresholded."""
+    if dtype == torch.bool:
+        return values > 0.5
+    if not dtype.is_floating_point and not dtype.is_complex:
+        return values.round().to(dtype)
+    return values.to(dtype)
 
 
 def flatten_parameters(module: torch.nn.Module) -> np.ndarray:
-    """A copy of a module's trainable parameters as one float32 vector (FlatModel's order)."""
-    parts = [p.detach().reshape(-1) for p in module.parameters() if p.requires_grad]
-    return torch.cat(parts).to(torch.float32).numpy().copy()
+    """A copy of a module's trainable parameters then its buffers as one float32 vector
+    (FlatModel's order), leaving the module as it is."""
+    parts = [p.detach().reshape(-1).float() for p in module.parameters() if p.requires_grad]
+    for *_, buffer in model_buffers(module):
+        parts.append(buffer.detach().reshape(-1).float())
+    if not parts:
+        return np.zeros(0, np.float32)
+    return torch.cat(parts).numpy().copy()
 
 
 def load_flat_parameters(module: torch.nn.Module, values: np.ndarray) -> None:
-    """Copy a flat vector (FlatModel's order) into a module's parameters."""
+    """Copy a flat vector (FlatModel's order: parameters, then buffers) into a module."""
     params = [p for p in module.parameters() if p.requires_grad]
-    expected = sum(p.numel() for p in params)
-    if values.shape != (expected,):
+    buffers = [buffer for *_, buffer in model_buffers(module)]
+    param_size, buffer_size = flat_layout(module)
+    if values.shape != (param_size + buffer_size,):
         raise ValueError(
-            f"flat parameters have shape {values.shape}, the model needs ({expected},)"
+            f"a flat state of shape {values.shape} does not fit the model, which needs"
+            f" ({param_size + buffer_size},): {param_size} parameters and {buffer_size}"
+            " buffer values"
         )
     source = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
     offset = 0
@@ -62,3 +189,7 @@ def load_flat_parameters(module: torch.nn.Module, values: np.ndarray) -> None:
         for p in params:
             p.copy_(source[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
+        for buffer in buffers:
+            part = source[offset : offset + buffer.numel()]
+            buffer.copy_(_as_dtype(part, buffer.dtype).view_as(buffer))
+            offset += buffer.numel()

@@ -56,6 +56,23 @@ class SGDRule:
             np.multiply(folded, np.float32(self.lr * factor), out=scratch)
         np.subtract(params, scratch, out=params)
 
+    def commit_buffers(
+        self,
+        buffers: np.ndarray,
+        state: dict[str, np.ndarray],
+        folded: np.ndarray,
+        count: int,
+        scratch: np.ndarray,
+    ) -> None:
+        """A push's buffer keys carry how the worker's buffers (BatchNorm statistics) changed
+        since it last pulled or pushed, not gradients: they are added, scaled as a gradient
+        is (a synchronous round's mean; 1 / workers each under async and SSP), with no
+        learning rate or optimizer state. Changes add up where values could not: error
+        feedback under --compress stays exact, and a round of fresh pulls ends at the
+        workers' mean."""
+        np.multiply(folded, np.float32(self.rescale / count), out=scratch)
+        np.add(buffers, scratch, out=buffers)
+
 
 @dataclass(frozen=True)
 class EASGDRule:
@@ -84,6 +101,9 @@ class EASGDRule:
         scratch: np.ndarray,
     ) -> None:
         np.add(params, folded, out=params)
+
+    # Buffers move elastically with the parameters, by the same moving rate alpha.
+    commit_buffers = commit
 
 
 def make_update_rule(config: RunConfig) -> UpdateRule:

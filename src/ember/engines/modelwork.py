@@ -12,6 +12,7 @@ import signal
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
@@ -35,14 +36,17 @@ ANSWER_SECONDS = 900.0
 
 
 class ModelWork(Protocol):
-    def initial(self, config: RunConfig, dataset: Dataset) -> np.ndarray:
-        """The model's starting parameters, flat (FlatModel's order), from config.seed."""
+    def initial(self, config: RunConfig, dataset: Dataset) -> tuple[np.ndarray, int]:
+        """The model's starting state, flat (FlatModel's order: parameters, then buffers),
+        from config.seed, and how many of its keys are parameters."""
         ...
 
     def evaluate(
-        self, config: RunConfig, dataset: Dataset, params: np.ndarray
+        self, config: RunConfig, dataset: Dataset, params: np.ndarray, export: Path | None
     ) -> tuple[float, float]:
-        """(accuracy, mean cross-entropy) of `params` on the dataset's test rows."""
+        """(accuracy, mean cross-entropy) of the model holding `params` on the dataset's
+        test rows; with `export`, that module is first written there (export.py), so the
+        figures are those of the model a user loads."""
         ...
 
 
@@ -57,36 +61,51 @@ def fresh_model(
 
 def fresh_parameters(
     config: RunConfig, input_shape: tuple[int, ...], num_classes: int
-) -> np.ndarray:
-    """The configured model's starting parameters, flat (FlatModel's order)."""
-    from ember.algorithms import flatten_parameters
+) -> tuple[np.ndarray, int]:
+    """The configured model's starting state, flat (FlatModel's order), and how many of its
+    keys are parameters (the rest are buffers)."""
+    from ember.algorithms.flat import flat_layout, flatten_parameters
 
-    return flatten_parameters(fresh_model(config, input_shape, num_classes))
+    model = fresh_model(config, input_shape, num_classes)
+    return flatten_parameters(model), flat_layout(model)[0]
 
 
 def trained_model(
     config: RunConfig, input_shape: tuple[int, ...], num_classes: int, params: np.ndarray
 ) -> torch.nn.Module:
-    """The configured model holding `params`."""
+    """The configured model holding `params` (parameters and buffers), in eval mode."""
     from ember.algorithms import load_flat_parameters
 
     model = fresh_model(config, input_shape, num_classes)
     load_flat_parameters(model, params)
+    return model.eval()
+
+
+def exported_model(
+    config: RunConfig, shape: tuple[tuple[int, ...], int], params: np.ndarray, export: Path | None
+) -> torch.nn.Module:
+    """trained_model, written to `export` (a run directory) when given."""
+    model = trained_model(config, shape[0], shape[1], params)
+    if export is not None:
+        from ember.export import save_model
+
+        save_model(export, model, config, shape)
     return model
 
 
 class InProcess:
     """Torch work in this process (it imports torch the first time)."""
 
-    def initial(self, config: RunConfig, dataset: Dataset) -> np.ndarray:
+    def initial(self, config: RunConfig, dataset: Dataset) -> tuple[np.ndarray, int]:
         return fresh_parameters(config, dataset.input_shape, dataset.num_classes)
 
     def evaluate(
-        self, config: RunConfig, dataset: Dataset, params: np.ndarray
+        self, config: RunConfig, dataset: Dataset, params: np.ndarray, export: Path | None
     ) -> tuple[float, float]:
         from ember.evaluation import evaluate
 
-        model = trained_model(config, dataset.input_shape, dataset.num_classes, params)
+        shape = (tuple(dataset.input_shape), dataset.num_classes)
+        model = exported_model(config, shape, params, export)
         return evaluate(model, dataset.x_test, dataset.y_test)
 
 
@@ -99,19 +118,26 @@ class Forked:
     files: DataFiles
     memory: PeakMemory | None = None  # the run's, to which each child adds its peak
 
-    def initial(self, config: RunConfig, dataset: Dataset) -> np.ndarray:
-        answer = self._ask("initial", config, dataset, None)
-        return np.frombuffer(answer, dtype=np.float32).copy()
+    def initial(self, config: RunConfig, dataset: Dataset) -> tuple[np.ndarray, int]:
+        answer = self._ask("initial", config, dataset, None, None)
+        parameters = int.from_bytes(answer[:8], "little")
+        return np.frombuffer(answer, dtype=np.float32, offset=8).copy(), parameters
 
     def evaluate(
-        self, config: RunConfig, dataset: Dataset, params: np.ndarray
+        self, config: RunConfig, dataset: Dataset, params: np.ndarray, export: Path | None
     ) -> tuple[float, float]:
         payload = np.ascontiguousarray(params, dtype=np.float32)  # sent as its buffer: no copy
-        accuracy, loss = msgpack.unpackb(self._ask("evaluate", config, dataset, payload))
+        answer = self._ask("evaluate", config, dataset, payload, export)
+        accuracy, loss = msgpack.unpackb(answer)
         return float(accuracy), float(loss)
 
     def _ask(
-        self, kind: str, config: RunConfig, dataset: Dataset, payload: np.ndarray | None
+        self,
+        kind: str,
+        config: RunConfig,
+        dataset: Dataset,
+        payload: np.ndarray | None,
+        export: Path | None,
     ) -> bytes:
         from ember.engines.forking import FORKSERVER
 
@@ -120,7 +146,7 @@ class Forked:
         shape = (dataset.input_shape, dataset.num_classes)
         process = FORKSERVER.Process(
             target=_answer,
-            args=(kind, config, self.files, shape, theirs),
+            args=(kind, config, self.files, shape, theirs, None if export is None else str(export)),
             name=f"ember-{kind}",
             daemon=True,
         )
@@ -188,7 +214,12 @@ def _error(header: dict[str, Any], what: str) -> Exception:
 
 
 def _answer(
-    kind: str, config: RunConfig, files: DataFiles, shape: tuple[Any, int], conn: Any
+    kind: str,
+    config: RunConfig,
+    files: DataFiles,
+    shape: tuple[Any, int],
+    conn: Any,
+    export: str | None,
 ) -> None:
     """The child: build the model, answer, exit. Ctrl-C is the launcher's to handle."""
     _die_with_parent()
@@ -196,12 +227,14 @@ def _answer(
     try:
         input_shape, num_classes = tuple(shape[0]), int(shape[1])
         if kind == "initial":
-            body: Any = fresh_parameters(config, input_shape, num_classes)  # sent as its buffer
+            values, parameters = fresh_parameters(config, input_shape, num_classes)
+            body: Any = parameters.to_bytes(8, "little") + values.tobytes()
         else:
             params = np.frombuffer(conn.recv_bytes(), dtype=np.float32).copy()  # writable
             from ember.evaluation import evaluate_batches
 
-            model = trained_model(config, input_shape, num_classes, params)
+            where = None if export is None else Path(export)
+            model = exported_model(config, (input_shape, num_classes), params, where)
             # read a window at a time, not mapped: this fork holds no copy of the test set
             body = msgpack.packb(list(evaluate_batches(model, files.test_batches(2000))))
     except Exception as exc:

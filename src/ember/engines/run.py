@@ -171,7 +171,8 @@ class Run:
         metrics.write(RunEvent(event="final checkpoint", details={"path": str(path)}))
 
     def _meta(self) -> dict[str, Any]:
-        return checkpoint_meta(self.config, self.setup.initial.size, 0)
+        setup = self.setup
+        return checkpoint_meta(self.config, setup.layout, 0, setup.shape)
 
 
 def _describe(event: dict[str, Any]) -> str:

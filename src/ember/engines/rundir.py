@@ -19,14 +19,15 @@ from ember.checkpoint import (
     list_checkpoints,
     load_checkpoint,
     verify_run_state,
+    with_buffers,
 )
 from ember.config import RunConfig
 from ember.data import Dataset
-from ember.engines.modelwork import InProcess, ModelWork, trained_model
+from ember.engines.modelwork import InProcess, ModelWork
 from ember.engines.servers import ServerGroup
 from ember.errors import CheckpointError, ConfigError
 from ember.metrics import MetricsLog, RunEvent, RunSummary, write_json
-from ember.spec import load_data
+from ember.spec import Layout, load_data
 from ember.wire import use_encryption
 
 if TYPE_CHECKING:
@@ -42,11 +43,15 @@ class RunResult:
     run_dir: Path
     config: RunConfig = field(repr=False)
     shape: tuple[tuple[int, ...], int] = field(repr=False)  # the model's input shape, classes
-    params: np.ndarray = field(repr=False, compare=False)  # the final parameters, flat
+    params: np.ndarray = field(repr=False, compare=False)  # the final state, flat
 
     @cached_property
     def model(self) -> torch.nn.Module:
-        return trained_model(self.config, *self.shape, self.params)
+        """The module the summary's test figures were measured on, as model.safetensors
+        holds it (parameters and buffers), in eval mode."""
+        from ember.export import load_model
+
+        return load_model(self.run_dir, model=self.config.model)
 
 
 @dataclass
@@ -54,7 +59,8 @@ class RunSetup:
     config: RunConfig
     run_dir: Path
     dataset: Dataset
-    initial: np.ndarray  # flat starting parameters (fresh, or the checkpoint's)
+    initial: np.ndarray  # flat starting state (fresh, or the checkpoint's)
+    layout: Layout  # which of its keys are parameters and which buffers
     resume: Checkpoint | None
     metrics: MetricsLog
     work: ModelWork  # who builds and evaluates the model
@@ -69,7 +75,14 @@ class RunSetup:
         """This run's parameter servers, not started yet."""
         logs = self.run_dir / "logs"
         spares = self.spare_servers
-        return ServerGroup(self.config, self.initial, self.secret, logs, self.resume, spares)
+        return ServerGroup(
+            self.config, self.initial, self.secret, logs, self.resume, spares, self.layout
+        )
+
+    @property
+    def shape(self) -> tuple[tuple[int, ...], int]:
+        """The model's input shape and classes."""
+        return (tuple(self.dataset.input_shape), self.dataset.num_classes)
 
     @property
     def resumed_step(self) -> int:
@@ -92,22 +105,17 @@ def prepare_run(
             f"out {run_dir} already holds checkpoints; pass --resume auto to continue"
             " that run or choose another --out"
         )
-    initial = work.initial(config, dataset)
+    initial, parameters = work.initial(config, dataset)
+    layout = Layout(parameters, initial.size - parameters)
     if resume is not None:
-        params = resume.tensors.get("params")
-        if params is None or params.shape != initial.shape:
-            found = "no params" if params is None else f"{params.size} parameters"
-            raise CheckpointError(
-                f"checkpoint {resume.path} holds {found}; model {config.model!r}"
-                f" on {config.data!r} needs {initial.size}"
-            )
-        initial = params.astype(np.float32, copy=False)
+        resume = with_buffers(resume, initial, parameters)
+        initial = resume.tensors["params"].astype(np.float32, copy=False)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     metrics = MetricsLog(run_dir / "metrics.jsonl", tensorboard=config.tensorboard)
     checkpoint = str(resume.path) if resume else None
     details = {"checkpoint": checkpoint, "config": config.to_dict()}
     metrics.write(RunEvent(event="resume" if resume else "start", details=details))
-    return RunSetup(config, run_dir, dataset, initial, resume, metrics, work)
+    return RunSetup(config, run_dir, dataset, initial, layout, resume, metrics, work)
 
 
 def resolve_resume(config: RunConfig, checkpoints: Path) -> Checkpoint | None:
@@ -135,11 +143,12 @@ def finish_run(
     seconds: float,
     extra: dict[str, Any],
 ) -> RunResult:
-    """Evaluate the final parameters on the held-out set and write summary.json."""
+    """Write the final model (model.safetensors, model.json), evaluate that module on the
+    held-out set and write summary.json."""
     from ember.metrics import summarize_workers
 
     config, dataset = setup.config, setup.dataset
-    accuracy, loss = setup.work.evaluate(config, dataset, params)
+    accuracy, loss = setup.work.evaluate(config, dataset, params, setup.run_dir)
     summary = {
         "strategy": config.strategy,
         "engine": config.engine,
@@ -148,7 +157,9 @@ def finish_run(
         "epochs": config.epochs,
         "model": config.model,
         "data": config.data,
-        "parameters": int(params.size),
+        "parameters": setup.layout.parameters,
+        "buffers": setup.layout.buffers,  # values of BatchNorm statistics and other buffers
+        "model_file": "model.safetensors",
         "test_accuracy": accuracy,
         "test_loss": loss,
         **summarize_workers(workers, seconds),

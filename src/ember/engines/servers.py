@@ -26,12 +26,14 @@ from ember.checkpoint import (
     latest_valid_checkpoint,
     save_checkpoint,
     verify_run_state,
+    with_buffers,
 )
 from ember.config import RunConfig
 from ember.engines.addresses import Placement, local_address, placement, port_of
 from ember.engines.process import Interpreter, reap, tail
 from ember.errors import CheckpointError, EmberError, ServerUnavailable
 from ember.ps import ShardSpec, control, fetch_state, shard_ranges
+from ember.spec import Layout
 
 SERVER_MODULE = "ember.engines.server_main"  # what each server process runs
 START_SECONDS = 60.0  # a server that has not bound its socket by then is not going to
@@ -60,8 +62,12 @@ class ServerGroup:
         log_dir: Path,
         resume: Checkpoint | None = None,
         spares: list[Interpreter] | None = None,
+        layout: Layout | None = None,
     ) -> None:
+        """`layout` says which keys of `initial` are the model's buffers, which the servers
+        fold in as values (rules.py); without it every key is a parameter."""
         self.config, self.secret, self.log_dir = config, secret, log_dir
+        self.layout = layout if layout is not None else Layout(initial.size)
         self.spares = spares if spares is not None else []  # started early: see spare_servers
         self.initial, self.resume = initial, resume
         self.rule = make_update_rule(config)
@@ -94,7 +100,11 @@ class ServerGroup:
 
     def start(self) -> list[str]:
         ranges = shard_ranges(self.initial.size, self.config.servers)
-        shards = [ShardSpec(i, len(ranges), a, b) for i, (a, b) in enumerate(ranges)]
+        first_buffer = self.layout.parameters
+        shards = [
+            ShardSpec(i, len(ranges), a, b, buffers_from=first_buffer)
+            for i, (a, b) in enumerate(ranges)
+        ]
         self.slots = [[Slot(s, r) for r in range(self.config.replicas)] for s in shards]
         self.primary = [0] * len(shards)
         tensors = {"params": self.initial}
@@ -196,6 +206,8 @@ class ServerGroup:
         self, index: int, dead: list[Slot], checkpoints: Path, primary_needed: bool
     ) -> None:
         saved = latest_valid_checkpoint(checkpoints, verify_run_state)
+        if saved is not None:  # the one a resume started from may predate buffers
+            saved = with_buffers(saved, self.initial, self.layout.parameters)
         tensors = dict(saved.tensors) if saved is not None else {"params": self.initial}
         meta = saved.meta if saved is not None else {}
         state = self._state_file(f"restart-{index}", tensors)

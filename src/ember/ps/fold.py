@@ -126,14 +126,25 @@ class Fold:
         params, state = self.shard.params[keys], self.shard.state_at(keys)
         kept = [(value, self._scratch(name, params.size)) for name, value in state.items()]
         kept.append((params, self._scratch("params", params.size)))
-        commit, scratch, size = self.rule.commit, self._rule_scratch, params.size
+        scratch, size = self._rule_scratch, params.size
+        # keys from `split` on hold the model's buffers, which the rule folds in its own way
+        shard_split = self.shard.buffers_from
+        split = size if shard_split is None else min(max(shard_split - keys.start, 0), size)
         for start in range(0, size, BLOCK):  # a short loop: its overhead is a few percent
             block = slice(start, start + BLOCK)
             for value, before in kept:
                 np.copyto(before[block], value[block])
             written = params[block]
-            rule_state = {name: value[block] for name, value in state.items()} if state else {}
-            commit(written, rule_state, contribution[block], count, scratch[: written.size])
+            stop = start + written.size
+            for part, commit in (
+                (slice(start, min(stop, split)), self.rule.commit),
+                (slice(max(start, split), stop), self.rule.commit_buffers),
+            ):
+                if part.start >= part.stop:
+                    continue
+                values = params[part]
+                rule_state = {name: value[part] for name, value in state.items()}
+                commit(values, rule_state, contribution[part], count, scratch[: values.size])
             if not math.isfinite(written.sum()):
                 done = start + written.size
                 for value, before in kept:

@@ -50,6 +50,18 @@ class UpdateRule(Protocol):
         `folded`'s size, is the rule's to overwrite, so an update allocates nothing."""
         ...
 
+    def commit_buffers(
+        self,
+        buffers: np.ndarray,
+        state: dict[str, np.ndarray],
+        folded: np.ndarray,
+        count: int,
+        scratch: np.ndarray,
+    ) -> None:
+        """`commit` for the model's buffer keys (BatchNorm's statistics), which pushes carry
+        as values, not as what the rule makes of parameters."""
+        ...
+
 
 @dataclass(frozen=True)
 class ShardSpec:
@@ -57,10 +69,18 @@ class ShardSpec:
     count: int
     start: int  # first key (element of the flat parameter vector) this shard owns
     stop: int
+    buffers_from: int | None = None  # first key of the model's buffers; None: all parameters
 
     @property
     def size(self) -> int:
         return self.stop - self.start
+
+    @property
+    def local_buffers_from(self) -> int:
+        """The first of this shard's own keys that holds a buffer (its size if none does)."""
+        if self.buffers_from is None:
+            return self.size
+        return min(max(self.buffers_from - self.start, 0), self.size)
 
 
 def shard_ranges(total: int, count: int) -> list[tuple[int, int]]:
@@ -81,6 +101,7 @@ class ShardState:
     round_count: int = 0  # contributions round_sum holds
     round_clock: int = 0  # the clock whose contributions round_sum holds
     step: int = 0  # commits applied to the parameters
+    buffers_from: int | None = None  # the first key that holds a buffer; None: the size
 
     @classmethod
     def create(
@@ -105,6 +126,7 @@ class ShardState:
             rule_state=rule_state,
             round_sum=np.zeros(spec.size, np.float32) if synchronous else None,
             step=step,
+            buffers_from=spec.local_buffers_from,
         )
 
     def state_at(self, keys: slice) -> dict[str, np.ndarray]:

@@ -241,7 +241,7 @@ def _save_state(run: Run, state: dict[str, Any]) -> None:
     setup, root = run.setup, run.setup.checkpoints
     params = state_params(state, setup.initial.size)
     step = int(state["step"])
-    meta = checkpoint_meta(setup.config, params.size, step)
+    meta = checkpoint_meta(setup.config, setup.layout, step, setup.shape)
     save_checkpoint(
         root, free_step(root, step), {"params": params}, meta, setup.config.keep_checkpoints
     )
