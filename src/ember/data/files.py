@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -87,7 +88,9 @@ def _read_parquet(path: Path) -> tuple[np.ndarray, np.ndarray]:
     ftype, ltype = features.type, label.type
     is_list = pa.types.is_list(ftype) or pa.types.is_large_list(ftype)
     if not (is_list or pa.types.is_fixed_size_list(ftype)):
-        raise ConfigError(f"{where}: column 'features' must be a list of numbers, got {ftype}")
+        raise ConfigError(
+            f"{where}: column 'features' must be a list of numbers, got {ftype}{_hint(ftype)}"
+        )
     if not (pa.types.is_integer(ftype.value_type) or pa.types.is_floating(ftype.value_type)):
         raise ConfigError(f"{where}: column 'features' must hold numbers, got {ftype}")
     if not (
@@ -112,6 +115,23 @@ def _read_parquet(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise ConfigError(f"{where}: column 'features' has empty lists or nulls inside lists")
     x = flat.to_numpy().reshape(len(table), width)
     return _validated(where, x, label.to_numpy(), "column 'features'", "column 'label'")
+
+
+# How Spark writes a pyspark.ml.linalg vector column (VectorUDT) to Parquet
+SPARK_VECTOR_FIELDS = {"type", "size", "indices", "values"}
+
+
+def _hint(ftype: Any) -> str:
+    """What to do about a features column Spark wrote as ML vectors; nothing for another type."""
+    import pyarrow as pa
+
+    if not pa.types.is_struct(ftype) or {f.name for f in ftype} != SPARK_VECTOR_FIELDS:
+        return ""
+    return (
+        "; it holds Spark ML vectors (a VectorAssembler's output): write it as an array,"
+        " df.withColumn('features', pyspark.ml.functions.vector_to_array('features')),"
+        " or pass the DataFrame to ember.spark.fit, which takes vectors"
+    )
 
 
 def _hold_out(
