@@ -125,6 +125,7 @@ class WorkerError(Record):
     rank: int  # the worker that raised
     incarnation: int  # which start of the rank raised
     error: str  # the exception and its traceback
+    retry: bool = True  # False: raised before its first step, as a restart would raise it again
 
 
 @dataclass(frozen=True, kw_only=True)

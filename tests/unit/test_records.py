@@ -120,7 +120,13 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
     ),
     (
         WorkerError(rank=1, incarnation=0, error="ValueError: bad\ntraceback"),
-        {"kind": "error", "rank": 1, "incarnation": 0, "error": "ValueError: bad\ntraceback"},
+        {
+            "kind": "error",
+            "rank": 1,
+            "incarnation": 0,
+            "error": "ValueError: bad\ntraceback",
+            "retry": True,
+        },
     ),
     (
         WorkerRestart(rank=1, incarnation=1, exitcode=-9, error=""),

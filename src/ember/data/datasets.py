@@ -143,6 +143,20 @@ def shard_indices(n: int, rank: int, world: int) -> np.ndarray:
     return np.arange(rank * per, (rank + 1) * per, dtype=np.int64)
 
 
+def check_shards(name: str, rows: tuple[int, int], workers: int, batch_size: int) -> None:
+    """Refuse, before anything starts, data `name` whose (training, test) `rows` are too few
+    for each of `workers` to train on one batch of `batch_size` (rows // workers each)."""
+    train, test = rows
+    if train // workers < batch_size:
+        each = f"each of {workers} workers" if workers > 1 else "its 1 worker"
+        raise ConfigError(
+            f"data {name}: {train} training rows (besides {test} test row{'s' * (test != 1)})"
+            f" cannot give {each}"
+            f" one batch of {batch_size} rows ({workers * batch_size} rows at least); lower"
+            " --workers or --batch-size"
+        )
+
+
 def _mnist(seed: int, samples: int, features: int) -> Dataset:
     return _from_idx("mnist", MNIST_DIR, None, None)
 
