@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import signal
 import sys
 from typing import Any
@@ -14,6 +13,7 @@ from ember.bench.commands import add_bench_parser, add_plan_parser, bench, plan
 from ember.config import FIELD_NAMES, RunConfig, did_you_mean
 from ember.errors import CheckpointError, ConfigError, EmberError, Interrupted, WorkerFailed
 from ember.flags import HELP
+from ember.metrics import json_text
 from ember.units import positive_int
 
 
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             return _join(args)
         from ember.api import evaluate_checkpoint
 
-        print(json.dumps(evaluate_checkpoint(args.checkpoint, args.data, args.model), indent=2))
+        print(json_text(evaluate_checkpoint(args.checkpoint, args.data, args.model), indent=2))
         return 0
     except (ConfigError, CheckpointError) as exc:
         print(f"ember: error: {exc}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""What `ember train` says when a run cannot succeed: at once, and once."""
+"""What `ember train` says when a run cannot succeed or goes wrong: at once, once, and in
+files that stay strict JSON."""
 
 from __future__ import annotations
 
@@ -22,6 +23,24 @@ MODELS = """
     import multiprocessing
 
     from torch import nn
+
+
+    class PoisonFromStep3(nn.Module):
+        # training logits turn NaN from the third step on: a model that diverges
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, x):
+            if not self.training:
+                return x
+            self.calls += 1
+            return x * float("nan") if self.calls >= 3 else x
+
+
+    def diverging(input_shape, num_classes):
+        linear = nn.Linear(math.prod(input_shape), num_classes)
+        return nn.Sequential(nn.Flatten(), linear, PoisonFromStep3())
 
 
     def only_in_the_launcher(input_shape, num_classes):
@@ -79,3 +98,36 @@ def test_a_worker_that_cannot_build_its_model_fails_the_run_without_restarts(tmp
     assert "ImportError: cannot import name 'kernels' from 'fastlib'" in done.stderr
     kinds = [_strict(line)["kind"] for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert "restart" not in kinds and kinds.count("failure") == 1
+
+
+def test_a_diverging_model_is_said_once_per_worker_and_flagged_in_strict_json(tmp_path) -> None:
+    done = _train(tmp_path, "--data", "digits", "--model", "usermodels:diverging", "--epochs", "1")
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if "warning" in line]
+    assert sorted(warnings) == [
+        f"ember: warning: worker {rank}'s training loss is nan at step 3 (epoch 1): training has"
+        " diverged; a lower --lr usually helps"
+        for rank in (0, 1)
+    ]
+    run = tmp_path / "run"
+    summary = _strict((run / "summary.json").read_text())
+    assert summary["diverged"] is True
+    assert summary["first_non_finite_loss"] == {
+        "rank": 0,
+        "incarnation": 0,
+        "step": 3,
+        "epoch": 1,
+        "loss": "nan",
+    }
+    records = [_strict(line) for line in (run / "metrics.jsonl").open()]
+    diverged = [(r["rank"], r["step"]) for r in records if r["kind"] == "diverged"]
+    assert sorted(diverged) == [(0, 3), (1, 3)]
+    assert any(r["kind"] == "worker" and r["loss"] is None for r in records)
+
+
+def test_a_run_that_converges_says_so(tmp_path) -> None:
+    done = _train(tmp_path, "--data", "digits", "--model", "logreg", "--epochs", "1")
+    assert done.returncode == 0, done.stderr
+    assert "warning" not in done.stderr
+    summary = _strict((tmp_path / "run" / "summary.json").read_text())
+    assert summary["diverged"] is False and summary["first_non_finite_loss"] is None
