@@ -107,6 +107,7 @@ def evaluate_checkpoint(
     names the same factory in `model`, never on the file's word alone."""
     from ember.algorithms import load_flat_parameters
     from ember.checkpoint import load_checkpoint, verify_run_state
+    from ember.data.datasets import scored_rows
     from ember.errors import CheckpointError
     from ember.evaluation import evaluate
     from ember.models import MODEL_NAMES
@@ -142,11 +143,15 @@ def evaluate_checkpoint(
             f", model {config.model!r} on {config.data!r} needs {expected}"
         )
     load_flat_parameters(network, params)
-    accuracy, loss = evaluate(network, dataset.x_test, dataset.y_test)
+    # a file named here holds new rows: all of it is scored unless it has a test split
+    x, y, split = scored_rows(dataset, whole=data is not None)
+    accuracy, loss = evaluate(network, x, y)
     return {
         "checkpoint": str(loaded.path),
         "data": config.data,
         "model": config.model,
+        "rows": len(y),
+        "split": split,
         "test_accuracy": accuracy,
         "test_loss": loss,
         "step": loaded.step,

@@ -89,6 +89,7 @@ class Evaluation(Record):
     test_accuracy: float  # on the held-out set
     test_loss: float  # mean cross-entropy on the held-out set
     source: str = "worker 0 local parameters"  # whose parameters were evaluated
+    test_rows: int = 0  # held-out rows evaluated (Spark's tasks get a subset; 0: not said)
 
 
 @dataclass(frozen=True, kw_only=True)

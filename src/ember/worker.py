@@ -254,6 +254,7 @@ class Worker:
             "seconds": aside_started - self.started - self.aside,
             "samples": (step + 1 - self.first_step) * self.config.batch_size * self.spec.world,
             "source": "worker 0 local parameters" if center is None else CENTER_SOURCE,
+            "test_rows": len(self.dataset.y_test),
         }
         if self.config.eval_deferred:
             params = self.flat.params_np if center is None else center

@@ -44,7 +44,11 @@ def test_a_non_terminal_gets_each_phase_in_order_then_one_line_per_epoch() -> No
             progress.update(end)
         center = {"source": CENTER_SOURCE, "kind": "eval", "epoch": 2, "test_accuracy": 0.95}
         progress.update({**center, "epoch_end": True})  # easgd's worker 0 evaluates the center
-        diverged = {"kind": "diverged", "rank": 1, "step": 37, "epoch": 2, "loss": "nan"}
+        # a Spark task's evaluation on the test rows it was handed, fewer than the test set
+        subset = {**center, "epoch": 3, "test_set": "subset of 1,000 rows", "epoch_end": True}
+        progress.update(subset)
+        progress.update({**center, "epoch": 4, "test_set": "all 2,000 rows", "epoch_end": True})
+        diverged = {"kind": "diverged", "rank": 1, "step": 37, "epoch": 4, "loss": "nan"}
         for _ in range(2):  # said once per worker
             progress.update(diverged)
     assert out.getvalue().splitlines() == [
@@ -54,7 +58,9 @@ def test_a_non_terminal_gets_each_phase_in_order_then_one_line_per_epoch() -> No
         "ember: waiting for the first step",
         "epoch 1: test accuracy 0.9000 (worker 0), 4,000 samples/s",
         "epoch 2: test accuracy 0.9500 (center), 4,000 samples/s",
-        "ember: warning: worker 1's training loss is nan at step 37 (epoch 2): training has"
+        "epoch 3: test accuracy 0.9500 (center, subset of 1,000 rows), 4,000 samples/s",
+        "epoch 4: test accuracy 0.9500 (center), 4,000 samples/s",
+        "ember: warning: worker 1's training loss is nan at step 37 (epoch 4): training has"
         " diverged; a lower --lr usually helps",
     ]
 

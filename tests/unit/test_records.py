@@ -96,6 +96,7 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
             "test_accuracy": 0.9,
             "test_loss": 0.3,
             "source": "worker 0 local parameters",
+            "test_rows": 0,
         },
     ),
     (

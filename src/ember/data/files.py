@@ -43,7 +43,7 @@ def load_npz(path: Path) -> Dataset:
 
     if wanted == NPZ_SPLIT:
         return _make(str(path), where, *pair("x_train", "y_train"), *pair("x_test", "y_test"))
-    return _make(str(path), where, *_hold_out(where, *pair("x", "y")))
+    return _make(str(path), where, *_hold_out(where, *pair("x", "y")), held_out=True)
 
 
 def _missing_array(where: str, key: str, found: list[str]) -> str:
@@ -63,9 +63,8 @@ def load_parquet(path: Path) -> Dataset:
     train, test = path / "train.parquet", path / "test.parquet"
     if path.is_dir() and train.is_file() and test.is_file():
         return _make(str(path), f"data path {path}", *_read_parquet(train), *_read_parquet(test))
-    return _make(
-        str(path), f"data path {path}", *_hold_out(f"data path {path}", *_read_parquet(path))
-    )
+    where = f"data path {path}"
+    return _make(str(path), where, *_hold_out(where, *_read_parquet(path)), held_out=True)
 
 
 def _read_parquet(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -152,6 +151,7 @@ def _make(
     y_train: np.ndarray,
     x_test: np.ndarray,
     y_test: np.ndarray,
+    held_out: bool = False,
 ) -> Dataset:
     if x_train.shape[1:] != x_test.shape[1:]:
         raise ConfigError(
@@ -160,7 +160,7 @@ def _make(
         )
     num_classes = max(2, int(max(y_train.max(), y_test.max())) + 1)
     input_shape = tuple(int(d) for d in x_train.shape[1:])
-    return Dataset(name, x_train, y_train, x_test, y_test, num_classes, input_shape)
+    return Dataset(name, x_train, y_train, x_test, y_test, num_classes, input_shape, held_out)
 
 
 def _validated(

@@ -89,6 +89,8 @@ class Progress:
         elif kind == "eval":
             self.accuracy = record["test_accuracy"]
             whose = "center" if record.get("source", "").startswith("center") else "worker 0"
+            if record.get("test_set", "").startswith("subset"):
+                whose = f"{whose}, {record['test_set']}"
             # one line at each epoch's end, not at the evaluations within it (--eval-every);
             # a retried or replayed epoch is said once
             if record.get("epoch_end") and record["epoch"] > self._said_epoch:

@@ -68,8 +68,18 @@ class Run:
         finally:
             self.progress.close()
 
+    def described(self, record: dict[str, Any]) -> dict[str, Any]:
+        """A worker's record as the run tells it: an evaluation says which test rows it
+        scored, all of the test set or a subset (what a Spark task was handed)."""
+        if record.get("kind") != "eval" or not record.get("test_rows"):
+            return record
+        rows, every = record["test_rows"], len(self.setup.dataset.y_test)
+        scored = f"subset of {rows:,} rows" if rows < every else f"all {rows:,} rows"
+        return {**record, "test_set": scored}
+
     def relay(self, record: dict[str, Any]) -> None:
         """A worker's record: to metrics.jsonl and the bar; a "done" one is kept for the end."""
+        record = self.described(record)
         self.setup.metrics.write(record)
         self.progress.update(record)
         if record.get("kind") == "done":

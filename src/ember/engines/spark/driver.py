@@ -194,7 +194,7 @@ def _watch(run: Run, job: Job, rows: int, collector: RecordCollector) -> dict[st
         while job.thread.is_alive():
             job.thread.join(0.5)
             for streamed in collector.drain():
-                bar.update(streamed)
+                bar.update(run.described(streamed))
                 if streamed.get("kind") == "error" and not streamed.get("retry", True):
                     job.cancel()  # the other tasks would only fail alike, or wait for it
                     _fail_for_good(run, job, streamed["error"])
