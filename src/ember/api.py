@@ -9,7 +9,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ember.config import RunConfig, explicit_fields, resumed_values
+from ember.config import RunConfig, explicit_fields, fresh_config, resumed_values
 from ember.errors import ConfigError
 
 
@@ -29,7 +29,7 @@ def run_config(overrides: dict[str, Any], config_file: str | None = None) -> Run
     saved with it: explicit fields may change only what `resumed_values` allows."""
     explicit = explicit_fields(overrides, config_file)
     if explicit.get("resume") is None:
-        return RunConfig(**explicit).validate()
+        return fresh_config(explicit)
     # Only here: a fresh run's configuration needs none of the run directory's machinery
     # (checkpoints, servers, the wire), so `ember train` does not import it before it must.
     from ember.engines.rundir import resolve_resume
@@ -39,7 +39,7 @@ def run_config(overrides: dict[str, Any], config_file: str | None = None) -> Run
         warnings.simplefilter("ignore")
         checkpoint = resolve_resume(probe, probe.run_dir() / "checkpoints")
     if checkpoint is None:  # --resume auto in a run directory without checkpoints: start afresh
-        return RunConfig(**explicit).validate()
+        return fresh_config(explicit)
     values, changed = resumed_values(checkpoint.meta.get("config"), explicit, str(checkpoint.path))
     config = RunConfig(**values).validate()
     if changed:

@@ -228,7 +228,16 @@ FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "
 
 def make_config(overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:
     """Defaults <- YAML file <- overrides (flags win); unknown keys are an error naming them."""
-    return RunConfig(**explicit_fields(overrides, config_file)).validate()
+    return fresh_config(explicit_fields(overrides, config_file))
+
+
+def fresh_config(explicit: dict[str, Any]) -> RunConfig:
+    """The validated configuration of a run that starts afresh from the fields a user set."""
+    # single trains one process: its worker count goes without saying (a different one given
+    # explicitly is still the error validate() names)
+    if explicit.get("strategy") == Strategy.SINGLE.value and "workers" not in explicit:
+        explicit = {**explicit, "workers": 1}
+    return RunConfig(**explicit).validate()
 
 
 def explicit_fields(overrides: dict[str, Any], config_file: str | None = None) -> dict[str, Any]:
@@ -248,10 +257,6 @@ def explicit_fields(overrides: dict[str, Any], config_file: str | None = None) -
             f"unknown configuration field(s) {', '.join(unknown)}{where}; "
             + (near or f"allowed: {', '.join(FIELD_NAMES)}")
         )
-    # single trains one process: its worker count goes without saying (a different one given
-    # explicitly is still the error validate() names)
-    if values.get("strategy") == Strategy.SINGLE.value and "workers" not in values:
-        values["workers"] = 1
     return values
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from ember.api import run_config
 from ember.cli import main
-from ember.config import RunConfig, make_config
+from ember.config import RunConfig, Strategy, make_config
 from ember.errors import ConfigError
 
 
@@ -89,6 +90,10 @@ def test_single_takes_one_worker_unless_told_otherwise(tmp_path) -> None:
     path.write_text("strategy: single\n")
     assert make_config({}, str(path)).workers == 1
     assert make_config({"strategy": "single", "workers": 1}).workers == 1
+    assert make_config({"strategy": Strategy.SINGLE}).workers == 1
+    # --resume auto where there is nothing to resume yet starts afresh, alike
+    fresh = run_config({"strategy": "single", "resume": "auto", "out": str(tmp_path / "run")})
+    assert fresh.workers == 1
     with pytest.raises(ConfigError) as error:
         make_config({"strategy": "single", "workers": 3})
     assert str(error.value) == "workers must be 1 for strategy 'single', got 3"
