@@ -9,7 +9,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ember.config import RunConfig, explicit_fields, resumed_values
+from ember.config import RunConfig, explicit_fields, fresh_config, resumed_values
 from ember.errors import ConfigError
 
 
@@ -29,7 +29,7 @@ def run_config(overrides: dict[str, Any], config_file: str | None = None) -> Run
     saved with it: explicit fields may change only what `resumed_values` allows."""
     explicit = explicit_fields(overrides, config_file)
     if explicit.get("resume") is None:
-        return RunConfig(**explicit).validate()
+        return fresh_config(explicit)
     # Only here: a fresh run's configuration needs none of the run directory's machinery
     # (checkpoints, servers, the wire), so `ember train` does not import it before it must.
     from ember.engines.rundir import resolve_resume
@@ -39,7 +39,7 @@ def run_config(overrides: dict[str, Any], config_file: str | None = None) -> Run
         warnings.simplefilter("ignore")
         checkpoint = resolve_resume(probe, probe.run_dir() / "checkpoints")
     if checkpoint is None:  # --resume auto in a run directory without checkpoints: start afresh
-        return RunConfig(**explicit).validate()
+        return fresh_config(explicit)
     values, changed = resumed_values(checkpoint.meta.get("config"), explicit, str(checkpoint.path))
     config = RunConfig(**values).validate()
     if changed:
@@ -106,6 +106,7 @@ def evaluate_checkpoint(
     A checkpoint is a user's file: a model factory it names is imported only when the caller
     names the same factory in `model`, never on the file's word alone."""
     from ember.checkpoint import load_checkpoint, verify_run_state
+    from ember.data.datasets import scored_rows
     from ember.errors import CheckpointError
     from ember.evaluation import evaluate
     from ember.export import fill_from_checkpoint
@@ -134,11 +135,15 @@ def evaluate_checkpoint(
     dataset = load_data(config)
     network = make_model(config, dataset)
     fill_from_checkpoint(network, loaded)
-    accuracy, loss = evaluate(network, dataset.x_test, dataset.y_test)
+    # a file named here holds new rows: all of it is scored unless it has a test split
+    x, y, split = scored_rows(dataset, whole=data is not None)
+    accuracy, loss = evaluate(network, x, y)
     return {
         "checkpoint": str(loaded.path),
         "data": config.data,
         "model": config.model,
+        "rows": len(y),
+        "split": split,
         "test_accuracy": accuracy,
         "test_loss": loss,
         "step": loaded.step,

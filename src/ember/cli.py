@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
-import json
 import signal
 import sys
 from typing import Any
 
 from ember.bench.commands import add_bench_parser, add_plan_parser, bench, plan
-from ember.config import FIELD_NAMES, RunConfig
+from ember.config import FIELD_NAMES, RunConfig, did_you_mean
 from ember.errors import CheckpointError, ConfigError, EmberError, Interrupted, WorkerFailed
 from ember.flags import HELP
+from ember.metrics import json_text
 from ember.units import positive_int
 
 
@@ -37,13 +36,8 @@ class _Parser(argparse.ArgumentParser):
         message = f"unrecognized arguments: {' '.join(extras)}"
         known = [flag for flag in self._option_string_actions if flag.startswith("--")]
         flags = [arg.split("=", 1)[0] for arg in extras if arg.startswith("-")]
-        near = {flag: difflib.get_close_matches(flag, known, n=1) for flag in flags}
-        offers = [(flag, match[0]) for flag, match in near.items() if match]
-        if len(offers) == 1 and len(flags) == 1:
-            return f"{message}; did you mean {offers[0][1]}?"
-        if offers:
-            return f"{message}; did you mean {', '.join(f'{m} for {f}' for f, m in offers)}?"
-        return f"{message}; '{self.prog} --help' lists every flag"
+        near = did_you_mean(flags, known)
+        return f"{message}; {near or repr(self.prog + ' --help') + ' lists every flag'}"
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
@@ -160,11 +154,11 @@ def main(argv: list[str] | None = None) -> int:
             from ember.predictions import predict
 
             done = predict(args.run, args.data, args.out, args.model, args.batch_size)
-            print(json.dumps(done, indent=2))
+            print(json_text(done, indent=2))
             return 0
         from ember.api import evaluate_checkpoint
 
-        print(json.dumps(evaluate_checkpoint(args.checkpoint, args.data, args.model), indent=2))
+        print(json_text(evaluate_checkpoint(args.checkpoint, args.data, args.model), indent=2))
         return 0
     except (ConfigError, CheckpointError) as exc:
         print(f"ember: error: {exc}", file=sys.stderr)

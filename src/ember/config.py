@@ -4,9 +4,11 @@ it names, and what each implies, are in ember.strategies (re-exported here)."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,7 +228,16 @@ FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "
 
 def make_config(overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:
     """Defaults <- YAML file <- overrides (flags win); unknown keys are an error naming them."""
-    return RunConfig(**explicit_fields(overrides, config_file)).validate()
+    return fresh_config(explicit_fields(overrides, config_file))
+
+
+def fresh_config(explicit: dict[str, Any]) -> RunConfig:
+    """The validated configuration of a run that starts afresh from the fields a user set."""
+    # single trains one process: its worker count goes without saying (a different one given
+    # explicitly is still the error validate() names)
+    if explicit.get("strategy") == Strategy.SINGLE.value and "workers" not in explicit:
+        explicit = {**explicit, "workers": 1}
+    return RunConfig(**explicit).validate()
 
 
 def explicit_fields(overrides: dict[str, Any], config_file: str | None = None) -> dict[str, Any]:
@@ -235,15 +246,31 @@ def explicit_fields(overrides: dict[str, Any], config_file: str | None = None) -
     values: dict[str, Any] = {}
     if config_file is not None:
         values.update(_read_yaml(config_file))
+    from_file = set(values)
     values.update({k: v for k, v in overrides.items() if v is not None})
     split_tau(values)
     unknown = sorted(set(values) - set(FIELD_NAMES))
     if unknown:
+        where = f" in config file {config_file}" if from_file.issuperset(unknown) else ""
+        near = did_you_mean(unknown, FIELD_NAMES)
         raise ConfigError(
-            f"unknown configuration field(s) {', '.join(unknown)}; "
-            f"allowed: {', '.join(FIELD_NAMES)}"
+            f"unknown configuration field(s) {', '.join(unknown)}{where}; "
+            + (near or f"allowed: {', '.join(FIELD_NAMES)}")
         )
     return values
+
+
+def did_you_mean(wrong: list[str], known: Iterable[str]) -> str | None:
+    """The words offering the nearest of `known` for each name in `wrong` that has one, "did
+    you mean X?" (naming which is for which when there are several); None when none is near."""
+    known = list(known)
+    near = {name: difflib.get_close_matches(name, known, n=1) for name in wrong}
+    offers = [(name, match[0]) for name, match in near.items() if match]
+    if len(offers) == 1 and len(wrong) == 1:
+        return f"did you mean {offers[0][1]}?"
+    if offers:
+        return f"did you mean {', '.join(f'{m} for {n}' for n, m in offers)}?"
+    return None
 
 
 def _read_yaml(path: str) -> dict[str, Any]:

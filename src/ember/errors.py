@@ -37,3 +37,25 @@ class CheckpointError(EmberError):
 class Interrupted(KeyboardInterrupt):
     """SIGTERM asked the launcher to stop: handled as Ctrl-C is (children reaped, a last
     checkpoint of the servers written); args[0] is the signal number."""
+
+
+# What a worker raises before its first step that it would raise again if started again: its
+# data, the model factory or the user's own code is at fault, not a peer, a server or the
+# network (those raise ServerUnavailable, ProtocolError or OSError, which a restart may cure).
+SAME_EVERY_TIME = (
+    ConfigError,
+    ImportError,
+    SyntaxError,
+    NameError,
+    AttributeError,
+    TypeError,
+    ValueError,
+    LookupError,
+    NotImplementedError,
+)
+
+
+def same_every_time(exc: BaseException, started: bool) -> bool:
+    """Whether restarting a worker that raised `exc` (`started`: after reporting its start,
+    i.e. once its data, model and connections were ready) can only end the same way."""
+    return not started and isinstance(exc, SAME_EVERY_TIME)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -88,6 +89,17 @@ class Evaluation(Record):
     test_accuracy: float  # on the held-out set
     test_loss: float  # mean cross-entropy on the held-out set
     source: str = "worker 0 local parameters"  # whose parameters were evaluated
+    test_rows: int = 0  # held-out rows evaluated (Spark's tasks get a subset; 0: not said)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Divergence(Record):
+    kind = "diverged"
+    rank: int  # the worker whose training loss stopped being finite
+    incarnation: int  # which start of the rank saw it
+    step: int  # the first step with a NaN or infinite loss, counted from 1
+    epoch: int  # the epoch that step is in, counted from 1
+    loss: str  # the loss at that step: "nan", "inf" or "-inf"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,6 +137,7 @@ class WorkerError(Record):
     rank: int  # the worker that raised
     incarnation: int  # which start of the rank raised
     error: str  # the exception and its traceback
+    retry: bool = True  # False: raised before its first step, as a restart would raise it again
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,7 +204,7 @@ class MetricsLog:
     def write(self, record: Record | Mapping[str, Any]) -> None:
         fields = record.to_json() if isinstance(record, Record) else record
         line = {"time": round(time.time() - self._started, 4), **fields}
-        self._file.write(json.dumps(line, default=jsonable) + "\n")
+        self._file.write(json_text(line) + "\n")
         self._file.flush()
         if self._writer is not None:
             tag = f"{line.get('kind', 'run')}/{line.get('rank', 'all')}"
@@ -250,13 +263,29 @@ def _tau_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Write via a temporary file and rename, so a reader never sees half a summary."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=jsonable) + "\n")
+    tmp.write_text(json_text(data, indent=2) + "\n")
     tmp.replace(path)
+
+
+def json_text(value: Any, indent: int | None = None) -> str:
+    """`value` as strict JSON, for files a user's tools read: a NaN or infinite float becomes
+    null, since a bare NaN or Infinity is no JSON and strict parsers refuse the whole file."""
+    return json.dumps(_finite(value), indent=indent, default=jsonable, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def jsonable(value: Any) -> Any:
     if hasattr(value, "item"):
-        return value.item()
+        return _finite(value.item())
     if isinstance(value, (set, tuple)):
         return list(value)
     if isinstance(value, Path):

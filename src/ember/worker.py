@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import warnings
@@ -26,7 +27,14 @@ from ember.checkpoint import free_step, save_checkpoint
 from ember.config import RunConfig
 from ember.data import Dataset, shard_indices
 from ember.evaluation import ends_epoch, evaluate, evaluate_with, evaluates_after
-from ember.metrics import Evaluation, TauChoice, WorkerDone, WorkerProgress, WorkerStart
+from ember.metrics import (
+    Divergence,
+    Evaluation,
+    TauChoice,
+    WorkerDone,
+    WorkerProgress,
+    WorkerStart,
+)
 from ember.models import build_model
 from ember.spec import Layout, WorkerSpec, checkpoint_meta, load_data
 from ember.wire import use_encryption
@@ -127,7 +135,9 @@ class Worker:
         self.total_steps = config.epochs * self.steps_per_epoch
         self.order = torch.empty(0, dtype=torch.int64)  # this epoch's shuffle of the shard
         self.t_comp = 0.0  # seconds of compute, without waits on the network
-        self.loss_sum, self.logged_steps = torch.zeros(()), 0  # since the last progress record
+        # each step's loss since the last progress record, kept apart to name a NaN's step
+        self.losses, self.logged_steps = torch.zeros(config.log_every), 0
+        self.diverged = False  # a step's loss was NaN or infinite (said once)
         self.aside = 0.0  # seconds of evaluation and checkpointing inside the loop, not training
         self.snapshots: list[Snapshot] = []  # evaluation points not yet evaluated
         self.saved_step = self.first_step  # of the last local checkpoint
@@ -166,7 +176,7 @@ class Worker:
         # Waiting on an exchange is communication time, not compute.
         seconds = time.perf_counter() - step_started - (algorithm.stats.t_wait - waited_before)
         self.t_comp += seconds
-        self.loss_sum += loss.detach()
+        self.losses[self.logged_steps] = loss.detach()
         self.logged_steps += 1
         if self.period is not None:
             self.period.add_step(seconds)
@@ -196,20 +206,38 @@ class Worker:
     def log(self, step: int, epoch: int) -> None:
         """Report the steps since the last progress record."""
         now, spec, batch_size = time.perf_counter(), self.spec, self.config.batch_size
+        losses = self.losses[: self.logged_steps]
+        loss = float(losses.sum()) / self.logged_steps
+        if not math.isfinite(loss) and not self.diverged:
+            self.report_divergence(step + 1 - self.logged_steps, losses)
         self.report(
             WorkerProgress(
                 rank=spec.rank,
                 incarnation=spec.incarnation,
                 step=step + 1,
                 epoch=epoch + 1,
-                loss=float(self.loss_sum) / self.logged_steps,
+                loss=loss,
                 samples=(step + 1 - self.first_step) * batch_size,
                 samples_per_second=self.logged_steps * batch_size / (now - self.last_log),
                 t_comp=self.t_comp,
                 comm=self.algorithm.stats.as_record(),
             ).to_json()
         )
-        self.last_log, self.loss_sum, self.logged_steps = now, torch.zeros(()), 0
+        self.last_log, self.logged_steps = now, 0
+
+    def report_divergence(self, done: int, losses: torch.Tensor) -> None:
+        """The first step since `done` steps whose loss in `losses` was not finite, once."""
+        first = int(torch.nonzero(~torch.isfinite(losses))[0, 0])
+        self.diverged = True
+        self.report(
+            Divergence(
+                rank=self.spec.rank,
+                incarnation=self.spec.incarnation,
+                step=done + first + 1,
+                epoch=(done + first) // self.steps_per_epoch + 1,
+                loss=str(float(losses[first])),
+            ).to_json()
+        )
 
     def evaluate(self, step: int, epoch: int) -> None:
         """Worker 0 evaluates on the held-out set the model its strategy trains: its local
@@ -227,6 +255,7 @@ class Worker:
             "seconds": aside_started - self.started - self.aside,
             "samples": (step + 1 - self.first_step) * self.config.batch_size * self.spec.world,
             "source": "worker 0 local parameters" if center is None else CENTER_SOURCE,
+            "test_rows": len(self.dataset.y_test),
         }
         if self.config.eval_deferred:
             self.flat.gather_buffers()

@@ -179,3 +179,22 @@ def test_too_few_task_slots_on_the_cli_is_refused_before_anything_starts(tmp_pat
         " per worker: 2; lower workers or use local[2]"
     )
     assert not (tmp_path / "run").exists()  # nothing loaded, nothing written, no JVM started
+
+
+def test_too_few_rows_for_the_workers_on_the_cli_is_refused_before_spark_starts(tmp_path) -> None:
+    x = np.arange(40, dtype=np.float32).reshape(20, 2)
+    np.savez(tmp_path / "small.npz", x=x, y=np.arange(20) % 2)
+    command = [sys.executable, "-m", "ember", "train", "--engine", "spark", "--workers", "2"]
+    done = subprocess.run(
+        [*command, "--data", str(tmp_path / "small.npz"), "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"ember: error: data {tmp_path / 'small.npz'}: 18 training rows (besides 2 test rows)"
+        " cannot give each of 2 workers one batch of 64 rows (128 rows at least); lower"
+        " --workers or --batch-size"
+    )
+    assert not (tmp_path / "run").exists()  # no JVM started, no run directory

@@ -26,11 +26,14 @@ def test_epoch_records_reach_the_driver_while_the_training_stage_still_runs(
             jobs.append(self)
 
     seen: list[tuple[str, int | None, bool]] = []  # (kind, epoch, training job still running)
+    test_sets: set[str] = set()  # what the evaluations the bar was told say they scored
     update = progress_module.Progress.update
 
     def spy(self: Any, record: dict[str, Any]) -> None:
         running = bool(jobs) and jobs[-1].thread.is_alive()
         seen.append((record.get("kind", ""), record.get("epoch"), running))
+        if record.get("kind") == "eval":
+            test_sets.add(record["test_set"])
         update(self, record)
 
     monkeypatch.setattr(driver, "Job", Watched)
@@ -52,3 +55,6 @@ def test_epoch_records_reach_the_driver_while_the_training_stage_still_runs(
     # metrics.jsonl holds the records the tasks returned, each once, not the streamed copies
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["epoch"] for r in records if r.get("kind") == "eval"] == list(range(1, EPOCHS + 1))
+    # worker 0's figures come from the 1,000 test rows its task was handed, of digits' 2,000
+    assert test_sets == {"subset of 1,000 rows"}
+    assert {r["test_set"] for r in records if r.get("kind") == "eval"} == test_sets

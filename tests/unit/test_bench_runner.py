@@ -175,3 +175,28 @@ def test_a_run_that_retried_its_training_is_a_failed_row(
     (tmp_path / "summary.json").write_text(json.dumps({**summary, **retried}))
     with pytest.raises(RuntimeError, match=r"retried its training .* mix attempts"):
         run_figures(row, tmp_path, row.config)
+
+
+def test_a_diverged_row_reaches_no_target_and_its_results_stay_strict_json(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    from ember.bench.runner import append, one_line
+
+    tasks = make_tasks(True, 1000, 10).values()
+    loss_task = next(t for t in tasks if t.target_metric == "test_loss")
+    assert not loss_task.reached(None)  # summary.json's null for a NaN loss
+    assert loss_task.reached(loss_task.target_value)
+    record = {
+        "status": "ok",
+        "target_metric": "test_loss",
+        "test_loss": float("nan"),
+        "time_to_target": None,
+        "samples_per_second": 10.0,
+        "wall_seconds": 1.0,
+    }
+    append(tmp_path / "results.jsonl", record)
+    text = (tmp_path / "results.jsonl").read_text()
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c}"))["test_loss"] is None
+    assert one_line({**record, "test_loss": None}).startswith("null test_loss, ")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from ember.api import run_config
 from ember.cli import main
-from ember.config import RunConfig, make_config
+from ember.config import RunConfig, Strategy, make_config
 from ember.errors import ConfigError
 
 
@@ -31,7 +32,11 @@ from ember.errors import ConfigError
         ({"nesterov": "false"}, "nesterov must be bool, got 'false'"),
         ({"request_timeout": float("inf")}, "request_timeout must be a finite number, got inf"),
         ({"worker_timeout": 90.0}, "request_timeout must be greater than worker_timeout .90."),
-        ({"batch_sise": 3}, "unknown configuration field.s. batch_sise; allowed: data, model"),
+        (
+            {"batch_sise": 3},
+            r"^unknown configuration field.s. batch_sise; did you mean batch_size\?$",
+        ),
+        ({"zzz": 3}, "unknown configuration field.s. zzz; allowed: data, model"),
         ({"replicas": 3}, "replicas must be 1 or 2, got 3"),
         ({"strategy": "allreduce", "replicas": 2}, "replicas must be 1 for strategy 'allreduce'"),
         ({"max_restarts": -1}, "max_restarts must be an integer >= 0, got -1"),
@@ -60,6 +65,38 @@ def test_yaml_file_fills_fields_and_flags_win(tmp_path) -> None:
     path.write_text("strategy: bsp\nworkers: 3\nbatch-size: 32\n")
     config = make_config({"workers": 4}, str(path))
     assert (config.strategy, config.workers, config.batch_size) == ("bsp", 4, 32)
+
+
+def test_a_misspelt_yaml_key_gets_the_did_you_mean_a_flag_gets(tmp_path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("strategy: bsp\nepoch: 3\nbatch-sise: 32\n")
+    with pytest.raises(ConfigError) as error:
+        make_config({}, str(path))
+    assert str(error.value) == (
+        f"unknown configuration field(s) batch_sise, epoch in config file {path};"
+        " did you mean batch_size for batch_sise, epochs for epoch?"
+    )
+    path.write_text("epoch: 3\n")
+    with pytest.raises(ConfigError) as error:
+        make_config({}, str(path))
+    assert str(error.value) == (
+        f"unknown configuration field(s) epoch in config file {path}; did you mean epochs?"
+    )
+
+
+def test_single_takes_one_worker_unless_told_otherwise(tmp_path) -> None:
+    assert make_config({"strategy": "single"}).workers == 1
+    path = tmp_path / "run.yaml"
+    path.write_text("strategy: single\n")
+    assert make_config({}, str(path)).workers == 1
+    assert make_config({"strategy": "single", "workers": 1}).workers == 1
+    assert make_config({"strategy": Strategy.SINGLE}).workers == 1
+    # --resume auto where there is nothing to resume yet starts afresh, alike
+    fresh = run_config({"strategy": "single", "resume": "auto", "out": str(tmp_path / "run")})
+    assert fresh.workers == 1
+    with pytest.raises(ConfigError) as error:
+        make_config({"strategy": "single", "workers": 3})
+    assert str(error.value) == "workers must be 1 for strategy 'single', got 3"
 
 
 def test_yaml_file_that_is_not_a_mapping_is_rejected(tmp_path) -> None:

@@ -461,6 +461,21 @@ def test_parquet_folder_with_train_and_test_files_uses_them_as_the_split(tmp_pat
     np.testing.assert_array_equal(data.y_test, y[10:])
 
 
+# a pyspark.ml.linalg vector column as Spark's df.write.parquet stores it: a dense one, a sparse one
+SPARK_VECTORS = pa.array(
+    [
+        {"type": 1, "size": None, "indices": None, "values": [1.0, 2.0]},
+        {"type": 0, "size": 2, "indices": [1], "values": [3.0]},
+    ],
+    pa.struct(
+        [
+            pa.field("type", pa.int8(), nullable=False),
+            ("size", pa.int32()),
+            ("indices", pa.list_(pa.int32())),
+            ("values", pa.list_(pa.float64())),
+        ]
+    ),
+)
 PARQUET_ERRORS = {
     "missing label column": (
         pa.table({"features": [[1.0, 2.0]] * 3, "y": [0, 1, 0]}),
@@ -477,6 +492,14 @@ PARQUET_ERRORS = {
     "scalar features": (
         pa.table({"features": [1.0, 2.0], "label": [0, 1]}),
         "column 'features' must be a list of numbers, got double",
+    ),
+    "spark ml vectors": (
+        pa.table({"features": SPARK_VECTORS, "label": [0, 1]}),
+        "column 'features' must be a list of numbers, got struct<type: int8 not null, size:"
+        " int32, indices: list<element: int32>, values: list<element: double>>; it holds Spark"
+        " ML vectors (a VectorAssembler's output): write it as an array,"
+        " df.withColumn('features', pyspark.ml.functions.vector_to_array('features')), or pass"
+        " the DataFrame to ember.spark.fit, which takes vectors",
     ),
     "string labels": (
         pa.table({"features": [[1.0], [2.0]], "label": ["a", "b"]}),

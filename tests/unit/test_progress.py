@@ -44,6 +44,13 @@ def test_a_non_terminal_gets_each_phase_in_order_then_one_line_per_epoch() -> No
             progress.update(end)
         center = {"source": CENTER_SOURCE, "kind": "eval", "epoch": 2, "test_accuracy": 0.95}
         progress.update({**center, "epoch_end": True})  # easgd's worker 0 evaluates the center
+        # a Spark task's evaluation on the test rows it was handed, fewer than the test set
+        subset = {**center, "epoch": 3, "test_set": "subset of 1,000 rows", "epoch_end": True}
+        progress.update(subset)
+        progress.update({**center, "epoch": 4, "test_set": "all 2,000 rows", "epoch_end": True})
+        diverged = {"kind": "diverged", "rank": 1, "step": 37, "epoch": 4, "loss": "nan"}
+        for _ in range(2):  # said once per worker
+            progress.update(diverged)
     assert out.getvalue().splitlines() == [
         "ember: loading data",
         "ember: starting parameter servers",
@@ -51,6 +58,21 @@ def test_a_non_terminal_gets_each_phase_in_order_then_one_line_per_epoch() -> No
         "ember: waiting for the first step",
         "epoch 1: test accuracy 0.9000 (worker 0), 4,000 samples/s",
         "epoch 2: test accuracy 0.9500 (center), 4,000 samples/s",
+        "epoch 3: test accuracy 0.9500 (center, subset of 1,000 rows), 4,000 samples/s",
+        "epoch 4: test accuracy 0.9500 (center), 4,000 samples/s",
+        "ember: warning: worker 1's training loss is nan at step 37 (epoch 4): training has"
+        " diverged; a lower --lr usually helps",
+    ]
+
+
+def test_a_divergence_is_said_even_without_the_bar() -> None:
+    out = io.StringIO()
+    with Progress(enabled=False, stream=out) as progress:
+        progress.update({"kind": "diverged", "rank": 0, "step": 3, "epoch": 1, "loss": "inf"})
+        progress.note("epoch 1: not said")
+    assert out.getvalue().splitlines() == [
+        "ember: warning: worker 0's training loss is inf at step 3 (epoch 1): training has"
+        " diverged; a lower --lr usually helps"
     ]
 
 

@@ -7,10 +7,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from ember.config import RunConfig
 from ember.metrics import (
+    Divergence,
     Evaluation,
     JobFailure,
     MetricsLog,
@@ -26,6 +28,7 @@ from ember.metrics import (
     WorkerRestart,
     WorkerStart,
     read_metrics,
+    write_json,
 )
 from ember.worker import WorkerSpec, run_worker
 
@@ -93,6 +96,7 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
             "test_accuracy": 0.9,
             "test_loss": 0.3,
             "source": "worker 0 local parameters",
+            "test_rows": 0,
         },
     ),
     (
@@ -120,7 +124,17 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
     ),
     (
         WorkerError(rank=1, incarnation=0, error="ValueError: bad\ntraceback"),
-        {"kind": "error", "rank": 1, "incarnation": 0, "error": "ValueError: bad\ntraceback"},
+        {
+            "kind": "error",
+            "rank": 1,
+            "incarnation": 0,
+            "error": "ValueError: bad\ntraceback",
+            "retry": True,
+        },
+    ),
+    (
+        Divergence(rank=1, incarnation=0, step=37, epoch=2, loss="nan"),
+        {"kind": "diverged", "rank": 1, "incarnation": 0, "step": 37, "epoch": 2, "loss": "nan"},
     ),
     (
         WorkerRestart(rank=1, incarnation=1, exitcode=-9, error=""),
@@ -223,6 +237,26 @@ def test_metrics_log_writes_a_record_as_the_same_line_as_its_dict(tmp_path: Path
     assert all(next(iter(line)) == "time" for line in lines)
     untimed = [{k: v for k, v in line.items() if k != "time"} for line in lines]
     assert untimed[0::2] == untimed[1::2] == [json.loads(json.dumps(s)) for _, s in SHAPES]
+
+
+def test_json_files_hold_null_for_a_float_that_is_not_finite(tmp_path: Path) -> None:
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    values = {"loss": float("nan"), "rows": [1.5, float("inf")], "x": np.float32("-inf")}
+    write_json(tmp_path / "summary.json", {**values, "nested": {"y": float("nan")}})
+    text = (tmp_path / "summary.json").read_text()
+    assert json.loads(text, parse_constant=refuse) == {
+        "loss": None,
+        "rows": [1.5, None],
+        "x": None,
+        "nested": {"y": None},
+    }
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.write(RunSummary(test_accuracy=0.1, test_loss=float("nan")))
+    log.close()
+    line = json.loads((tmp_path / "metrics.jsonl").read_text(), parse_constant=refuse)
+    assert (line["test_accuracy"], line["test_loss"]) == (0.1, None)
 
 
 def _train_single(

@@ -93,6 +93,15 @@ def test_run_config_without_a_checkpoint_to_resume_starts_from_the_fields_given(
     assert (config.strategy, config.lr) == ("easgd-async", 0.1)
 
 
+def test_resuming_as_single_names_the_strategy_alone_not_the_worker_count(tmp_path) -> None:
+    where = save_run(tmp_path, saved_bsp_run())
+    with pytest.raises(ConfigError) as error:
+        run_config({"out": str(tmp_path), "resume": "auto", "strategy": "single"})
+    assert str(error.value) == (
+        f"resume: strategy was 'bsp' in {where}, got 'single'; drop --strategy or start a new --out"
+    )
+
+
 def test_run_config_reads_a_yaml_files_fields_as_explicit(tmp_path) -> None:
     where = save_run(tmp_path, saved_bsp_run())
     (tmp_path / "run.yaml").write_text("data: mnist\n")

@@ -28,7 +28,9 @@ class Task:
     synthetic_features: int = 100
     lr: float = 0.05  # ember's learning rate for this task
 
-    def reached(self, value: float) -> bool:
+    def reached(self, value: float | None) -> bool:
+        if value is None:  # a figure that was not finite (a diverged run): no target is met
+            return False
         if self.target_metric == "test_loss":
             return value <= self.target_value
         return value >= self.target_value

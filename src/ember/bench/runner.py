@@ -23,7 +23,7 @@ from ember.bench.mllib import bench_session, jvm_pids
 from ember.bench.rows import BenchSettings, Row, make_tasks, plan_rows
 from ember.config import AlgorithmKind, RunConfig, Strategy
 from ember.data import Dataset
-from ember.metrics import write_json
+from ember.metrics import json_text, write_json
 
 Log = Callable[[str], None]
 EVALUATIONS = 8  # a row's evaluation points an epoch, for its curve and time to target
@@ -175,7 +175,7 @@ def _local(spark: Any, settings: BenchSettings) -> Execute:
 
 def append(results: Path, record: dict[str, Any]) -> None:
     with results.open("a") as stream:  # a later crash keeps the rows already run
-        stream.write(json.dumps(record) + "\n")
+        stream.write(json_text(record) + "\n")
 
 
 def measure(
@@ -256,9 +256,9 @@ def add_divergence(records: list[dict[str, Any]]) -> None:
 def one_line(record: dict[str, Any]) -> str:
     if record["status"] != "ok":
         return f"failed: {record['error']}"
-    ttt = record["time_to_target"]
+    ttt, figure = record["time_to_target"], record[record["target_metric"]]
     return (
-        f"{record[record['target_metric']]:.4f} {record['target_metric']}, "
+        f"{'null' if figure is None else f'{figure:.4f}'} {record['target_metric']}, "
         f"{record['samples_per_second']:,.0f} samples/s, "
         f"target {'not reached' if ttt is None else f'in {ttt:.1f}s'}, "
         f"{record['wall_seconds']:.1f}s wall"
@@ -267,5 +267,5 @@ def one_line(record: dict[str, Any]) -> str:
 
 def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
     temporary = path.with_suffix(".tmp")
-    temporary.write_text("".join(json.dumps(r) + "\n" for r in records))
+    temporary.write_text("".join(json_text(r) + "\n" for r in records))
     temporary.replace(path)

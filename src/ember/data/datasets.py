@@ -27,6 +27,7 @@ class Dataset:
     y_test: np.ndarray  # int64, shape (m,)
     num_classes: int  # output width of the model; at least 2
     input_shape: tuple[int, ...]  # shape of one example, e.g. (1, 28, 28) or (100,)
+    held_out: bool = False  # the test rows are a file's last rows: it has no test split
 
     def __post_init__(self) -> None:
         where = f"dataset {self.name}"
@@ -141,6 +142,32 @@ def shard_indices(n: int, rank: int, world: int) -> np.ndarray:
         )
     per = n // world
     return np.arange(rank * per, (rank + 1) * per, dtype=np.int64)
+
+
+def scored_rows(data: Dataset, whole: bool) -> tuple[np.ndarray, np.ndarray, str]:
+    """The rows to score a model on, and which they are: the test split; of a file without
+    one, the whole file when `whole` (a file of new rows), else the last rows held out."""
+    if not data.held_out:
+        return data.x_test, data.y_test, "test split"
+    if whole:
+        x = np.concatenate([data.x_train, data.x_test])
+        return x, np.concatenate([data.y_train, data.y_test]), "whole file (it has no test split)"
+    held = len(data.x_test)
+    return data.x_test, data.y_test, f"last {held} rows, held out in training (no test split)"
+
+
+def check_shards(name: str, rows: tuple[int, int], workers: int, batch_size: int) -> None:
+    """Refuse, before anything starts, data `name` whose (training, test) `rows` are too few
+    for each of `workers` to train on one batch of `batch_size` (rows // workers each)."""
+    train, test = rows
+    if train // workers < batch_size:
+        each = f"each of {workers} workers" if workers > 1 else "its 1 worker"
+        raise ConfigError(
+            f"data {name}: {train} training rows (besides {test} test row{'s' * (test != 1)})"
+            f" cannot give {each}"
+            f" one batch of {batch_size} rows ({workers * batch_size} rows at least); lower"
+            " --workers or --batch-size"
+        )
 
 
 def _mnist(seed: int, samples: int, features: int) -> Dataset:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ def load_npz(path: Path) -> Dataset:
 
     if wanted == NPZ_SPLIT:
         return _make(str(path), where, *pair("x_train", "y_train"), *pair("x_test", "y_test"))
-    return _make(str(path), where, *_hold_out(where, *pair("x", "y")))
+    return _make(str(path), where, *_hold_out(where, *pair("x", "y")), held_out=True)
 
 
 def _missing_array(where: str, key: str, found: list[str]) -> str:
@@ -62,9 +63,8 @@ def load_parquet(path: Path) -> Dataset:
     train, test = path / "train.parquet", path / "test.parquet"
     if path.is_dir() and train.is_file() and test.is_file():
         return _make(str(path), f"data path {path}", *_read_parquet(train), *_read_parquet(test))
-    return _make(
-        str(path), f"data path {path}", *_hold_out(f"data path {path}", *_read_parquet(path))
-    )
+    where = f"data path {path}"
+    return _make(str(path), where, *_hold_out(where, *_read_parquet(path)), held_out=True)
 
 
 def _read_parquet(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -87,7 +87,9 @@ def _read_parquet(path: Path) -> tuple[np.ndarray, np.ndarray]:
     ftype, ltype = features.type, label.type
     is_list = pa.types.is_list(ftype) or pa.types.is_large_list(ftype)
     if not (is_list or pa.types.is_fixed_size_list(ftype)):
-        raise ConfigError(f"{where}: column 'features' must be a list of numbers, got {ftype}")
+        raise ConfigError(
+            f"{where}: column 'features' must be a list of numbers, got {ftype}{_hint(ftype)}"
+        )
     if not (pa.types.is_integer(ftype.value_type) or pa.types.is_floating(ftype.value_type)):
         raise ConfigError(f"{where}: column 'features' must hold numbers, got {ftype}")
     if not (
@@ -114,6 +116,23 @@ def _read_parquet(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return _validated(where, x, label.to_numpy(), "column 'features'", "column 'label'")
 
 
+# How Spark writes a pyspark.ml.linalg vector column (VectorUDT) to Parquet
+SPARK_VECTOR_FIELDS = {"type", "size", "indices", "values"}
+
+
+def _hint(ftype: Any) -> str:
+    """What to do about a features column Spark wrote as ML vectors; nothing for another type."""
+    import pyarrow as pa
+
+    if not pa.types.is_struct(ftype) or {f.name for f in ftype} != SPARK_VECTOR_FIELDS:
+        return ""
+    return (
+        "; it holds Spark ML vectors (a VectorAssembler's output): write it as an array,"
+        " df.withColumn('features', pyspark.ml.functions.vector_to_array('features')),"
+        " or pass the DataFrame to ember.spark.fit, which takes vectors"
+    )
+
+
 def _hold_out(
     where: str, x: np.ndarray, y: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -132,6 +151,7 @@ def _make(
     y_train: np.ndarray,
     x_test: np.ndarray,
     y_test: np.ndarray,
+    held_out: bool = False,
 ) -> Dataset:
     if x_train.shape[1:] != x_test.shape[1:]:
         raise ConfigError(
@@ -140,7 +160,7 @@ def _make(
         )
     num_classes = max(2, int(max(y_train.max(), y_test.max())) + 1)
     input_shape = tuple(int(d) for d in x_train.shape[1:])
-    return Dataset(name, x_train, y_train, x_test, y_test, num_classes, input_shape)
+    return Dataset(name, x_train, y_train, x_test, y_test, num_classes, input_shape, held_out)
 
 
 def _validated(

@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 import safetensors.numpy
 
 from ember.config import RunConfig
+from ember.data.datasets import check_shards
 from ember.data.host import host_data
 from ember.data.store import DataFiles
 from ember.engines.forking import FORKSERVER, start_forkserver, stop_forkserver
@@ -26,6 +27,7 @@ from ember.engines.recordpipes import RecordPipes, RecordSender
 from ember.engines.run import Run
 from ember.engines.rundir import RunResult, RunSetup, prepare_run
 from ember.engines.servers import spare_servers
+from ember.errors import same_every_time
 from ember.metrics import WorkerError, WorkerFailure, WorkerRestart, write_json
 from ember.spec import WorkerSpec
 
@@ -48,6 +50,9 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
                 synthetic_features=config.synthetic_features,
             )
             try:
+                files = host.files
+                rows = (files.train_rows, files.test_rows)
+                check_shards(files.name, rows, config.workers, config.batch_size)
                 progress.phase("importing torch, building the model")
                 timeline.mark("model")
                 setup = prepare_run(config, host.files.dataset(), Forked(host.files, memory))
@@ -130,11 +135,14 @@ def _watch(
     config, done = run.config, run.done
     incarnations = [0] * len(processes)
     failed: dict[int, tuple[int | None, str]] = {}  # rank -> (exit code, error) to act on
+    final: set[int] = set()  # ranks whose error a restart would only repeat
 
     def relay(received: Iterable[tuple[int, dict[str, Any]]]) -> None:
         for rank, record in received:  # a pipe carries its current process's records alone
             if record.get("kind") == "error":
                 failed[rank] = (None, record.get("error", ""))
+                if not record.get("retry", True):
+                    final.add(rank)
             elif record.get("kind") == "done":  # its peak, before it exits
                 run.sample_memory(_pids(processes))
             run.relay(record)
@@ -148,6 +156,8 @@ def _watch(
                     if rank not in done and rank not in failed:
                         failed[rank] = (process.exitcode, "")
             for rank, (exitcode, error) in sorted(failed.items()):
+                if rank in final:  # its data, model or code: every worker would fail alike
+                    _fail(run, rank, exitcode, error, "not restarted: it would fail again")
                 if incarnations[rank] >= config.max_restarts or not config.uses_server:
                     _fail(run, rank, exitcode, error)
                 reap([processes[rank]])
@@ -173,11 +183,12 @@ def _note_restart(run: Run, rank: int, incarnation: int, exitcode: int | None, e
     run.note(record, text)
 
 
-def _fail(run: Run, rank: int, exitcode: int | None, error: str) -> NoReturn:
+def _fail(run: Run, rank: int, exitcode: int | None, error: str, why: str = "") -> NoReturn:
     log = run.setup.run_dir / "logs" / f"worker-{rank}.log"
+    how = f"{_how(exitcode)} ({why})" if why else _how(exitcode)
     run.fail(
         WorkerFailure(rank=rank, exitcode=exitcode, error=error),
-        f"worker {rank} {_how(exitcode)}:\n{error.strip() or '(no traceback)'}\n"
+        f"worker {rank} {how}:\n{error.strip() or '(no traceback)'}\n"
         f"--- last lines of {log} ---\n{tail(log)}",
     )
 
@@ -189,17 +200,23 @@ def _how(exitcode: int | None) -> str:
 def _work(spec: WorkerSpec, pipe: Connection, files: DataFiles) -> None:
     from ember.worker import run_worker  # the fork server's, imported already
 
-    records = RecordSender(pipe)
+    records, started = RecordSender(pipe), False
+
+    def report(record: dict[str, Any]) -> None:
+        nonlocal started
+        started = started or record.get("kind") == "start"
+        records.send(record)
+
     try:
         dataset = files.shard(spec.rank, spec.world)  # mapped: its rows only, read-only
-        records.send(run_worker(spec, records.send, dataset))
+        records.send(run_worker(spec, report, dataset))
     except BaseException as exc:
         text = traceback.format_exc()
         print(text, flush=True)
         error = f"{type(exc).__name__}: {exc}\n{text}"
-        records.send_last(
-            WorkerError(rank=spec.rank, incarnation=spec.incarnation, error=error).to_json()
-        )
+        retry = not same_every_time(exc, started)
+        record = WorkerError(rank=spec.rank, incarnation=spec.incarnation, error=error, retry=retry)
+        records.send_last(record.to_json())
         raise SystemExit(1) from None
 
 

@@ -41,6 +41,7 @@ class Progress:
         self.loss: dict[int, float] = {}
         self.epoch, self.accuracy = 0, float("nan")
         self._said_epoch = 0  # the last epoch a line was printed for
+        self.diverged: set[int] = set()  # ranks whose NaN loss was said (once each)
         self._phase_began = time.monotonic()
 
     def phase(self, name: str) -> None:
@@ -88,6 +89,8 @@ class Progress:
         elif kind == "eval":
             self.accuracy = record["test_accuracy"]
             whose = "center" if record.get("source", "").startswith("center") else "worker 0"
+            if record.get("test_set", "").startswith("subset"):
+                whose = f"{whose}, {record['test_set']}"
             # one line at each epoch's end, not at the evaluations within it (--eval-every);
             # a retried or replayed epoch is said once
             if record.get("epoch_end") and record["epoch"] > self._said_epoch:
@@ -96,6 +99,13 @@ class Progress:
                     f"epoch {record['epoch']}: test accuracy {self.accuracy:.4f} "
                     f"({whose}), {self.samples_per_second:,.0f} samples/s"
                 )
+        elif kind == "diverged" and rank not in self.diverged:
+            self.diverged.add(rank)
+            self.warn(
+                f"ember: warning: worker {rank}'s training loss is {record['loss']} at step"
+                f" {record['step']} (epoch {record['epoch']}): training has diverged; a lower"
+                " --lr usually helps"
+            )
         elif kind in ("rejoin", "failure"):
             self.note(f"{kind}: {record}")
         if kind in ("worker", "eval") and self.training:
@@ -126,6 +136,13 @@ class Progress:
             self._bar.write(text, file=self.stream)
         else:
             self._say(text)
+
+    def warn(self, text: str) -> None:
+        """A line the user must see, with the bar or without it."""
+        if self.interactive:
+            self._bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
 
     def _say(self, text: str) -> None:
         if self.enabled:

@@ -42,6 +42,7 @@ class Run:
         self.done: dict[int, dict[str, Any]] = {}  # each rank's "done" record
         self.total = 0  # samples all workers train on, once `watching` knows their rows
         self._reported = 0  # how many of the servers' events metrics.jsonl has
+        self.divergences: list[dict[str, Any]] = []  # each worker's first non-finite loss
 
     def start_servers(self, phase: str = "starting parameter servers") -> list[str]:
         """The servers' addresses once they listen (none for a strategy without them)."""
@@ -67,12 +68,24 @@ class Run:
         finally:
             self.progress.close()
 
+    def described(self, record: dict[str, Any]) -> dict[str, Any]:
+        """A worker's record as the run tells it: an evaluation says which test rows it
+        scored, all of the test set or a subset (what a Spark task was handed)."""
+        if record.get("kind") != "eval" or not record.get("test_rows"):
+            return record
+        rows, every = record["test_rows"], len(self.setup.dataset.y_test)
+        scored = f"subset of {rows:,} rows" if rows < every else f"all {rows:,} rows"
+        return {**record, "test_set": scored}
+
     def relay(self, record: dict[str, Any]) -> None:
         """A worker's record: to metrics.jsonl and the bar; a "done" one is kept for the end."""
+        record = self.described(record)
         self.setup.metrics.write(record)
         self.progress.update(record)
         if record.get("kind") == "done":
             self.done[record["rank"]] = record
+        elif record.get("kind") == "diverged":
+            self.divergences.append(record)
         all_started = len(self.progress.started) >= self.config.workers  # at their first step
         if record.get("kind") == "start" and all_started and self.timeline is not None:
             self.timeline.mark_once("training")
@@ -128,6 +141,7 @@ class Run:
             params = last.tensors["params"]
         extra["checkpoint"] = str(last.path) if last else None
         workers = [self.done[rank] for rank in sorted(self.done)]
+        extra.update(_divergence(self.divergences))
         if self.timeline is not None:  # the engine's own figures, its processes all known
             self.timeline.mark("evaluation")
             extra.update(self.timeline.summary(), peak_memory_bytes=self.memory.total())
@@ -173,6 +187,17 @@ class Run:
     def _meta(self) -> dict[str, Any]:
         setup = self.setup
         return checkpoint_meta(self.config, setup.layout, 0, setup.shape)
+
+
+def _divergence(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary's word on divergence: whether any worker's loss was NaN or infinite, and
+    the earliest step it was, with its worker."""
+    first = min(records, key=lambda r: (r["step"], r["rank"]), default=None)
+    fields = ("rank", "incarnation", "step", "epoch", "loss")
+    return {
+        "diverged": first is not None,
+        "first_non_finite_loss": {k: first[k] for k in fields} if first is not None else None,
+    }
 
 
 def _describe(event: dict[str, Any]) -> str:

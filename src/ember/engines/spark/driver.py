@@ -14,7 +14,7 @@ import numpy as np
 from ember.checkpoint import free_step, save_checkpoint
 from ember.config import RunConfig
 from ember.data import Dataset
-from ember.data.datasets import train_pixels
+from ember.data.datasets import check_shards, train_pixels
 from ember.data.spark import FrameFacts, dataframe_dataset, frame_from_arrays, frame_from_pixels
 from ember.engines.progress import Progress
 from ember.engines.run import Run
@@ -37,7 +37,7 @@ from ember.engines.spark.task import UNREACHABLE, train_partition
 from ember.errors import WorkerFailed
 from ember.metrics import JobFailure, RunEvent
 from ember.ps import fetch_state
-from ember.spec import WorkerSpec, checkpoint_meta
+from ember.spec import WorkerSpec, checkpoint_meta, load_data
 
 EVAL_ROWS = 1000  # test rows shipped to each task for worker 0's evaluations on the spot
 
@@ -50,8 +50,10 @@ def train_spark(config: RunConfig, show_progress: bool = True) -> RunResult:
     began = time.perf_counter()
     with Progress(show_progress) as progress:
         progress.phase("loading data")
-        setup = prepare_run(config)  # bad data is refused before any JVM starts
-        data = setup.dataset
+        data = load_data(config)  # bad data is refused before any JVM starts
+        split = (len(data.x_train), len(data.x_test))
+        check_shards(data.name, split, config.workers, config.batch_size)
+        setup = prepare_run(config, data)
         run = Run(setup, progress)
         # On this machine the servers start (and import PyTorch) while the JVM does; a
         # cluster's addresses come from the session's configuration (spark.driver.host).
@@ -192,7 +194,10 @@ def _watch(run: Run, job: Job, rows: int, collector: RecordCollector) -> dict[st
         while job.thread.is_alive():
             job.thread.join(0.5)
             for streamed in collector.drain():
-                bar.update(streamed)
+                bar.update(run.described(streamed))
+                if streamed.get("kind") == "error" and not streamed.get("retry", True):
+                    job.cancel()  # the other tasks would only fail alike, or wait for it
+                    _fail_for_good(run, job, streamed["error"])
             run.tick()
             attempt = job.attempt()
             if attempt > seen_attempt:
@@ -215,10 +220,10 @@ def _watch(run: Run, job: Job, rows: int, collector: RecordCollector) -> dict[st
         if job.error is not None:
             _fail(run, job)
         records = [json.loads(line) for line in job.rows]
-        unreachable = [r["error"] for r in records if r.get("kind") == UNREACHABLE]
-        if unreachable:  # the tasks' one line says it all
-            message = f"the Spark training job failed ({job.attempt() + 1} attempt(s)):"
-            run.fail(JobFailure(error=unreachable[0]), f"{message}\n{unreachable[0]}")
+        for kind in (UNREACHABLE, "error"):  # the tasks' one line says it all
+            said = [r["error"] for r in records if r.get("kind") == kind]
+            if said:
+                _fail_for_good(run, job, said[0])
         attempt = job.attempt()
         states = [r for r in records if r.get("kind") == STATE]
         for record in records:
@@ -255,6 +260,12 @@ def _gloo(cluster: bool, state: dict[str, Any]) -> dict[str, Any]:
         "encrypted": False,
         "gradients_left_the_host_unencrypted": cluster,
     }
+
+
+def _fail_for_good(run: Run, job: Job, error: str) -> NoReturn:
+    """End the run on a task's one line saying why no attempt of the stage can succeed."""
+    message = f"the Spark training job failed ({job.attempt() + 1} attempt(s)):"
+    run.fail(JobFailure(error=error), f"{message}\n{error}")
 
 
 def _fail(run: Run, job: Job) -> NoReturn:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import socket
+import traceback
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -23,7 +24,8 @@ from ember.engines.spark.rendezvous import (
     reach,
     scratch,
 )
-from ember.errors import EmberError
+from ember.errors import EmberError, same_every_time
+from ember.metrics import WorkerError
 from ember.spec import WorkerSpec
 from ember.wire import CONNECTION_ERRORS, ClientConnection, use_encryption
 from ember.worker import Report, run_worker
@@ -84,8 +86,11 @@ def train_partition(
     spec = replace(spec, rank=rank, incarnation=incarnation)
     records: list[dict[str, Any]] = []
     sender = RecordSender(collector, spec.secret) if collector is not None else None
+    started = False
 
     def report(record: dict[str, Any]) -> None:
+        nonlocal started
+        started = started or record.get("kind") == "start"
         records.append(record)
         if sender is not None:
             sender.send({**record, "incarnation": incarnation})
@@ -95,6 +100,14 @@ def train_partition(
             report(run_worker(spec, report, dataset=data))
         else:
             records.extend(_all_reduce(context, spec, meeting, data, report))
+    except Exception as exc:
+        if not same_every_time(exc, started):
+            raise  # Spark retries the stage, which resumes from the servers
+        # Raised, it would have Spark run every attempt of the stage to this same end: the
+        # task returns it as a record instead, and the driver ends the job on it at once.
+        traceback.print_exc()  # the whole of it in the executor's log
+        cause = f"worker {rank} on {socket.gethostname()}: {type(exc).__name__}: {exc}"
+        report(WorkerError(rank=rank, incarnation=incarnation, error=cause, retry=False).to_json())
     finally:
         if sender is not None:
             sender.close()
