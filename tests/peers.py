@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,7 +20,10 @@ import numpy as np
 import zmq
 
 from ember.ps import PSClient
-from ember.wire import ClientConnection, connection, sockets
+from ember.wire import ClientConnection, connection, curve, sockets
+from ember.wire.endpoint import Chunk, Request, ServerEndpoint
+from ember.wire.frames import mac
+from ember.wire.handshake import CHALLENGE, HELLO, NONCE_BYTES, PROOF, WELCOME
 
 MiB = 1 << 20
 ATTACK_SECONDS = 60.0  # the most one unfinished message is sent for
@@ -51,13 +56,22 @@ endpoint.close()
 
 
 @contextmanager
-def endpoint_process(encrypt: bool, secret: bytes) -> Iterator[tuple[int, str]]:
-    """(pid, address) of a ServerEndpoint serving in a process of its own."""
+def endpoint_process(
+    encrypt: bool, secret: bytes, open_files: int | None = None
+) -> Iterator[tuple[int, str]]:
+    """(pid, address) of a ServerEndpoint serving in a process of its own; with `open_files`,
+    a process that may open no more files than that (its soft and hard limit)."""
+
+    def limit() -> None:
+        if open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
     child = subprocess.Popen(
         [sys.executable, "-c", _ENDPOINT_PROCESS, secret.hex(), "on" if encrypt else "off"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=limit,
     )
     try:
         assert child.stdout is not None
@@ -81,11 +95,49 @@ def _ready(socket_type: bytes) -> bytes:
     return b"\x04" + bytes([len(body)]) + body
 
 
+def _recv_exact(peer: socket.socket, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        more = peer.recv(count - len(data))
+        if not more:
+            raise ConnectionResetError("the server closed the connection")
+        data += more
+    return data
+
+
+def _read_frame(peer: socket.socket) -> tuple[int, bytes]:
+    """One ZMTP frame: (flags, body)."""
+    flags = _recv_exact(peer, 1)[0]
+    size = int.from_bytes(_recv_exact(peer, 8 if flags & 0x02 else 1), "big")
+    return flags, _recv_exact(peer, size)
+
+
+def _frame(body: bytes) -> bytes:
+    return b"\x00" + bytes([len(body)]) + body  # a short, final message frame
+
+
+def _prove(peer: socket.socket, secret: bytes) -> None:
+    """After the NULL handshake: skip the server's READY, then ember's HMAC handshake."""
+    while not _read_frame(peer)[0] & 0x04:  # COMMAND
+        pass
+    client_nonce = os.urandom(NONCE_BYTES)
+    peer.sendall(_frame(HELLO + client_nonce))
+    challenge = _read_frame(peer)[1]
+    assert challenge.startswith(CHALLENGE), challenge
+    nonces = challenge[-NONCE_BYTES:] + client_nonce
+    peer.sendall(_frame(PROOF + mac(secret, b"proof", nonces)))
+    assert _read_frame(peer)[1].startswith(WELCOME)
+
+
 def unfinished_message(
-    address: str, total: int, on_frame: Callable[[int], object] | None = None
+    address: str,
+    total: int,
+    on_frame: Callable[[int], object] | None = None,
+    secret: bytes | None = None,
 ) -> tuple[int, bool]:
-    """Speak ZMTP 3 by hand as a DEALER with the NULL mechanism, then send `total` bytes of
-    one multipart message whose frames all carry MORE, so it never ends: a pyzmq sender
+    """Speak ZMTP 3 by hand as a DEALER with the NULL mechanism (with `secret`, complete
+    ember's handshake too, as a worker holding the run's secret), then send `total` bytes
+    of one multipart message whose frames all carry MORE, so it never ends: a pyzmq sender
     could not, since it drains its own messages. Returns (bytes sent, whether the server
     dropped the connection). Bounded by `total` and ATTACK_SECONDS."""
     host, port = address.removeprefix("tcp://").rsplit(":", 1)
@@ -96,9 +148,10 @@ def unfinished_message(
     with socket.create_connection((host, int(port)), timeout=10) as peer:
         try:
             peer.sendall(_greeting(b"NULL"))
-            if len(peer.recv(64)) == 0:
-                return sent, True
+            _recv_exact(peer, 64)
             peer.sendall(_ready(b"DEALER"))
+            if secret is not None:
+                _prove(peer, secret)
             while sent < total and time.monotonic() < deadline:
                 peer.sendall(frame)
                 sent += FRAME_BYTES
@@ -107,20 +160,16 @@ def unfinished_message(
         except (BrokenPipeError, ConnectionResetError):
             return sent, True
         except TimeoutError:
-            return sent, False  # the server neither reads nor closes: it holds what it has
-        # Sent everything: dropped only if the server has closed its end by now.
-        peer.settimeout(2.0)
-        try:
-            return sent, peer.recv(4096) == b""
-        except TimeoutError:
-            return sent, False
-        except ConnectionResetError:
-            return sent, True
+            pass  # the server takes no more: it closed its end, or it holds what it has
+        # Dropped only if the server has closed its end by now (a closed end that still
+        # advertises no room leaves a sender blocked, not refused).
+        return sent, dropped(peer, 2.0)
 
 
-def attack(encrypt: bool, secret: bytes, total: int) -> tuple[int, int, bool]:
+def attack(encrypt: bool, secret: bytes, total: int, keyed: bool = False) -> tuple[int, int, bool]:
     """(server RSS growth, bytes sent, dropped) for one unfinished message of `total` bytes
-    sent to an endpoint in a process of its own."""
+    sent to an endpoint in a process of its own; `keyed`: by a peer holding the secret
+    (the transport plain, the peer authenticated by ember's handshake)."""
     with endpoint_process(encrypt, secret) as (pid, address):
         time.sleep(0.5)  # imports settled: what grows now is the peer's doing
         before = peak = rss(pid)
@@ -129,13 +178,128 @@ def attack(encrypt: bool, secret: bytes, total: int) -> tuple[int, int, bool]:
             nonlocal peak
             peak = max(peak, rss(pid))
 
-        sent, dropped = unfinished_message(address, total, watch)
+        sent, dropped = unfinished_message(address, total, watch, secret if keyed else None)
         time.sleep(0.5)
         peak = max(peak, rss(pid))
         return peak - before, sent, dropped
 
 
+# ---- raw peers that speak CURVE's framing without the keys ------------------------------------
+def handshake_holder(address: str, command_bytes: int) -> socket.socket:
+    """A raw peer that greets as a CURVE client, then sends all but the last byte of a
+    handshake command of `command_bytes` and keeps the connection open: what it sent is
+    held until the server drops it. The caller closes the socket."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    peer = socket.create_connection((host, int(port)), timeout=10)
+    try:
+        peer.sendall(_greeting(b"CURVE"))
+        _recv_exact(peer, 64)
+        body = b"\x05HELLO" + bytes(command_bytes - 6)
+        peer.sendall(b"\x06" + len(body).to_bytes(8, "big") + body[:-1])  # COMMAND | LONG
+    except OSError:
+        pass  # dropped already: what dropped() reports
+    return peer
+
+
+def hold_handshakes(pid: int, address: str, count: int) -> tuple[int, int, int]:
+    """(peak RSS growth of server process `pid`, holders, how many the server dropped) for
+    `count` handshake holders of 1 MiB each, opened one after another (for ATTACK_SECONDS at
+    most) and held together."""
+    held: list[socket.socket] = []
+    time.sleep(0.5)  # imports settled: what grows now is the holders' doing
+    before = peak = rss(pid)
+    deadline = time.monotonic() + ATTACK_SECONDS
+    try:
+        while len(held) < count and time.monotonic() < deadline:
+            held.append(handshake_holder(address, MiB))
+            peak = max(peak, rss(pid))
+        time.sleep(0.5)
+        peak = max(peak, rss(pid))
+        gone = sum(dropped(peer, 5 if index < 100 else 0.2) for index, peer in enumerate(held))
+    finally:
+        for peer in held:
+            peer.close()
+    return peak - before, len(held), gone
+
+
+def idle_greeter(address: str) -> socket.socket:
+    """A raw peer that sends a CURVE greeting and nothing more; the caller closes it."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    peer = socket.create_connection((host, int(port)), timeout=10)
+    with contextlib.suppress(OSError):
+        peer.sendall(_greeting(b"CURVE"))
+    return peer
+
+
+def dropped(peer: socket.socket, seconds: float) -> bool:
+    """Whether the server closes `peer`'s connection within `seconds` (what it sends before
+    is read and ignored)."""
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            peer.settimeout(max(0.01, deadline - time.monotonic()))
+            if not peer.recv(1 << 16):
+                return True
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+    return False
+
+
 # ---- peers with some of the keys, or all of them ----------------------------------------------
+def keyed_socket(context: zmq.Context, secret: bytes, encrypt: bool = True) -> zmq.Socket:
+    """A DEALER holding the run's transport keys (as a worker would), that speaks nothing
+    by itself: the caller says what it sends."""
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if encrypt:
+        curve.secure_client(sock, secret)
+    return sock
+
+
+def open_session_by_hand(sock: zmq.Socket, secret: bytes, wait: float = 10.0) -> bytes:
+    """ember's handshake on a connected DEALER; the session key."""
+    client_nonce = os.urandom(NONCE_BYTES)
+    sock.send(HELLO + client_nonce)
+    assert sock.poll(int(wait * 1000)), "no CHALLENGE"
+    challenge = sock.recv()
+    nonces = challenge[-NONCE_BYTES:] + client_nonce
+    sock.send(PROOF + mac(secret, b"proof", nonces))
+    assert sock.poll(int(wait * 1000)), "no answer to the PROOF"
+    assert sock.recv().startswith(WELCOME)
+    return mac(secret, b"session", nonces)
+
+
+class Polling:
+    """An endpoint polled on a thread of its own (a handshake needs the server answering);
+    `take(seconds)` returns what it handed out meanwhile. It stops after 120 s whatever
+    happens."""
+
+    def __init__(self, endpoint: ServerEndpoint) -> None:
+        self.endpoint = endpoint
+        self._events: list[Request | Chunk] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + 120
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            event = self.endpoint.poll(0.05)
+            if event is not None:
+                self._events.append(event)
+
+    def take(self, seconds: float) -> list[Request | Chunk]:
+        time.sleep(seconds)
+        out, self._events = self._events, []
+        return out
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
 def flood_peer(context: zmq.Context, server_key: bytes) -> zmq.Socket:
     """A peer that knows the server's public key (more than one without the secret could)
     but holds a key pair of its own, and says the HMAC HELLO."""

@@ -1,6 +1,6 @@
 """Atomic, verifiable checkpoints: ROOT/step-XXXXXXXX/{state.safetensors,manifest.json}, ROOT/last.
 
-imports: errors only (plus numpy, safetensors)
+imports: errors and userfile only (plus numpy, safetensors)
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import os
 import re
 import secrets
 import shutil
-import stat
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -26,8 +25,11 @@ import safetensors.numpy
 from safetensors import SafetensorError
 
 from ember.errors import CheckpointError
+from ember.userfile import Unreadable, parse_json, read_regular
 
 FORMAT = "ember-checkpoint/1"
+# A manifest holds names, shapes and the meta (a clock row per worker): far less than this.
+MAX_MANIFEST_BYTES = 64 << 20
 STATE = "state.safetensors"
 MANIFEST = "manifest.json"
 LAST = "last"
@@ -131,9 +133,12 @@ def load_checkpoint(path: Path | str) -> Checkpoint:
         raise CheckpointError(f"checkpoint {path}: no such directory")
 
     where = path / MANIFEST
+    data = _read(where, MAX_MANIFEST_BYTES + 1)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise CheckpointError(f"checkpoint {where}: larger than {MAX_MANIFEST_BYTES} bytes")
     try:
-        manifest = json.loads(_read(where))  # JSON only, never pickle: this is a user's file
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        manifest = parse_json(data)  # JSON only, never pickle: this is a user's file
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, and nesting too deep
         raise CheckpointError(f"checkpoint {where}: invalid JSON ({exc})") from exc
     fmt = manifest.get("format") if isinstance(manifest, dict) else None
     if fmt != FORMAT:
@@ -270,23 +275,12 @@ def _check_count(where: Path, field: str, value: object) -> None:
         raise CheckpointError(f"checkpoint {where}: {field} must be an integer >= 0, got {value!r}")
 
 
-def _read(where: Path, limit: int = -1) -> bytes:
-    """Read a regular file; anything else (a FIFO, a device, a directory) is refused from its
-    stat, never opened, as opening a FIFO for reading would block until a writer comes."""
+def _read(where: Path, limit: int) -> bytes:
+    """At most `limit` bytes of a regular file (userfile.read_regular), as a CheckpointError."""
     try:
-        mode = os.stat(where).st_mode
-        if not stat.S_ISREG(mode):
-            raise CheckpointError(f"checkpoint {where}: not a regular file")
-        # O_NONBLOCK: a FIFO swapped in after the stat cannot block the open; fstat refuses it.
-        fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK)
-        with open(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise CheckpointError(f"checkpoint {where}: not a regular file")
-            return f.read(limit)
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {where}: missing") from None
-    except OSError as exc:
-        raise CheckpointError(f"checkpoint {where}: {exc.strerror or exc}") from exc
+        return read_regular(where, limit)
+    except Unreadable as exc:
+        raise CheckpointError(f"checkpoint {where}: {exc}") from None
 
 
 def _read_last(root: Path) -> str:

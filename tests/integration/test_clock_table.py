@@ -97,32 +97,39 @@ def test_a_registration_past_max_workers_is_refused_naming_the_limit_and_what_to
     with running_servers(
         np.zeros(4, F32), SGDRule(lr=1.0), expected_workers=2, max_workers=5, worker_timeout=0.5
     ) as (server,):
-        connection = ClientConnection(server.address, SECRET, timeout=5)
-        for worker in (JOINER, JOINER + 1, JOINER + 2):
+        connections: dict[int, ClientConnection] = {}  # a connection speaks for one worker
+
+        def register(worker: int) -> None:
+            connection = ClientConnection(server.address, SECRET, timeout=5)
+            connections[worker] = connection
             connection.send({**_header("register", worker, 1), "step": 0})
             connection.recv()
-        connection.send({**_header("register", JOINER + 3, 1), "step": 0})
-        with pytest.raises(ProtocolError) as refused:
-            connection.recv()
-        message = str(refused.value)
-        assert "this shard already holds max_workers=5 workers (2 of the run, 5 live)" in message
-        assert "let joined workers finish before more join" in message
-        stats = control([server.address], SECRET, "stats")[0]
-        assert stats["rejected"]["register"] == 1 and stats["workers"]["table"] == 5
-        connection.send(_header("done", JOINER, 2))
-        connection.recv()
-        join_and_leave(connection, JOINER + 3)  # a leaver made room
-        # the other two joiners fall silent: dropped, then forgotten to make room
-        _until(lambda: control([server.address], SECRET, "stats")[0]["workers"]["dropped"] == 2)
-        server.clocks.timeout = 30.0  # from now on nobody falls silent, however slow the machine
-        for worker in (JOINER + 4, JOINER + 5, JOINER + 6):
-            connection.send({**_header("register", worker, 1), "step": 0})
-            assert connection.recv()[0]["op"] == "ok"
-        assert sorted(server.clocks.entries) == [0, 1, JOINER + 4, JOINER + 5, JOINER + 6]
-        connection.send({**_header("register", JOINER + 7, 1), "step": 0})
-        with pytest.raises(ProtocolError, match="max_workers=5 workers"):
-            connection.recv()  # all live again: nothing to forget
-        connection.close()
+
+        try:
+            for worker in (JOINER, JOINER + 1, JOINER + 2):
+                register(worker)
+            with pytest.raises(ProtocolError) as refused:
+                register(JOINER + 3)
+            message = str(refused.value)
+            full = "this shard already holds max_workers=5 workers (2 of the run, 5 live)"
+            assert full in message
+            assert "let joined workers finish before more join" in message
+            stats = control([server.address], SECRET, "stats")[0]
+            assert stats["rejected"]["register"] == 1 and stats["workers"]["table"] == 5
+            connections[JOINER].send(_header("done", JOINER, 2))
+            connections[JOINER].recv()
+            join_and_leave(connections[JOINER + 3], JOINER + 3)  # a leaver made room
+            # the other two joiners fall silent: dropped, then forgotten to make room
+            _until(lambda: control([server.address], SECRET, "stats")[0]["workers"]["dropped"] == 2)
+            server.clocks.timeout = 30.0  # from now on nobody falls silent, however slow
+            for worker in (JOINER + 4, JOINER + 5, JOINER + 6):
+                register(worker)
+            assert sorted(server.clocks.entries) == [0, 1, JOINER + 4, JOINER + 5, JOINER + 6]
+            with pytest.raises(ProtocolError, match="max_workers=5 workers"):
+                register(JOINER + 7)  # all live again: nothing to forget
+        finally:
+            for connection in connections.values():
+                connection.close()
 
 
 def test_bsp_rounds_stay_exact_while_joiners_come_and_go_and_the_table_stays_flat() -> None:

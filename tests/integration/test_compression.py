@@ -149,10 +149,13 @@ def test_a_repeated_easgd_push_resyncs_its_mirror_and_a_difference_without_one_i
         assert resync.bytes_pushed == 4 * SIZE
         x -= elastic
         np.testing.assert_array_equal(client.links[0].mirror, _view(server, client))  # type: ignore[index]
-        # a raw connection sending a difference the server holds no mirror for
+        # a raw connection, which takes worker 0 over as a restart would, sending a difference
+        # the server holds no mirror for (the mirror is the old connection's)
         connection = ClientConnection(server.address, SECRET, timeout=5)
+        connection.send(_header("register", client.seq + 1))
+        assert connection.recv()[0]["op"] == "ok"
         connection.send(
-            _header("push", client.seq + 1, keys=[0, SIZE], codec="int8"),
+            _header("push", client.seq + 2, keys=[0, SIZE], codec="int8"),
             [np.zeros(SIZE + 16, np.uint8)],
         )
         with pytest.raises(ProtocolError, match="holds no mirror"):

@@ -4,7 +4,6 @@ connect-and-close cycles, and a refused stream does not swallow the next request
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -17,39 +16,11 @@ from ember.wire import CHUNK_BYTES, ClientConnection, shared
 from ember.wire.endpoint import CLOSING_SECONDS, Chunk, Request, ServerEndpoint
 from ember.wire.frames import seal
 from tests.conftest import SECRET, endpoint_process, running_servers
-from tests.peers import open_fds
+from tests.peers import Polling, open_fds
 
 pytestmark = pytest.mark.timeout(120)
 
 CYCLES = 1000
-
-
-class Polling:
-    """An endpoint polled on a thread of its own (a handshake needs the server answering);
-    `take(seconds)` returns what it handed out meanwhile."""
-
-    def __init__(self, endpoint: ServerEndpoint) -> None:
-        self.endpoint = endpoint
-        self._events: list[Request | Chunk] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        deadline = time.monotonic() + 60
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            event = self.endpoint.poll(0.05)
-            if event is not None:
-                self._events.append(event)
-
-    def take(self, seconds: float) -> list[Request | Chunk]:
-        time.sleep(seconds)
-        out, self._events = self._events, []
-        return out
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
 
 def test_a_peer_presenting_a_closed_connections_id_cannot_finish_its_push() -> None:

@@ -1,17 +1,22 @@
 """A server maps only regions it made and sealed: a client cannot truncate one under the
 server's mapping (no SIGBUS on the read or the write path), and a file a client names,
-hard-linked into /dev/shm or not, is never read or written."""
+hard-linked into /dev/shm or not, is never read or written. A region is its worker's alone
+and no larger than a push, and what a worker writes into it during its push reaches the fold
+once, as read."""
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
 
 from ember.algorithms.rules import EASGDRule, SGDRule
-from ember.ps import PSClient, control
-from ember.wire import CHUNK_BYTES, shared
+from ember.ps import PSClient, control, fetch_state
+from ember.ps.fold import Fold
+from ember.wire import CHUNK_BYTES, ClientConnection, shared
 from tests.conftest import SECRET, running_servers
 
 pytestmark = pytest.mark.timeout(60)
@@ -95,3 +100,71 @@ def test_a_hard_linked_file_a_client_names_is_never_read_or_written(
     finally:
         os.unlink(link)
         os.unlink(victim)
+
+
+def test_a_connection_cannot_take_another_workers_region_nor_reserve_more_than_a_push(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(shared.DISABLE_VARIABLE, "1")
+    params = np.zeros(SIZE, dtype=np.float32)
+    with running_servers(params, SGDRule(lr=1.0)) as (server,):
+        victim = PSClient([server.address], SECRET, worker=0, timeout=10)
+        victim.register()
+        assert victim.connections[0].shared
+        thief = ClientConnection(server.address, SECRET, timeout=10)
+        thief.send({"op": "attach", "seq": 0, "bytes": 8 * SIZE, "owner": 0})
+        answer = thief.recv()[0]
+        assert answer["attached"] is False
+        assert answer["reason"] == "worker 0 is held by another connection"
+        for size in (2 << 34, 4 * (256 << 20)):  # 2 x 16 GiB, or 1 GiB, for a 4 MiB push
+            thief.send({"op": "attach", "seq": 0, "bytes": size})
+            answer = thief.recv()[0]
+            assert answer["attached"] is False and "outside the limit" in answer["reason"]
+        for _ in range(2):  # the victim's pushes go on through its region
+            victim.push(np.ones(SIZE, np.float32))
+        stats = control([server.address], SECRET, "stats")[0]
+        state, _ = fetch_state([server.address], SECRET)
+        thief.close()
+        victim.close()
+    assert stats["shared_memory"]["payloads"] == 2
+    np.testing.assert_array_equal(state["params"], -2 * np.ones(SIZE, np.float32))
+
+
+def test_a_worker_writing_its_region_during_its_push_costs_only_its_own_push(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under bsp, NaN written into a worker's region between the server's finite check and
+    its add must not reach the round's sum: the fold reads the payload once."""
+    monkeypatch.setenv(shared.DISABLE_VARIABLE, "1")
+    params = np.zeros(SIZE, dtype=np.float32)
+    with running_servers(params, SGDRule(lr=1.0), "bsp", expected_workers=2) as (server,):
+        clients = [PSClient([server.address], SECRET, worker=w, timeout=10) for w in (0, 1)]
+        for client in clients:
+            client.register()
+        region = clients[0].connections[0]._region
+        assert region is not None
+        request_half = region.half_view(False, SIZE)
+        checked = Fold._finite
+        poisoned: list[bool] = []
+
+        def check_then_poison(fold: Fold, chunk: np.ndarray, out: np.ndarray | None) -> bool:
+            verdict = checked(fold, chunk, out)
+            if not poisoned:  # the first chunk checked is worker 0's: now it writes NaN there
+                request_half[: chunk.size] = np.nan
+                poisoned.append(True)
+            return verdict
+
+        monkeypatch.setattr(Fold, "_finite", check_then_poison)
+        first = threading.Thread(target=clients[0].push, args=(np.ones(SIZE, np.float32),))
+        first.start()
+        deadline = time.monotonic() + 10
+        while server.counters["pushes"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        clients[1].push(np.ones(SIZE, np.float32))
+        first.join(10)
+        state, _ = fetch_state([server.address], SECRET)
+        stats = control([server.address], SECRET, "stats")[0]
+        for client in clients:
+            client.close()
+    assert poisoned and stats["rejected"].get("nonfinite", 0) == 0
+    np.testing.assert_array_equal(state["params"], -np.ones(SIZE, np.float32))  # the round's mean

@@ -1,8 +1,10 @@
 """Bounds a server holds a credentialed client to: registrations past --max-workers are one
-clear error, and a push or pull whose step is negative is refused before it is applied."""
+clear error, a push or pull whose step is negative or absurd is refused before it is applied,
+a request that takes no payload cannot start one, and a connection speaks for its own worker."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,8 @@ from ember.config import RunConfig
 from ember.engines.servers import ServerGroup
 from ember.errors import ProtocolError
 from ember.ps import PSClient, control, fetch_state
+from ember.wire import CHUNK_BYTES, ClientConnection
+from ember.wire.frames import seal
 from tests.conftest import SECRET, running_servers
 
 pytestmark = pytest.mark.timeout(120)
@@ -63,3 +67,59 @@ def test_a_negative_step_is_refused_counted_and_never_applied(op: str) -> None:
     np.testing.assert_array_equal(state["params"], -np.ones(100, dtype=np.float32))  # one push
     assert meta["workers"]["0"]["step"] == 5
     assert stats["rejected"] == {"step": 1, "request": 1}
+
+
+def test_a_request_that_takes_no_payload_but_declares_one_is_refused_before_any_chunk() -> None:
+    params = np.zeros(1000, dtype=np.float32)
+    with running_servers(params, SGDRule(lr=1.0)) as (server,):
+        connection = ClientConnection(server.address, SECRET, timeout=10)
+        declared = {"op": "stats", "seq": 1, "tensors": [["uint8", [1 << 34]]]}
+        connection._sock.send(seal(connection._key, declared))
+        for _ in range(16):  # chunks that would follow: each fails as a header, none is kept
+            connection._sock.send(bytes(CHUNK_BYTES))
+        with pytest.raises(ProtocolError, match="'stats' takes no payload"):
+            connection.recv()
+        deadline = time.monotonic() + 10
+        while server.endpoint.rejected["hmac"] < 16 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.endpoint.peer_state["streams"] == 0
+        connection.send({"op": "stats", "seq": 2})
+        assert connection.recv()[0]["op"] == "ok"  # the connection serves on
+        connection.close()
+
+
+def test_a_connection_cannot_say_done_for_another_worker() -> None:
+    params = np.zeros(100, dtype=np.float32)
+    with running_servers(params, SGDRule(lr=1.0), expected_workers=2) as (server,):
+        victim = PSClient([server.address], SECRET, worker=0, timeout=10)
+        victim.register()
+        other = PSClient([server.address], SECRET, worker=1, timeout=10)
+        other.register()
+        with pytest.raises(ProtocolError, match="speaks for worker 1, not for worker 0"):
+            other._round_trip("done", [None], {"worker": 0})
+        stranger = ClientConnection(server.address, SECRET, timeout=10)  # registered as nobody
+        stranger.send({"op": "done", "worker": 0, "incarnation": 0, "seq": 1})
+        with pytest.raises(ProtocolError, match="worker 0 is held by another connection"):
+            stranger.recv()
+        victim.push(np.ones(100, dtype=np.float32))  # worker 0 trains on
+        stats = control([server.address], SECRET, "stats")[0]
+        for client in (victim, other):
+            client.close()
+        stranger.close()
+    assert stats["live_workers"] == [0, 1]
+    assert stats["rejected"]["identity"] == 2
+
+
+@pytest.mark.parametrize("step", [(1 << 53) + 1, (1 << 64) - 1])
+def test_an_absurd_step_is_refused_and_never_applied(step: int) -> None:
+    params = np.zeros(100, dtype=np.float32)
+    with running_servers(params, SGDRule(lr=1.0)) as (server,):
+        client = PSClient([server.address], SECRET, worker=0, timeout=10)
+        client.register()
+        client.step = step
+        with pytest.raises(ProtocolError, match=f"'step' must be <= {1 << 53}, got {step}"):
+            client.push(np.ones(100, dtype=np.float32))
+        state, meta = fetch_state([server.address], SECRET)
+        client.close()
+    np.testing.assert_array_equal(state["params"], params)
+    assert meta["workers"]["0"]["step"] == 0

@@ -244,7 +244,7 @@ def test_a_new_incarnation_voids_what_its_predecessor_left_held_and_refuses_its_
         pusher.join(10)
         state, _ = fetch_state([server.address], SECRET)
         np.testing.assert_array_equal(state["params"], [-13.0])  # 1 + 1 + 10 + 1, not + 10 more
-        with pytest.raises(ProtocolError, match="worker 1 incarnation 0 is not registered"):
+        with pytest.raises(ProtocolError, match="worker 1 is held by another connection"):
             old.push(np.full(1, 100.0, np.float32))  # a late push of the old incarnation
         state, _ = fetch_state([server.address], SECRET)
         np.testing.assert_array_equal(state["params"], [-13.0])

@@ -363,6 +363,18 @@ def _fifo(name: str) -> object:
     return damage
 
 
+def _nest(field: str, depth: int) -> object:
+    """A manifest whose `field` is JSON nested `depth` lists deep."""
+
+    def damage(path: Path) -> None:
+        text = (path / "manifest.json").read_text()
+        nested = "[" * depth + "]" * depth
+        text = text.replace(f'"{field}": ', f'"{field}": {nested}, "x": ', 1)
+        (path / "manifest.json").write_text(text)
+
+    return damage
+
+
 RUN_DAMAGES = [
     (
         _edit("files.state/safetensors.bytes", float("inf")),
@@ -409,6 +421,15 @@ RUN_DAMAGES = [
         "meta.workers['0'].finished must be true or false, got 'no'",
     ),
     (_fifo("state.safetensors"), "s", "not a regular file"),
+    *(
+        (
+            _edit("files.state/safetensors.bytes", size),
+            "s",
+            "sha256 mismatch (file is corrupt or truncated)",
+        )
+        for size in (1 << 40, 1 << 62, 1 << 63, 10**30)
+    ),
+    (_nest("meta", 100_000), "m", "invalid JSON (nested too deeply)"),
     (_fifo("manifest.json"), "m", "not a regular file"),
 ]
 
@@ -464,3 +485,19 @@ def test_resume_auto_with_every_checkpoint_corrupt_says_so_naming_them(tmp_path:
         f"--resume auto: every checkpoint in {root} is corrupt ({second.name}, {first.name});"
         " pass --resume PATH to see why, or choose another --out"
     )
+
+
+def test_resume_auto_falls_back_past_a_checkpoint_whose_manifest_claims_a_huge_file(
+    tmp_path: Path,
+) -> None:
+    from ember.api import run_config
+
+    root = tmp_path / "run" / "checkpoints"
+    older = _run_checkpoint(root)
+    newer = save_checkpoint(root, 4, {"params": np.zeros(1000, np.float32)}, {"step": 4})
+    _edit("files.state/safetensors.bytes", 1 << 62)(newer)
+    with pytest.warns(UserWarning, match="state.safetensors: sha256 mismatch"):
+        found = checkpoint.latest_valid_checkpoint(root, checkpoint.verify_run_state)
+    assert found is not None and found.path == older
+    config = run_config({"resume": "auto", "out": str(tmp_path / "run")})
+    assert (config.strategy, config.lr) == ("async", 0.1)  # the older checkpoint's

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import threading
@@ -21,10 +22,13 @@ from typing import Any
 from ember.config import RunConfig, Strategy
 from ember.errors import ConfigError
 from ember.spec import WorkerSpec
+from ember.userfile import Unreadable, parse_json, read_regular
 
 JOIN_FILE = "join.json"
 JOINABLE = tuple(sorted(s.value for s in Strategy if s.joinable))  # sorted for error messages
 JOINER_IDS = 1 << 30
+MAX_JOIN_BYTES = 1 << 20  # a run writes a few KiB: addresses, the secret, its configuration
+ADDRESS = re.compile(r"tcp://(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}")
 
 
 def write_join_file(run_dir: Path, config: RunConfig, servers: list[str], secret: bytes) -> Path:
@@ -35,23 +39,57 @@ def write_join_file(run_dir: Path, config: RunConfig, servers: list[str], secret
     return path
 
 
-def join_run(run_dir: Path, epochs: int, report: Any = print) -> dict[str, Any]:
-    """Train one more worker in the run at `run_dir` for `epochs` passes; return its totals."""
-    path = run_dir / JOIN_FILE
-    try:
-        saved = json.loads(path.read_text())
-    except OSError:
+def read_join_file(path: Path, epochs: int) -> tuple[RunConfig, list[str], bytes]:
+    """The run's configuration (with `epochs`), servers and secret from its join file; a file
+    that is missing, damaged, of the wrong kind or too large is one ConfigError naming it."""
+    if not path.exists() and not path.is_symlink():
         raise ConfigError(
             f"{path} does not exist: the run is not running, or its strategy is not one of"
             f" {', '.join(JOINABLE)}"
-        ) from None
-    except ValueError as exc:
-        raise ConfigError(f"{path} is not the join file a run writes: {exc}") from None
+        )
+    damaged = f"{path} is not the join file a run writes"
     try:
-        config = RunConfig(**{**saved["config"], "epochs": epochs}).validate()
-        secret, servers = bytes.fromhex(saved["secret"]), list(saved["servers"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{path} is not the join file a run writes: {exc!r}") from None
+        data = read_regular(path, MAX_JOIN_BYTES + 1)
+    except Unreadable as exc:
+        raise ConfigError(f"{damaged}: {exc}") from None
+    if len(data) > MAX_JOIN_BYTES:
+        raise ConfigError(f"{damaged}: larger than {MAX_JOIN_BYTES} bytes")
+    try:
+        saved = parse_json(data)
+    except ValueError as exc:
+        raise ConfigError(f"{damaged}: invalid JSON ({exc})") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{damaged}: not an object")
+    servers, secret, fields = saved.get("servers"), saved.get("secret"), saved.get("config")
+    if not (isinstance(servers, list) and servers and all(map(_is_address, servers))):
+        raise ConfigError(
+            f"{damaged}: 'servers' must be a non-empty list of tcp://HOST:PORT addresses,"
+            f" got {servers!r:.200}"
+        )
+    if not (isinstance(secret, str) and re.fullmatch("[0-9a-f]{64}", secret)):
+        raise ConfigError(f"{damaged}: 'secret' must be 64 hexadecimal digits")
+    if not isinstance(fields, dict):
+        raise ConfigError(f"{damaged}: 'config' must be an object, got {fields!r:.200}")
+    try:
+        config = RunConfig(**{**fields, "epochs": epochs}).validate()
+    except (TypeError, ConfigError) as exc:  # a field RunConfig lacks, or a bad value
+        raise ConfigError(f"{damaged}: {exc}") from None
+    if not config.mode.joinable:
+        raise ConfigError(
+            f"{path} claims strategy {config.strategy}, which cannot take a joiner;"
+            f" a worker joins only a run of {', '.join(JOINABLE)}"
+        )
+    return config, list(servers), bytes.fromhex(secret)
+
+
+def _is_address(value: object) -> bool:
+    return isinstance(value, str) and ADDRESS.fullmatch(value) is not None
+
+
+def join_run(run_dir: Path, epochs: int, report: Any = print) -> dict[str, Any]:
+    """Train one more worker in the run at `run_dir` for `epochs` passes; return its totals."""
+    path = run_dir / JOIN_FILE
+    config, servers, secret = read_join_file(path, epochs)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

@@ -38,6 +38,7 @@ class Fold:
         # scratch, reused by every commit: a slice's values before it, and the rule's own
         self._before: dict[str, np.ndarray] = {}
         self._rule_scratch = np.empty(BLOCK, np.float32)
+        self._payload = np.empty(SLICE, np.float32)  # a synchronous push's chunk, read once
 
     def chunk(
         self,
@@ -62,8 +63,13 @@ class Fold:
         # Committed at once, a chunk is checked once, after its commit: the rules' results are
         # sums and scalings of their input, so NaN or Inf in it leaves them non-finite and the
         # commit is refused. A pass over the input first would only repeat that verdict.
-        if round_sum is not None and not self._finite(values, out):
-            return params
+        if round_sum is not None:
+            # Read once: a payload in shared memory can change while it is folded (its worker
+            # may write the region), so the check and the add must see the same values, or a
+            # NaN written between them would poison the round for every worker.
+            values = self._read_once(values)
+            if not self._finite(values, out):
+                return params
         contribution = self.rule.contribute(params, values, out)
         if squeeze is not None and out is not None:
             squeeze(keys.start, out)
@@ -105,6 +111,13 @@ class Fold:
         else:
             shard.step += 1
         return out
+
+    def _read_once(self, values: np.ndarray) -> np.ndarray:
+        if self._payload.size < values.size:
+            self._payload = np.empty(values.size, values.dtype)
+        copy = self._payload[: values.size]
+        np.copyto(copy, values)
+        return copy
 
     def _finite(self, chunk: np.ndarray, out: np.ndarray | None) -> bool:
         """A chunk holding NaN or Inf contributes nothing (its reply part is zero) and is

@@ -16,7 +16,15 @@ from ember.ps.compress import Squeeze, Views, check_codec
 from ember.ps.consistency import Consistency
 from ember.ps.fold import SLICE, Fold
 from ember.ps.replies import Replies
-from ember.ps.shard import ALL_KEYS, ShardSpec, ShardState, UpdateRule, header_bool, header_int
+from ember.ps.shard import (
+    ALL_KEYS,
+    MAX_STEP,
+    ShardSpec,
+    ShardState,
+    UpdateRule,
+    header_bool,
+    header_int,
+)
 from ember.wire import Chunk, Request, SendTicket, ServerEndpoint
 
 
@@ -84,7 +92,7 @@ class PushPull(CodedExchanges):
             self._answer_duplicate(request, worker, seq)
             return
         try:  # a worker's step is its resume point: a checkpoint refuses a negative one
-            header_int(header, "step", 0)
+            header_int(header, "step", 0, MAX_STEP)
         except ProtocolError:
             self.rejected["step"] += 1
             raise

@@ -29,6 +29,8 @@ from ember.wire import Chunk, Request, ServerEndpoint
 __all__ = ["Op", "ParameterServer", "Role", "ShardSpec", "UpdateRule", "shard_ranges"]
 
 MAX_ERROR_CHARS = 1000
+MAX_WORKER_ID = (1 << 63) - 1  # the clock table's int64 column
+MIN_REGION_BYTES = 1 << 16  # what a tiny shard's region may hold each way all the same
 
 
 class Op(str, Enum):
@@ -94,8 +96,15 @@ class ParameterServer:
             startup_grace=max(120.0, worker_timeout),
             max_workers=max_workers,
         )
+        # Only a push and a copy from the primary carry a payload, each refused at its header
+        # unless it has the shard's exact shape (pushpull.py, replica.py): the endpoint
+        # refuses one of any other request. A region carries a push (or its reply) at most.
         self.endpoint = ServerEndpoint(
-            secret, bind, max_unread_bytes=unread_budget(shard, rule.state_names)
+            secret,
+            bind,
+            max_unread_bytes=unread_budget(shard, rule.state_names),
+            payload_ops=(Op.PUSH, Op.REPLICATE),
+            max_region_bytes=max(4 * shard.size, MIN_REGION_BYTES),
         )
         self.address = self.endpoint.address
         self.rejected: Counter[str] = Counter()
@@ -210,7 +219,19 @@ class ParameterServer:
             message = f"shard {self.spec.index} at {self.address} is a backup"
             self.endpoint.reply(request, {"op": "error", "not_primary": True, "message": message})
             return
+        if op in WORKER_OPS:
+            self._check_identity(request, op)
         handler(request)
+
+    def _check_identity(self, request: Request, op: str) -> None:
+        """A connection speaks for the one worker it registered (or first named): a request
+        for another worker is refused, as is one for a worker another connection holds,
+        except a registration, which is how a worker's new incarnation takes over its id."""
+        worker = header_int(request.header, "worker", 0, MAX_WORKER_ID)
+        refused = self.endpoint.identities.claim(request.peer, worker, op == Op.REGISTER)
+        if refused is not None:
+            self.rejected["identity"] += 1
+            raise ProtocolError(f"{op} for worker {worker} refused: {refused}")
 
     def _on_chunk(self, chunk: Chunk) -> None:
         if chunk.request.header.get("op") == Op.REPLICATE:
@@ -261,6 +282,7 @@ class ParameterServer:
         if entry is not None and entry.incarnation == header_int(header, "incarnation"):
             self.clocks.finish(worker)
             self.pushes.views.release(worker)
+        self.endpoint.identities.release(request.peer)  # the connection may join as another
         self.endpoint.reply(request, {"op": "ok"})
         self.pushes.fold.maybe_commit_round()  # the leaver may have been the last a round awaited
         self.pushes.drain()

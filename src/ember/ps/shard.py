@@ -13,6 +13,9 @@ import numpy as np
 from ember.errors import ProtocolError
 
 ALL_KEYS = slice(0, 1 << 62)  # a reply or snapshot that reads every key of the shard
+# A worker's step, its resume point: beyond any run, exact as a float64 in a checkpoint's JSON,
+# and far inside the clock table's int64 columns.
+MAX_STEP = 1 << 53
 
 
 class UpdateRule(Protocol):
@@ -150,12 +153,16 @@ class ShardState:
         self.rule_state = {name: value.copy() for name, value in self.rule_state.items()}
 
 
-def header_int(header: dict[str, Any], key: str, minimum: int | None = None) -> int:
+def header_int(
+    header: dict[str, Any], key: str, minimum: int | None = None, maximum: int | None = None
+) -> int:
     value = header.get(key)
     if not isinstance(value, int) or isinstance(value, bool):
         raise ProtocolError(f"header field {key!r} must be an integer, got {value!r}")
     if minimum is not None and value < minimum:
         raise ProtocolError(f"header field {key!r} must be >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ProtocolError(f"header field {key!r} must be <= {maximum}, got {value!r}")
     return value
 
 

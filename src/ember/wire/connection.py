@@ -15,7 +15,6 @@ from ember.wire import curve
 from ember.wire.frames import MAX_REPLY_BYTES, chunk_frames, describe, frame_sizes, seal, unseal
 from ember.wire.handshake import open_session
 from ember.wire.hosts import endpoint_is_local
-from ember.wire.peers import local_port
 from ember.wire.shared import Region, SharedFrame, fits
 from ember.wire.sockets import new_socket
 
@@ -23,8 +22,7 @@ from ember.wire.sockets import new_socket
 WATCH_SLICE = 0.25
 # What the connection's monitor reports: the server leaving, or refusing the transport.
 TRANSPORT_EVENTS = (
-    zmq.EVENT_CONNECTED  # its fd says which local port names this connection to the server
-    | zmq.EVENT_DISCONNECTED
+    zmq.EVENT_DISCONNECTED
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
@@ -67,7 +65,6 @@ class ClientConnection:
         self._watch = watch
         self._handshakes_failed = 0  # failed transport handshakes (each also disconnects)
         self._disconnects = 0
-        self._port: int | None = None  # this end's TCP port, once connected
         self._closed = False
         self._region: Region | None = None  # shared memory with a server on this host
         self._in_flight = 0  # requests sent and not yet answered
@@ -76,19 +73,11 @@ class ClientConnection:
             self.timeout = timeout if connect_timeout is None else connect_timeout
             self._key = open_session(address, secret, self._sock.send, self._handshake_reply)
             self.timeout = timeout
-            self._bind()
             if not watch:
                 self._unwatch()
         except BaseException:
             self.close()
             raise
-
-    def _bind(self) -> None:
-        """Tell the server which TCP connection this is, so that whatever it keeps for this
-        connection ends when the connection closes (peers.py)."""
-        self._disconnected()  # reads the monitor's connect event
-        if self._port is not None:
-            self.notify({"op": "bind", "port": self._port}, self.timeout)
 
     def _handshake_reply(self) -> bytes:
         return self._next_frame(self.timeout, "(wrong secret, or the server is not running)").bytes
@@ -225,9 +214,6 @@ class ClientConnection:
             return False
         while self._monitor.poll(0, zmq.POLLIN):
             event = recv_monitor_message(self._monitor)
-            if event["event"] == zmq.EVENT_CONNECTED:
-                self._port = local_port(int(event["value"]))
-                continue
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 self._disconnects += 1
                 continue

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import zmq
@@ -16,9 +16,10 @@ from ember.wire import curve
 from ember.wire.frames import MAX_REPLY_BYTES, chunk_frames, describe, frame_sizes, seal, unseal
 from ember.wire.handshake import ServerHandshake
 from ember.wire.hosts import LOCAL_TRANSPORTS, is_loopback
-from ember.wire.peers import PeerConnections
+from ember.wire.identity import Identities
+from ember.wire.peers import SCAN_SECONDS, PeerConnections, framed
 from ember.wire.shared import ServerRegions
-from ember.wire.sockets import ReplyBacklog, new_socket
+from ember.wire.sockets import ReplyBacklog, new_socket, raise_open_file_limit
 from ember.wire.ticket import COPIED, SendTicket
 
 # A closed connection's messages read after its close keep their session this long (a record
@@ -73,7 +74,14 @@ class ServerEndpoint:
         max_payload_bytes: int = 1 << 34,
         encrypt: bool | None = None,
         max_unread_bytes: int = UNREAD_BYTES,
+        payload_ops: Collection[str] | None = None,
+        max_region_bytes: int | None = None,
     ) -> None:
+        """`payload_ops`: the operations whose requests may carry a payload (of up to
+        `max_payload_bytes`); a header of another that declares one is refused before any
+        chunk is taken. None: every operation may. A peer's shared-memory region holds
+        `max_region_bytes` each way at most (by default `max_payload_bytes`)."""
+        raise_open_file_limit()
         self._context = context or zmq.Context.instance()
         self.encrypted = curve.encrypting(encrypt)
         self._sock = new_socket(self._context, zmq.ROUTER)
@@ -89,11 +97,15 @@ class ServerEndpoint:
             raise
         self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.max_payload_bytes = max_payload_bytes
+        self._payload_ops = payload_ops
         self._handshake = ServerHandshake(secret, self._sock)
         self._sessions: dict[bytes, bytes] = {}  # peer -> session key
+        self._session_fds: dict[bytes, int] = {}  # peer -> the connection it was made on
+        self.identities = Identities()
         self._streams: dict[bytes, Request] = {}  # peer -> request whose payload is arriving
-        self._regions = ServerRegions(max_payload_bytes)  # same-host peers' shared memory
-        self._connections = PeerConnections(self._sock)
+        region = max_payload_bytes if max_region_bytes is None else max_region_bytes
+        self._regions = ServerRegions(region)  # same-host peers' shared memory
+        self._connections = PeerConnections(self._sock, self.encrypted)
         self._broken: deque[Chunk] = deque()  # streams whose connection closed, to report
         self._closing: dict[bytes, float] = {}  # peer -> when its session goes
         self._backlog = ReplyBacklog(max_unread_bytes)
@@ -101,37 +113,50 @@ class ServerEndpoint:
 
     def poll(self, timeout: float) -> Request | Chunk | None:
         """Wait up to `timeout` seconds; return the next authenticated request header or
-        payload chunk, if any."""
-        self._drop_closed()
-        if self._broken:
-            return self._broken.popleft()
-        queued = self._regions.next_chunk()
-        if queued is not None:  # a payload in shared memory is handed out as the socket's is
-            request, frame = queued
-            request.frames.append(frame)
-            return Chunk(request, len(request.frames) - 1)
-        if not self._sock.poll(int(timeout * 1000), zmq.POLLIN):
-            return None
+        payload chunk, if any. Connections are looked after every SCAN_SECONDS meanwhile."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self._drop_closed()
+            if self._broken:
+                return self._broken.popleft()
+            queued = self._regions.next_chunk()
+            if queued is not None:  # a payload in shared memory is handed out as the socket's is
+                request, frame = queued
+                request.frames.append(frame)
+                return Chunk(request, len(request.frames) - 1)
+            wait = min(deadline - time.monotonic(), SCAN_SECONDS)
+            if self._sock.poll(max(0, int(wait * 1000)), zmq.POLLIN):
+                break
+            if wait < SCAN_SECONDS:
+                return None
         frames = self._sock.recv_multipart(copy=False)
         # A closed connection's state goes before anything read after it is handled: once
         # the close is processed its routing id is free, and a new peer may present it.
         self._drop_closed()
-        peer = frames[0].bytes
+        peer, fd = frames[0].bytes, _source_fd(frames[-1])
+        handed = sum(framed(len(frame), self.encrypted) for frame in frames[1:])
         try:
+            live = self._connections.arrived(fd, peer, handed)
+            if not live and self._session_fds.get(peer) != fd:  # a closing session's is kept
+                raise ProtocolError("unauthenticated: its connection closed")
             if len(frames) != 2:
                 raise ProtocolError(f"message of {len(frames) - 1} frames; ember sends one")
-            return self._accept(peer, frames[1])
+            return self._accept(peer, frames[1], fd)
         except ProtocolError as exc:
             self.rejected[_reason(exc)] += 1
             stream = self._streams.pop(peer, None)
             return None if stream is None else Chunk(stream, len(stream.frames), str(exc))
 
-    def _accept(self, peer: bytes, frame: Any) -> Request | Chunk | None:
+    def _accept(self, peer: bytes, frame: Any, fd: int) -> Request | Chunk | None:
         key = self._sessions.get(peer)
+        if key is not None and self._session_fds[peer] != fd:
+            key = None  # another connection presenting the id: the session is not its
         if key is None:
             key = self._handshake.admit(peer, frame.bytes)
             if key is not None:
                 self._sessions[peer] = key
+                self._session_fds[peer] = fd
+                self._connections.authenticate(peer)
             return None
         self._regions.opened(peer)
         stream = self._streams.get(peer)
@@ -147,8 +172,7 @@ class ServerEndpoint:
                 del self._streams[peer]
             return Chunk(stream, index)
         header = unseal(key, frame.buffer)
-        if header["op"] == "bind":  # names the connection it came on; no reply
-            self._connections.bind(peer, peer_address(frame), header.get("port"))
+        if header["op"] == "bind":  # an older client naming its port: SRCFD says it now
             return None
         if header["op"] == "attach":
             answer = {"op": "ok", "seq": header.get("seq"), **self._attach(peer, header, frame)}
@@ -156,7 +180,13 @@ class ServerEndpoint:
             return None
         if self._backlog.over_budget(peer):
             self._refuse_slow_reader(peer, key, header)
-        sizes = frame_sizes(header.get("tensors", []), self.max_payload_bytes)
+        limit = self._payload_limit(header["op"])
+        try:
+            sizes = frame_sizes(header.get("tensors", []), limit)
+        except ProtocolError as exc:
+            self._refuse(
+                peer, key, header, str(exc) if limit else f"{header['op']!r} takes no payload"
+            )
         if sizes and peer in self._closing:
             raise ProtocolError("connection closed: its payload is not taken")
         request = Request(peer, header, [], sizes)
@@ -164,12 +194,21 @@ class ServerEndpoint:
             try:
                 self._regions.queue_payload(request)
             except ProtocolError as exc:  # e.g. a newer connection of its worker took over
-                message = {"op": "error", "seq": header.get("seq"), "message": str(exc)}
-                self._sock.send_multipart([peer, seal(key, message)])
-                raise
+                self._refuse(peer, key, header, str(exc))
         elif sizes:
             self._streams[peer] = request
         return request
+
+    def _payload_limit(self, op: str) -> int:
+        if self._payload_ops is None or op in self._payload_ops:
+            return self.max_payload_bytes
+        return 0
+
+    def _refuse(self, peer: bytes, key: bytes, header: dict[str, Any], message: str) -> NoReturn:
+        """Answer a request refused at its header with one error, and count it."""
+        reply = {"op": "error", "seq": header.get("seq"), "message": message}
+        self._sock.send_multipart([peer, seal(key, reply)])
+        raise ProtocolError(message)
 
     def _refuse_slow_reader(self, peer: bytes, key: bytes, header: dict[str, Any]) -> None:
         """Serve nothing more to a peer that leaves replies unread: what it would be sent
@@ -181,10 +220,7 @@ class ServerEndpoint:
             f"the {budget} MiB a server queues for one connection; read each reply before "
             "sending more requests"
         )
-        self._sock.send_multipart(
-            [peer, seal(key, {"op": "error", "seq": header.get("seq"), "message": message})]
-        )
-        raise ProtocolError(message)
+        self._refuse(peer, key, header, message)
 
     def _attach(self, peer: bytes, header: dict[str, Any], frame: Any) -> dict[str, Any]:
         """Map a peer's region only when the peer is on this host's loopback: hosts emulated
@@ -193,6 +229,12 @@ class ServerEndpoint:
         if not (self.address.startswith(LOCAL_TRANSPORTS) or is_loopback(where)):
             self.rejected["remote_region"] += 1
             return {"attached": False, "reason": f"peer {where or '(unknown)'} is not on loopback"}
+        owner = header.get("owner")
+        if isinstance(owner, int) and not isinstance(owner, bool):
+            refused = self.identities.claim(peer, owner)
+            if refused is not None:
+                self.rejected["identity"] += 1
+                return {"attached": False, "reason": refused}
         return self._regions.attach(peer, header)
 
     def _drop_closed(self) -> None:
@@ -203,6 +245,8 @@ class ServerEndpoint:
         now = time.monotonic()
         for peer in self._connections.closed():
             self._closing[peer] = now + CLOSING_SECONDS
+            self._handshake.forget(peer)
+            self.identities.release(peer)
             self._regions.drop(peer)
             self._backlog.forget(peer)
             stream = self._streams.pop(peer, None)
@@ -212,6 +256,8 @@ class ServerEndpoint:
             if until <= now:
                 del self._closing[peer]
                 self._sessions.pop(peer, None)
+                self._session_fds.pop(peer, None)
+        self._connections.police()
 
     def forget_stream(self, peer: bytes) -> None:
         """Drop the frames kept for a request whose payload will never complete."""
@@ -276,7 +322,10 @@ class ServerEndpoint:
         regions = self._regions.stats()["peers"]
         sizes = {"sessions": len(self._sessions), "streams": len(self._streams)}
         sizes["backlogged"] = self._backlog.peers()
-        return {**sizes, "regions": regions, **self._connections.stats()}
+        sizes["handshaking"] = self._handshake.pending
+        sizes["identities"] = len(self.identities)
+        shed = {f"shed_{reason}": count for reason, count in self._connections.shed.items()}
+        return {**sizes, "regions": regions, **self._connections.stats(), **shed}
 
     @property
     def shared_memory(self) -> dict[str, int]:
@@ -299,6 +348,14 @@ def peer_address(frame: Any) -> str:
         return str(frame.get("Peer-Address"))
     except (zmq.ZMQError, AttributeError):
         return ""
+
+
+def _source_fd(frame: Any) -> int:
+    """The descriptor of the connection a frame came on (zmq's SRCFD); -1 without one."""
+    try:
+        return int(frame.get(zmq.SRCFD))
+    except (zmq.ZMQError, AttributeError, TypeError):
+        return -1
 
 
 def _reason(exc: ProtocolError) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hmac
 import os
-from collections import OrderedDict
 from collections.abc import Callable
 
 import zmq
@@ -20,40 +19,53 @@ from ember.wire.frames import mac
 HELLO, CHALLENGE, PROOF = b"EMBER2-HELLO", b"EMBER2-CHALLENGE", b"EMBER2-PROOF"
 WELCOME, DENIED = b"EMBER2-OK", b"EMBER2-DENIED"
 NONCE_BYTES = 32
-MAX_PENDING_HANDSHAKES = 1024
+# Peers whose one handshake is under way or spent, a backstop: an entry goes when its
+# connection closes (peers.py ends one that has not authenticated in time), so only a
+# transport without connections (inproc) could fill it, and then newcomers are refused.
+MAX_PENDING_HANDSHAKES = 1 << 16
 
 
 class ServerHandshake:
-    """The server's side: answers each step on its ROUTER socket, keeping the nonces of at
-    most MAX_PENDING_HANDSHAKES peers that said HELLO and have not proved the secret yet."""
+    """The server's side: answers each step on its ROUTER socket. A connection gets one
+    CHALLENGE, ever: whatever else it sends before proving the secret is refused unanswered,
+    so a peer cannot make the server queue replies it never reads, and its nonces are kept
+    until its connection closes, so no other peer's handshakes can push them out."""
 
     def __init__(self, secret: bytes, sock: zmq.Socket) -> None:
         self._secret = secret
         self._sock = sock
-        self._pending: OrderedDict[bytes, bytes] = OrderedDict()  # peer -> nonces sn|cn
+        self._pending: dict[bytes, bytes | None] = {}  # peer -> nonces sn|cn; None once spent
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
 
     def admit(self, peer: bytes, data: bytes) -> bytes | None:
         """Answer one handshake message from `peer`: its session key once it has proved the
         secret, else None. A wrong proof or a message out of turn raises ProtocolError."""
         tag, value = _split(data)
-        if tag == HELLO:
-            nonces = os.urandom(NONCE_BYTES) + value
-            self._pending[peer] = nonces
-            while len(self._pending) > MAX_PENDING_HANDSHAKES:
-                self._pending.popitem(last=False)
-            self._sock.send_multipart([peer, CHALLENGE + nonces[:NONCE_BYTES]])
+        if tag == HELLO and peer not in self._pending:
+            if len(self._pending) >= MAX_PENDING_HANDSHAKES:
+                raise ProtocolError("unauthenticated: too many handshakes under way")
+            fresh = os.urandom(NONCE_BYTES) + value
+            self._pending[peer] = fresh
+            self._sock.send_multipart([peer, CHALLENGE + fresh[:NONCE_BYTES]])
             return None
-        saved = self._pending.get(peer)
-        if tag == PROOF and saved is not None:
-            nonces = saved
-            del self._pending[peer]
+        nonces = self._pending.get(peer)
+        if tag == PROOF and nonces is not None:
+            self._pending[peer] = None
             if not hmac.compare_digest(value, mac(self._secret, b"proof", nonces)):
                 self._sock.send_multipart([peer, DENIED + bytes(NONCE_BYTES)])  # fail fast
                 raise ProtocolError("unauthenticated: wrong secret")
+            del self._pending[peer]
             key = mac(self._secret, b"session", nonces)
             self._sock.send_multipart([peer, WELCOME + mac(self._secret, b"server", nonces)])
             return key
         raise ProtocolError("unauthenticated: message before a completed handshake")
+
+    def forget(self, peer: bytes) -> None:
+        """`peer`'s connection closed."""
+        self._pending.pop(peer, None)
 
 
 def open_session(

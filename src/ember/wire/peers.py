@@ -1,28 +1,59 @@
-"""Which TCP connection a ROUTER peer is, so that its state ends when the connection does.
+"""Which TCP connection each message came on, and how much a connection may hold before and
+after it authenticates.
 
-libzmq's monitor says a connection was accepted or closed by its file descriptor, never by
-routing id, and without draft APIs (ZMQ_ROUTER_NOTIFY) no message says it either. So each
-accepted fd is resolved to the peer's (address, port) with getpeername at once, and a peer
-that passed the handshake names its own local port in a sealed `bind`: the server binds
-the routing id to the fd only when an accepted connection from that address and port exists
-and no other peer holds it. When that fd closes, the peer's session, stream and region go.
-A peer behind address translation cannot be bound this way and keeps the old behaviour.
+zmq names the descriptor of the connection every received message came on (SRCFD), and the
+socket's monitor says when a descriptor was accepted and when it closed. So a connection's
+routing id is known from its first message, the session it authenticates is tied to it, and
+everything kept for it goes when it closes, whether or not the peer says anything more.
+
+What libzmq holds of a connection before ember sees a byte of it (a handshake command of
+up to a frame's size, an unfinished multipart message of any size) is bounded here, since
+libzmq bounds neither: the kernel says how many bytes it took from the peer (TCP_INFO's
+bytes_received), and the server knows how many zmq handed it. A connection is shut down
+(shutdown(2) on its socket: zmq sees the stream end and frees what it held) when:
+- before its first message, it sent more than PRE_AUTH_BYTES (a CURVE handshake is under
+  2 KiB), or it is one of more than MAX_HANDSHAKING such connections and the oldest;
+- after it, zmq holds more than UNSEEN_BYTES of it that the server has not been handed;
+- it has not authenticated HANDSHAKE_SECONDS after it was accepted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import socket
+import time
+from dataclasses import dataclass
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPT_FAILED
+HANDSHAKE_SECONDS = 10.0  # from accept to an authenticated session (CURVE, then HMAC)
+MAX_HANDSHAKING = 64  # connections accepted that have sent no message yet
+PRE_AUTH_BYTES = 64 << 10  # what a connection may send before its first message
+# What zmq may hold of a connection and not yet have handed over: the kernel's receive
+# buffer (twice the 4 MiB asked for), the ROUTER's queue of whole messages (RCVHWM of them,
+# sockets.py) and one frame being decoded; an unfinished message grows past it.
+UNSEEN_BYTES = 24 << 20
+SCAN_SECONDS = 0.01  # how often the byte counts are read, at the least
+_TCP_INFO_BYTES_RECEIVED = slice(128, 136)  # struct tcp_info's tcpi_bytes_received (Linux)
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _peername(fd: int, local: bool = False) -> tuple[str, int] | None:
-    """(address, port) of the far end (or this end with `local`) of socket `fd`, or None."""
+@dataclass
+class Connection:
+    address: tuple[str, int]  # the peer's (address, port), to check a descriptor before use
+    accepted: float  # time.monotonic() of the accept
+    peer: bytes | None = None  # its routing id, from its first message
+    handed: int = 0  # bytes of it zmq handed the server, framing included
+    authenticated: bool = False
+    ended: bool = False  # shut down by the server; zmq closes it when it sees that
+
+
+def _peername(fd: int) -> tuple[str, int] | None:
+    """(address, port) of the far end of socket `fd`, or None."""
     try:
         copy = os.dup(fd)
     except OSError:
@@ -35,7 +66,7 @@ def _peername(fd: int, local: bool = False) -> tuple[str, int] | None:
         os.close(copy)
         return None
     try:
-        name = sock.getsockname() if local else sock.getpeername()
+        name = sock.getpeername()
         return (str(name[0]), int(name[1]))
     except (OSError, IndexError, TypeError, ValueError):
         return None
@@ -43,57 +74,168 @@ def _peername(fd: int, local: bool = False) -> tuple[str, int] | None:
         sock.close()
 
 
-def local_port(fd: int) -> int | None:
-    """This end's port of a connected socket `fd` (a DEALER's, from its monitor)."""
-    name = _peername(fd, local=True)
-    return None if name is None else name[1]
+def _shutdown(fd: int, address: tuple[str, int]) -> None:
+    """End the connection on `fd` if it is still the one from `address`; zmq closes it."""
+    with contextlib.suppress(OSError):
+        copy = os.dup(fd)
+        with socket.socket(fileno=copy) as sock:
+            if sock.getpeername()[:2] == address:
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def _bytes_received(fd: int) -> int | None:
+    info = ctypes.create_string_buffer(256)
+    length = ctypes.c_uint32(len(info))
+    if _libc.getsockopt(fd, socket.IPPROTO_TCP, socket.TCP_INFO, info, ctypes.byref(length)):
+        return None  # not TCP (ipc), or already closed
+    if length.value < _TCP_INFO_BYTES_RECEIVED.stop:
+        return None  # a kernel older than 4.1 does not count them
+    return int.from_bytes(info.raw[_TCP_INFO_BYTES_RECEIVED], "little")
+
+
+def _order(peer: bytes) -> int:
+    """Where a routing id the ROUTER made (a zero byte, then a counter) stands in the order
+    peers connected; -1 for one a peer chose, which never displaces one the ROUTER made."""
+    return int.from_bytes(peer[1:], "big") if len(peer) == 5 and peer[0] == 0 else -1
+
+
+def framed(nbytes: int, encrypted: bool) -> int:
+    """Bytes a message of `nbytes` took on the wire: ZMTP's frame header, and CURVE's
+    MESSAGE command (name, nonce, MAC and flags) around it."""
+    body = nbytes + (33 if encrypted else 0)
+    return body + (2 if body <= 255 else 9)
 
 
 class PeerConnections:
-    """A ROUTER's accepted connections by fd, and the peers bound to them."""
+    """A ROUTER's accepted connections by fd, the peers on them, and their bounds."""
 
-    def __init__(self, sock: zmq.Socket) -> None:
+    def __init__(self, sock: zmq.Socket, encrypted: bool) -> None:
         self._monitor: zmq.Socket | None = sock.get_monitor_socket(EVENTS)
         self._sock = sock
-        self._accepted: dict[int, tuple[str, int]] = {}  # fd -> the peer's (address, port)
-        self._peer_by_fd: dict[int, bytes] = {}
+        self._encrypted = encrypted
+        self._by_fd: dict[int, Connection] = {}
         self._fd_by_peer: dict[bytes, int] = {}
+        self._scanned = 0.0
+        self._gone: list[bytes] = []  # peers whose connections are known to be gone
+        self.shed: dict[str, int] = {"size": 0, "count": 0, "time": 0, "unseen": 0}
 
     def closed(self) -> list[bytes]:
-        """Read the monitor's news; the peers whose connections closed since the last call."""
-        gone: list[bytes] = []
+        """Read the monitor's news; the peers whose connections closed since the last call.
+
+        The news lags behind the messages, so a descriptor may be reused by a new connection
+        before its old one's close is read: the kernel's peer address of the descriptor, read
+        now, says which connection an event or a message is about."""
         while self._monitor is not None and self._monitor.poll(0, zmq.POLLIN):
             event = recv_monitor_message(self._monitor)
             fd = int(event["value"])
             if event["event"] == zmq.EVENT_ACCEPTED:
-                name = _peername(fd)
-                if name is not None:
-                    self._accepted[fd] = name
-                continue
-            self._accepted.pop(fd, None)
-            peer = self._peer_by_fd.pop(fd, None)
-            if peer is not None:
-                del self._fd_by_peer[peer]
-                gone.append(peer)
+                self._adopt(fd)
+            elif event["event"] == zmq.EVENT_ACCEPT_FAILED:
+                self._shed_handshaking(len(self._by_fd) // 2)  # out of descriptors
+            elif fd in self._by_fd and _peername(fd) != self._by_fd[fd].address:
+                self._forget(fd)  # else the close of an older connection on the number
+        gone, self._gone = self._gone, []
         return gone
 
-    def bind(self, peer: bytes, address: str, port: object) -> bool:
-        """Bind `peer` to the accepted connection from (address, port), if there is exactly
-        such a connection and no peer holds it yet."""
-        if peer in self._fd_by_peer:
-            return False
-        if not isinstance(port, int) or isinstance(port, bool):
-            return False
-        self.closed()  # an accept reported just now must be known before it is looked up
-        for fd, name in self._accepted.items():
-            if name == (address, port) and fd not in self._peer_by_fd:
-                self._peer_by_fd[fd] = peer
-                self._fd_by_peer[peer] = fd
-                return True
-        return False
+    def _adopt(self, fd: int) -> Connection | None:
+        """The connection on `fd` now: the one known, or a new one in place of a closed one."""
+        name = _peername(fd)
+        known = self._by_fd.get(fd)
+        if known is not None and known.address == name:
+            return known
+        self._forget(fd)
+        if name is None:
+            return None
+        found = self._by_fd[fd] = Connection(name, time.monotonic())
+        return found
+
+    def _forget(self, fd: int) -> None:
+        connection = self._by_fd.pop(fd, None)
+        if connection is not None and connection.peer is not None:
+            self._drop_peer(fd, connection.peer)
+
+    def _drop_peer(self, fd: int, peer: bytes) -> None:
+        if self._fd_by_peer.get(peer) == fd:
+            del self._fd_by_peer[peer]
+        self._gone.append(peer)
+
+    def arrived(self, fd: int, peer: bytes, nbytes: int) -> bool:
+        """Count a message of `nbytes` from `peer` on `fd`; False when it came on a
+        connection that is closed by now, or that is another peer's."""
+        if fd < 0:
+            return True  # inproc: no connection to tie anything to
+        connection = self._by_fd.get(fd)
+        if connection is None or connection.peer not in (None, peer):
+            connection = self._adopt(fd)
+            if connection is None:
+                return False
+        if connection.peer != peer:
+            # A message read late from a closed connection whose number this one reuses, or
+            # this one's first: the ROUTER numbers its peers in the order they connect.
+            if connection.peer is not None:
+                if connection.authenticated or _order(peer) <= _order(connection.peer):
+                    return False
+                self._drop_peer(fd, connection.peer)
+            connection.peer = peer
+            self._fd_by_peer[peer] = fd
+        connection.handed += nbytes
+        return True
+
+    def authenticate(self, peer: bytes) -> int | None:
+        """`peer` proved the secret: its connection's fd (None without one), which keeps it."""
+        fd = self._fd_by_peer.get(peer)
+        if fd is not None:
+            self._by_fd[fd].authenticated = True
+        return fd
+
+    def police(self, force: bool = False) -> None:
+        """Shut down connections past their bounds (see the module's docstring); reads the
+        kernel's counts at most every SCAN_SECONDS, or a little less often for many
+        connections, so that it never takes more than a few percent of the server's time."""
+        now = time.monotonic()
+        if not force and now - self._scanned < max(SCAN_SECONDS, 40e-6 * len(self._by_fd)):
+            return
+        self._scanned = now
+        waiting: list[tuple[float, int]] = []
+        for fd, connection in list(self._by_fd.items()):
+            if connection.ended:
+                continue
+            if connection.authenticated:
+                limit = UNSEEN_BYTES
+            elif now - connection.accepted > HANDSHAKE_SECONDS:
+                self._end(fd, "time")
+                continue
+            else:
+                limit = PRE_AUTH_BYTES if connection.peer is None else UNSEEN_BYTES
+            received = _bytes_received(fd)
+            if received is not None and received - connection.handed > limit:
+                self._end(fd, "size" if connection.peer is None else "unseen")
+            elif connection.peer is None:
+                waiting.append((connection.accepted, fd))
+        # The newest are spared: a handshake that completed may not have been read yet.
+        excess = sorted(waiting)[: max(0, len(waiting) - MAX_HANDSHAKING)]
+        for accepted, fd in excess:
+            if now - accepted > 1.0:
+                self._end(fd, "count")
+
+    def _shed_handshaking(self, count: int) -> None:
+        """Shut down the `count` oldest connections that have not authenticated."""
+        waiting = sorted(
+            (c.accepted, fd) for fd, c in self._by_fd.items() if not (c.authenticated or c.ended)
+        )
+        for _, fd in waiting[:count]:
+            self._end(fd, "count")
+
+    def _end(self, fd: int, reason: str) -> None:
+        connection = self._by_fd.get(fd)
+        if connection is not None:
+            self.shed[reason] += 1
+            connection.ended = True
+            _shutdown(fd, connection.address)
 
     def stats(self) -> dict[str, int]:
-        return {"accepted": len(self._accepted), "bound": len(self._fd_by_peer)}
+        authenticated = sum(c.authenticated for c in self._by_fd.values())
+        return {"accepted": len(self._by_fd), "bound": authenticated}
 
     def close(self) -> None:
         if self._monitor is not None:

@@ -3,12 +3,15 @@ replies a server lets one peer leave unread."""
 
 from __future__ import annotations
 
+import contextlib
+import resource
 import time
 from collections import deque
 
 import zmq
 
 from ember.wire.frames import CHUNK_BYTES, MAC_BYTES, MAX_HEADER_BYTES
+from ember.wire.peers import HANDSHAKE_SECONDS
 
 # A frame is a header or one tensor chunk; anything larger makes zmq drop the peer before
 # the bytes are buffered, so an oversized length never reaches an allocation of ours.
@@ -18,6 +21,10 @@ MAX_FRAME_BYTES = max(CHUNK_BYTES, MAC_BYTES + MAX_HEADER_BYTES) + 1024
 # one loop). This many lets an honest peer's reply of a 2 GiB shard leave in one burst, so a
 # count of messages bounds little: ReplyBacklog bounds the bytes.
 ROUTER_SNDHWM = (2 << 30) // CHUNK_BYTES
+# Whole messages a ROUTER queues from one peer before it stops reading that connection: enough
+# to keep a streamed push's folding busy, few enough that what zmq holds of a peer is small
+# (peers.UNSEEN_BYTES counts on it).
+ROUTER_RCVHWM = 8
 # How long a server waits, once per oldest unread reply, for trackers zmq may have let go of
 # already: pyzmq marks them done on a thread of its own, which needs the GIL and may lag.
 TRACKER_GRACE_SECONDS = 0.2
@@ -31,7 +38,20 @@ def new_socket(context: zmq.Context, kind: int) -> zmq.Socket:
     sock.setsockopt(zmq.SNDBUF, 4 << 20)
     sock.setsockopt(zmq.RCVBUF, 4 << 20)
     sock.setsockopt(zmq.SNDHWM, ROUTER_SNDHWM if kind == zmq.ROUTER else 1000)
+    if kind == zmq.ROUTER:
+        sock.setsockopt(zmq.RCVHWM, ROUTER_RCVHWM)
+        # libzmq's own bound on a transport handshake; peers.py bounds the rest of it
+        sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_SECONDS * 1000))
     return sock
+
+
+def raise_open_file_limit() -> None:
+    """Raise this process's soft limit on open files to its hard limit: a server holds a
+    descriptor per connection, and the common default of 1,024 is soon reached."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 class ReplyBacklog:
