@@ -24,6 +24,7 @@ from ember.strategies import AlgorithmKind as AlgorithmKind
 from ember.strategies import ConsistencyKind as ConsistencyKind
 from ember.strategies import Strategy as Strategy
 from ember.tau import check_tau_policy, split_tau
+from ember.training import check_optimizer, check_scheduler
 
 ENGINES = ("local", "spark")
 # The most workers a shard's clock table may hold (ps/clockrows.py's MAX_TABLE_ROWS, what a
@@ -46,6 +47,11 @@ class RunConfig:
     lr: float = 0.05  # learning rate (server optimizer for sgd, local optimizer otherwise)
     momentum: float = 0.9  # SGD momentum (server-side for sgd, local for easgd/single/allreduce)
     nesterov: bool = False  # Nesterov momentum on the local optimizer (EAMSGD)
+    optimizer: str = "sgd"  # sgd | adam | adamw (servers or workers) | any torch.optim name
+    weight_decay: float = 0.0  # L2 penalty (sgd, adam) or decoupled decay (adamw)
+    scheduler: str = "constant"  # constant | step | cosine | onecycle | linear (training.py)
+    warmup_steps: int = 0  # optimizer steps of linear learning-rate warm-up
+    clip_grad_norm: float | None = None  # clip each worker's gradient to this L2 norm
     tau: int = 8  # easgd: local steps between exchanges with the center (auto/loss: the first)
     tau_policy: str = "fixed"  # fixed | auto | loss (easgd-async): how tau is chosen as it runs
     alpha: float | None = None  # easgd moving rate; None means 0.9 / workers (the paper's beta/p)
@@ -143,6 +149,12 @@ class RunConfig:
                 raise ConfigError(f"{name} must be > 0, got {value!r}")
         if not 0 <= self.momentum < 1:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        check_optimizer(self.optimizer, self.strategy, not self.mode.local_optimizer)
+        check_scheduler(self.scheduler, self.warmup_steps)
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
+            raise ConfigError(f"clip_grad_norm must be > 0, got {self.clip_grad_norm!r}")
         if self.alpha is not None and not 0 < self.alpha <= 1:
             raise ConfigError(f"alpha must be in (0, 1], got {self.alpha!r}")
         if self.max_workers is not None and not self.workers <= self.max_workers <= MAX_WORKERS:

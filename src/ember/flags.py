@@ -18,6 +18,14 @@ HELP = {
     "momentum": "SGD momentum in [0, 1), on the servers (bsp, ssp, async) or local (the others)",
     "nesterov": "Nesterov momentum in the local optimizer (EAMSGD with easgd); needs"
     " --momentum > 0",
+    "optimizer": "sgd (momentum SGD, the default) | adam | adamw, on the servers (bsp, ssp,"
+    " async: state kept per shard, replicated and checkpointed) or on each worker (single,"
+    " easgd, easgd-async, allreduce: also rmsprop, adagrad or any torch.optim class name)",
+    "weight_decay": "weight decay: an L2 term in the gradient (sgd, adam) or decoupled (adamw)",
+    "scheduler": "constant | step (x0.1 at each third) | cosine (to 0) | onecycle | linear (to"
+    " 0): the learning rate over the run's optimizer steps; a server's advance with its clock",
+    "warmup_steps": "optimizer steps over which the learning rate rises linearly to --lr",
+    "clip_grad_norm": "clip each worker's gradient to this L2 norm before it is used or sent",
     "tau": "easgd, easgd-async: local steps (minibatches) between a worker's exchanges with the"
     " center; each worker also exchanges once when it finishes. easgd-async also takes auto (the"
     " period the throughput model picks from the exchange and step times it measures) or loss"

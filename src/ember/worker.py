@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ember.algorithms import (
     FlatModel,
+    ScheduledOptimizer,
     WorkerContext,
     local_optimizer,
     make_algorithm,
@@ -113,7 +114,10 @@ class Worker:
             flat.load(spec.initial)
         elif spec.initial_file is not None:
             flat.load(safetensors.numpy.load_file(spec.initial_file)["params"])
-        optimizer = local_optimizer(flat, config) if config.mode.local_optimizer else None
+        self.total_steps = config.epochs * self.steps_per_epoch
+        optimizer = None
+        if config.mode.local_optimizer:
+            optimizer = local_optimizer(flat, config, self.total_steps)
         context = WorkerContext(
             config,
             spec.rank,
@@ -126,13 +130,14 @@ class Worker:
         )
         self.algorithm = make_algorithm(context)
         self.first_step = max(self.algorithm.start(flat, optimizer), spec.initial_step)
+        if isinstance(optimizer, ScheduledOptimizer):  # a resumed worker's schedule goes on
+            optimizer.steps = self.first_step
         # easgd's exchange period; the other algorithms have none
         self.exchange_period: Period | None = getattr(self.algorithm, "period", None)
         period = self.exchange_period
         # a period that adapts is fed each step's compute seconds, and the loss if it asks
         self.period = period if period is not None and period.adaptive else None
         self.feeds_loss = self.period is not None and self.period.wants_loss
-        self.total_steps = config.epochs * self.steps_per_epoch
         self.order = torch.empty(0, dtype=torch.int64)  # this epoch's shuffle of the shard
         self.t_comp = 0.0  # seconds of compute, without waits on the network
         # each step's loss since the last progress record, kept apart to name a NaN's step

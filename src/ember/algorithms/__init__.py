@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         Algorithm,
         CommStats,
         MomentumSGD,
+        ScheduledOptimizer,
         WorkerContext,
         local_optimizer,
     )
@@ -47,6 +48,7 @@ _LAZY = {
     "WorkerContext": "base",
     "local_optimizer": "base",
     "MomentumSGD": "base",
+    "ScheduledOptimizer": "base",
     "AsyncEASGD": "easgd",
     "SyncEASGD": "easgd",
     "FlatModel": "flat",
@@ -105,6 +107,7 @@ __all__ = [
     "LocalSGD",
     "MomentumSGD",
     "SGDRule",
+    "ScheduledOptimizer",
     "ServerSGD",
     "SyncEASGD",
     "WorkerContext",

@@ -10,7 +10,9 @@ import torch
 
 from ember.algorithms.flat import FlatModel
 from ember.config import RunConfig
+from ember.errors import ConfigError
 from ember.ps import ExchangeResult
+from ember.training import CONSTANT, Schedule
 
 
 @dataclass
@@ -83,24 +85,34 @@ class Optimizer(Protocol):
 
 
 class MomentumSGD:
-    """The local optimizer: torch.optim.SGD's update with momentum and Nesterov (no dampening
-    or weight decay), the same arithmetic in the same order, so the same parameters step for
+    """The local optimizer: torch.optim.SGD's update with momentum, Nesterov and weight decay
+    (no dampening), the same arithmetic in the same order, so the same parameters step for
     step. Not torch.optim.SGD itself: its first use imports torch._dynamo, seconds of every
     worker's start for a compiler a worker never runs."""
 
     def __init__(
-        self, params: Iterable[torch.nn.Parameter], lr: float, momentum: float, nesterov: bool
+        self,
+        params: Iterable[torch.nn.Parameter],
+        lr: float,
+        momentum: float,
+        nesterov: bool,
+        weight_decay: float = 0.0,
     ) -> None:
         self.params = list(params)
         self.lr, self.momentum, self.nesterov = lr, momentum, nesterov
+        self.weight_decay = weight_decay
         self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
+        self.param_groups = [{"lr": lr}]  # where a schedule sets the learning rate
 
     @torch.no_grad()
     def step(self) -> None:
+        self.lr = self.param_groups[0]["lr"]
         for i, param in enumerate(self.params):
             if param.grad is None:
                 continue
             direction = param.grad
+            if self.weight_decay:
+                direction = direction.add(param, alpha=self.weight_decay)
             if self.momentum != 0:
                 buffer = self.buffers[i]
                 if buffer is None:
@@ -112,7 +124,54 @@ class MomentumSGD:
             param.add_(direction, alpha=-self.lr)
 
 
-def local_optimizer(flat: FlatModel, config: RunConfig) -> MomentumSGD:
-    return MomentumSGD(
-        flat.module.parameters(), lr=config.lr, momentum=config.momentum, nesterov=config.nesterov
-    )
+class ScheduledOptimizer:
+    """A worker's optimizer as the run configures it: the gradient clipped to clip_grad_norm,
+    the learning rate set from the schedule, then the optimizer's own step. `steps` is the
+    local steps taken so far (a resumed worker's start)."""
+
+    def __init__(
+        self,
+        optimizer: Any,
+        params: list[torch.nn.Parameter],
+        lr: float,
+        schedule: Schedule,
+        clip_grad_norm: float | None,
+    ) -> None:
+        self.optimizer, self.params, self.lr = optimizer, params, lr
+        self.schedule, self.clip = schedule, clip_grad_norm
+        self.steps = 0
+
+    def step(self) -> None:
+        if self.clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        lr = self.lr * self.schedule.factor(self.steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.steps += 1
+
+
+def local_optimizer(flat: FlatModel, config: RunConfig, total_steps: int = 0) -> Optimizer:
+    """The worker's optimizer: momentum SGD ("sgd"), or the torch.optim class the run names
+    (case-insensitively), with the run's weight decay, schedule and clipping."""
+    params = [p for p in flat.module.parameters() if p.requires_grad]
+    name, lr, decay = config.optimizer.lower(), config.lr, config.weight_decay
+    optimizer: Any
+    if name == "sgd":
+        optimizer = MomentumSGD(params, lr, config.momentum, config.nesterov, decay)
+    else:
+        classes: dict[str, Any] = {
+            cls.__name__.lower(): cls
+            for cls in vars(torch.optim).values()
+            if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)
+        }
+        if name not in classes:
+            known = ", ".join(sorted(c for c in classes if c != "optimizer"))
+            raise ConfigError(
+                f"optimizer must be sgd or a torch.optim class ({known}); got {name!r}"
+            )
+        optimizer = classes[name](params, lr=lr, weight_decay=decay)
+    schedule = Schedule(config.scheduler, total_steps, config.warmup_steps)
+    if schedule == CONSTANT and config.clip_grad_norm is None:
+        return optimizer  # nothing to add around it: today's hot path as it was
+    return ScheduledOptimizer(optimizer, params, lr, schedule, config.clip_grad_norm)

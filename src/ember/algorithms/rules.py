@@ -1,4 +1,5 @@
-"""Server-side update rules (the ps.UpdateRule protocol): SGD with momentum, and EASGD's center.
+"""Server-side update rules (the ps.UpdateRule protocol): SGD with momentum, Adam and AdamW,
+and EASGD's center.
 
 NumPy only: the server process imports this module and never torch (its start-up would
 otherwise be the import of torch). Every operation writes into an existing array (`out=`);
@@ -6,6 +7,7 @@ what needs a scaled copy uses the caller's scratch, so no update allocates."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,18 +15,37 @@ import numpy as np
 from ember.config import AlgorithmKind, ConsistencyKind, RunConfig
 from ember.errors import ConfigError
 from ember.ps.shard import UpdateRule
+from ember.training import CONSTANT, Schedule
+
+
+def _gradient(
+    params: np.ndarray,
+    folded: np.ndarray,
+    factor: float,
+    weight_decay: float,
+    scratch: np.ndarray,
+) -> np.ndarray:
+    """scratch = factor * folded (+ weight_decay * params: an L2 term, as torch.optim adds it)."""
+    if weight_decay:
+        np.multiply(params, np.float32(weight_decay / factor), out=scratch)
+        np.add(scratch, folded, out=scratch)
+        return np.multiply(scratch, np.float32(factor), out=scratch)
+    return np.multiply(folded, np.float32(factor), out=scratch)
 
 
 @dataclass(frozen=True)
 class SGDRule:
-    """Server optimizer for pushed gradients: buf = m * buf + g; p -= lr * buf (torch.optim.SGD,
-    dampening 0). A synchronous round commits the mean of its gradients as one step. Under
-    async and SSP each gradient is applied on its own, scaled by `rescale` (1 / workers, as
-    MXNet's dist_async rescales), so a round of pushes moves as far as one synchronous step."""
+    """Server optimizer for pushed gradients: g += wd * p; buf = m * buf + g; p -= lr * buf
+    (torch.optim.SGD, dampening 0), lr following the schedule over the server's commits. A
+    synchronous round commits the mean of its gradients as one step. Under async and SSP
+    each gradient is applied on its own, scaled by `rescale` (1 / workers, as MXNet's
+    dist_async rescales), so a round of pushes moves as far as one synchronous step."""
 
     lr: float
     momentum: float = 0.0
     rescale: float = 1.0  # factor on every gradient before it is applied
+    weight_decay: float = 0.0
+    schedule: Schedule = CONSTANT
     name: str = "sgd"
     replies: bool = False
 
@@ -44,16 +65,20 @@ class SGDRule:
         folded: np.ndarray,
         count: int,
         scratch: np.ndarray,
+        step: int = 1,
     ) -> None:
+        lr = self.lr * self.schedule.factor(step - 1)
         factor = self.rescale / count
         if self.momentum:
             buf = state["momentum"]
             np.multiply(buf, np.float32(self.momentum), out=buf)
-            np.multiply(folded, np.float32(factor), out=scratch)
-            np.add(buf, scratch, out=buf)
-            np.multiply(buf, np.float32(self.lr), out=scratch)
+            np.add(buf, _gradient(params, folded, factor, self.weight_decay, scratch), out=buf)
+            np.multiply(buf, np.float32(lr), out=scratch)
+        elif self.weight_decay:
+            _gradient(params, folded, factor, self.weight_decay, scratch)
+            np.multiply(scratch, np.float32(lr), out=scratch)
         else:
-            np.multiply(folded, np.float32(self.lr * factor), out=scratch)
+            np.multiply(folded, np.float32(lr * factor), out=scratch)
         np.subtract(params, scratch, out=params)
 
     def commit_buffers(
@@ -70,6 +95,77 @@ class SGDRule:
         learning rate or optimizer state. Changes add up where values could not: error
         feedback under --compress stays exact, and a round of fresh pulls ends at the
         workers' mean."""
+        np.multiply(folded, np.float32(self.rescale / count), out=scratch)
+        np.add(buffers, scratch, out=buffers)
+
+
+@dataclass(frozen=True)
+class AdamRule:
+    """Adam (Kingma and Ba) over a shard, as torch.optim.Adam and AdamW step: the moments are
+    per-key rule state (replicated and checkpointed with the parameters), bias-corrected by
+    the server's commit count; AdamW decays the parameters by lr * weight_decay first, Adam
+    adds weight_decay * p to the gradient. Gradients are scaled as SGDRule scales them."""
+
+    lr: float
+    decoupled: bool = False  # AdamW
+    rescale: float = 1.0
+    weight_decay: float = 0.0
+    schedule: Schedule = CONSTANT
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    replies: bool = False
+    state_names: tuple[str, ...] = ("exp_avg", "exp_avg_sq")
+
+    @property
+    def name(self) -> str:
+        return "adamw" if self.decoupled else "adam"
+
+    def contribute(
+        self, params: np.ndarray, payload: np.ndarray, out: np.ndarray | None
+    ) -> np.ndarray:
+        return payload
+
+    def commit(
+        self,
+        params: np.ndarray,
+        state: dict[str, np.ndarray],
+        folded: np.ndarray,
+        count: int,
+        scratch: np.ndarray,
+        step: int = 1,
+    ) -> None:
+        lr = self.lr * self.schedule.factor(step - 1)
+        beta1, beta2 = self.betas
+        if self.decoupled and self.weight_decay:
+            np.multiply(params, np.float32(1 - lr * self.weight_decay), out=params)
+        l2 = 0.0 if self.decoupled else self.weight_decay
+        grad = _gradient(params, folded, self.rescale / count, l2, scratch)
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        # exp_avg += (1 - beta1) (g - exp_avg), in place: one scratch serves every pass
+        np.subtract(exp_avg, grad, out=exp_avg)
+        np.multiply(exp_avg, np.float32(beta1), out=exp_avg)
+        np.add(exp_avg, grad, out=exp_avg)
+        np.multiply(exp_avg_sq, np.float32(beta2), out=exp_avg_sq)
+        np.multiply(grad, grad, out=scratch)
+        np.multiply(scratch, np.float32(1 - beta2), out=scratch)
+        np.add(exp_avg_sq, scratch, out=exp_avg_sq)
+        correction1, correction2 = 1 - beta1**step, 1 - beta2**step
+        np.sqrt(exp_avg_sq, out=scratch)
+        np.multiply(scratch, np.float32(1 / math.sqrt(correction2)), out=scratch)
+        np.add(scratch, np.float32(self.eps), out=scratch)
+        np.divide(exp_avg, scratch, out=scratch)
+        np.multiply(scratch, np.float32(lr / correction1), out=scratch)
+        np.subtract(params, scratch, out=params)
+
+    def commit_buffers(
+        self,
+        buffers: np.ndarray,
+        state: dict[str, np.ndarray],
+        folded: np.ndarray,
+        count: int,
+        scratch: np.ndarray,
+    ) -> None:
+        """Buffers' changes are added as under SGDRule: no moments for them."""
         np.multiply(folded, np.float32(self.rescale / count), out=scratch)
         np.add(buffers, scratch, out=buffers)
 
@@ -99,6 +195,7 @@ class EASGDRule:
         folded: np.ndarray,
         count: int,
         scratch: np.ndarray,
+        step: int = 1,
     ) -> None:
         np.add(params, folded, out=params)
 
@@ -106,11 +203,19 @@ class EASGDRule:
     commit_buffers = commit
 
 
-def make_update_rule(config: RunConfig) -> UpdateRule:
-    """The server's half of a strategy; only server strategies have one."""
+def make_update_rule(config: RunConfig, steps_per_worker: int = 0) -> UpdateRule:
+    """The server's half of a strategy; only server strategies have one. Its schedule runs
+    over the server's commits: one a round under BSP, one a push (workers a round) else."""
     if config.algorithm is AlgorithmKind.SGD:
-        rescale = 1.0 if config.consistency is ConsistencyKind.BSP else 1.0 / config.workers
-        return SGDRule(lr=config.lr, momentum=config.momentum, rescale=rescale)
+        synchronous = config.consistency is ConsistencyKind.BSP
+        rescale = 1.0 if synchronous else 1.0 / config.workers
+        commits = steps_per_worker if synchronous else steps_per_worker * config.workers
+        schedule = Schedule(config.scheduler, commits, config.warmup_steps)
+        decay = config.weight_decay
+        optimizer = config.optimizer.lower()
+        if optimizer in ("adam", "adamw"):
+            return AdamRule(config.lr, optimizer == "adamw", rescale, decay, schedule)
+        return SGDRule(config.lr, config.momentum, rescale, decay, schedule)
     if config.algorithm is AlgorithmKind.EASGD:
         return EASGDRule(alpha=config.effective_alpha)
     raise ConfigError(f"strategy {config.strategy!r} uses no parameter server")

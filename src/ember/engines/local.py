@@ -76,7 +76,8 @@ def _train(
     pipes = RecordPipes(config.workers, lambda: FORKSERVER.Pipe(duplex=False))
     with Run(setup, progress, timeline, memory) as run, run.saving_on_failure():
         try:
-            addresses = run.start_servers()
+            rows = len(setup.dataset.x_train) // config.workers
+            addresses = run.start_servers(rows_per_worker=rows)
             if config.mode.joinable:
                 write_join_file(setup.run_dir, config, addresses, setup.secret)
             started = time.perf_counter()

@@ -44,14 +44,18 @@ class Run:
         self._reported = 0  # how many of the servers' events metrics.jsonl has
         self.divergences: list[dict[str, Any]] = []  # each worker's first non-finite loss
 
-    def start_servers(self, phase: str = "starting parameter servers") -> list[str]:
-        """The servers' addresses once they listen (none for a strategy without them)."""
+    def start_servers(
+        self, phase: str = "starting parameter servers", rows_per_worker: int = 0
+    ) -> list[str]:
+        """The servers' addresses once they listen (none for a strategy without them); a
+        learning-rate schedule on them runs over the steps of `rows_per_worker` rows."""
         if self.servers is None:
             return []
         self.progress.phase(phase)
         if self.timeline is not None:
             self.timeline.mark("servers")
-        addresses = self.servers.start()
+        config = self.config
+        addresses = self.servers.start(rows_per_worker // config.batch_size * config.epochs)
         warn_if_exposed(addresses, self.config.encrypt)  # always, bar or not
         return addresses
 

@@ -52,7 +52,8 @@ def serve(message: dict[str, Any], tell: Callable[[str], None]) -> None:
     config = RunConfig(**message["config"]).validate()
     use_encryption(config.encrypt)  # every socket of this process, before the first opens
     shard, role = ShardSpec(**message["shard"]), message["role"]
-    rule = make_update_rule(config)  # rebuilt here: ps never imports the algorithms
+    # rebuilt here: ps never imports the algorithms
+    rule = make_update_rule(config, message.get("steps_per_worker", 0))
     with safetensors.safe_open(message["state"], framework="np") as saved:
         params = saved.get_slice("params")[shard.start : shard.stop]
         state = {

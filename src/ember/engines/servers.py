@@ -70,7 +70,8 @@ class ServerGroup:
         self.layout = layout if layout is not None else Layout(initial.size)
         self.spares = spares if spares is not None else []  # started early: see spare_servers
         self.initial, self.resume = initial, resume
-        self.rule = make_update_rule(config)
+        self.rule = make_update_rule(config)  # its state names: what the servers keep
+        self.steps_per_worker = 0
         self.where: Placement = placement(config)  # the Spark driver sets a cluster's
         self.slots: list[list[Slot]] = []
         self.primary: list[int] = []  # per shard, the replica serving workers
@@ -98,7 +99,10 @@ class ServerGroup:
         """Where this machine reaches each shard's primary."""
         return [slot.local for slot in self.primary_slots]
 
-    def start(self) -> list[str]:
+    def start(self, steps_per_worker: int = 0) -> list[str]:
+        """Start every slot; `steps_per_worker` (the run's optimizer steps on each worker)
+        sets the length of a learning-rate schedule, which runs over the servers' commits."""
+        self.steps_per_worker = steps_per_worker
         ranges = shard_ranges(self.initial.size, self.config.servers)
         first_buffer = self.layout.parameters
         shards = [
@@ -140,6 +144,7 @@ class ServerGroup:
                 "state": str(state),
                 "workers": workers,
                 "step": step,
+                "steps_per_worker": self.steps_per_worker,
                 "log": str(self._log(slot)),
             }
             packed = msgpack.packb(message)

@@ -149,15 +149,20 @@ class Fold:
                 np.copyto(before[block], value[block])
             written = params[block]
             stop = start + written.size
-            for part, commit in (
-                (slice(start, min(stop, split)), self.rule.commit),
-                (slice(max(start, split), stop), self.rule.commit_buffers),
+            step = self.shard.step + 1  # this commit's number, for Adam and schedules
+            for part, buffers in (
+                (slice(start, min(stop, split)), False),
+                (slice(max(start, split), stop), True),
             ):
                 if part.start >= part.stop:
                     continue
                 values = params[part]
                 rule_state = {name: value[part] for name, value in state.items()}
-                commit(values, rule_state, contribution[part], count, scratch[: values.size])
+                args = (values, rule_state, contribution[part], count, scratch[: values.size])
+                if buffers:
+                    self.rule.commit_buffers(*args)
+                else:
+                    self.rule.commit(*args, step=step)
             if not math.isfinite(written.sum()):
                 done = start + written.size
                 for value, before in kept:

@@ -48,9 +48,12 @@ class UpdateRule(Protocol):
         folded: np.ndarray,
         count: int,
         scratch: np.ndarray,
+        step: int = 1,
     ) -> None:
         """Apply the sum of `count` contributions to the parameters in place; `scratch`, of
-        `folded`'s size, is the rule's to overwrite, so an update allocates nothing."""
+        `folded`'s size, is the rule's to overwrite, so an update allocates nothing. `step`
+        counts the shard's commits from 1 (this one included): Adam's bias correction and
+        the learning-rate schedule follow it."""
         ...
 
     def commit_buffers(

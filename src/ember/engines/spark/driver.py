@@ -61,13 +61,14 @@ def train_spark(config: RunConfig, show_progress: bool = True) -> RunResult:
 
         def meanwhile() -> None:
             if early:
-                run.start_servers("starting Spark and the parameter servers")
+                rows = split[0] // config.workers
+                run.start_servers("starting Spark and the parameter servers", rows)
                 progress.phase("waiting for Spark to start")
 
         with run, session(config, show_progress, meanwhile) as (spark, session_seconds):
             if not early and run.servers is not None:
                 run.servers.where = run_placement(config, spark)
-                run.start_servers()
+                run.start_servers(rows_per_worker=split[0] // config.workers)
             warm_up = start_warm_up(spark, config.workers)
             progress.phase("handing the data to Spark")
             pixels = train_pixels(data)
@@ -102,7 +103,8 @@ def train_dataframe(
         with Run(_prepare(config, data), progress) as run:
             if run.servers is not None:
                 run.servers.where = run_placement(config, df.sparkSession)
-                run.start_servers()
+                rows = facts.rows_per_worker(config.workers, config.batch_size)[0]
+                run.start_servers(rows_per_worker=rows)
             return _train(run, df.sparkSession, frame, facts, (0.0, began), warm_up)
 
 

@@ -1,0 +1,113 @@
+"""The run's optimizer and schedule against plain PyTorch: AdamW with weight decay and a cosine
+schedule on the servers (bsp, state per shard) and on a worker, step for step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ember.algorithms import FlatModel, ServerSGD, local_optimizer, make_update_rule
+from ember.config import RunConfig
+from ember.errors import ConfigError
+from ember.ps import fetch_state
+from tests.conftest import SECRET, running_servers
+from tests.integration.test_oracles import _batch, _data, _flat, _model, _run_workers
+
+pytestmark = pytest.mark.timeout(60)
+STEPS, LR, DECAY = 10, 0.01, 0.05
+ADAMW = {"optimizer": "adamw", "scheduler": "cosine", "weight_decay": DECAY, "lr": LR}
+
+
+def _reference(workers: int) -> torch.nn.Module:
+    """Plain PyTorch: AdamW and CosineAnnealingLR over the workers' batches concatenated."""
+    x, y = _data(STEPS)
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=DECAY)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=STEPS)
+    for step in range(STEPS):
+        batches = [_batch(x, y, step, w) for w in range(workers)]
+        optimizer.zero_grad()
+        inputs, labels = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+        F.cross_entropy(model(inputs), labels).backward()
+        optimizer.step()
+        schedule.step()
+    return model
+
+
+def test_bsp_with_adamw_and_a_cosine_schedule_equals_pytorch_on_the_whole_batch() -> None:
+    workers = 2  # _run_workers runs the module's WORKERS (2)
+    config = RunConfig(strategy="bsp", workers=workers, request_timeout=40, **ADAMW).validate()
+    rule = make_update_rule(config, steps_per_worker=STEPS)
+    assert rule.state_names == ("exp_avg", "exp_avg_sq")
+    x, y = _data(STEPS)
+    with running_servers(_flat(_model()), rule, "bsp", shards=2, expected_workers=workers) as s:
+        addresses = [server.address for server in s]
+        _run_workers(ServerSGD, config, addresses, STEPS, x, y, lambda m: None)
+        state = fetch_state(addresses, SECRET)[0]
+    np.testing.assert_allclose(state["params"], _flat(_reference(workers)), rtol=2e-5, atol=2e-6)
+    assert np.abs(state["exp_avg_sq"]).sum() > 0  # the moments live with the shards
+
+
+def test_one_bsp_worker_with_adamw_equals_pytorch_step_for_step() -> None:
+    config = RunConfig(strategy="bsp", workers=1, request_timeout=40, **ADAMW).validate()
+    rule = make_update_rule(config, steps_per_worker=STEPS)
+    x, y = _data(STEPS)
+    with running_servers(_flat(_model()), rule, "bsp", expected_workers=1) as servers:
+        address = servers[0].address
+        flat = FlatModel(_model())
+        algorithm = ServerSGD.__new__(ServerSGD)
+        ServerSGD.__init__(algorithm, _context(config, address))
+        algorithm.start(flat, None)
+        for step in range(STEPS):
+            flat.zero_grad()
+            inputs, labels = _batch(x, y, step, 0)
+            F.cross_entropy(flat.module(inputs), labels).backward()
+            algorithm.after_backward(step)
+        algorithm.finish()
+        params = fetch_state([address], SECRET)[0]["params"]
+    np.testing.assert_allclose(params, _flat(_reference(1)), rtol=2e-5, atol=2e-6)
+
+
+def _context(config: RunConfig, address: str):  # type: ignore[no-untyped-def]
+    from ember.algorithms import WorkerContext
+
+    return WorkerContext(config, 0, 1, [address], SECRET)
+
+
+def test_a_workers_adamw_with_warm_up_clipping_and_schedule_equals_pytorch() -> None:
+    config = RunConfig(
+        strategy="single", workers=1, warmup_steps=3, clip_grad_norm=0.5, **ADAMW
+    ).validate()
+    x, y = _data(STEPS)
+    flat = FlatModel(_model(), flat_grads=False)
+    optimizer = local_optimizer(flat, config, total_steps=STEPS)
+    reference = _model()
+    torch_optimizer = torch.optim.AdamW(reference.parameters(), lr=LR, weight_decay=DECAY)
+    cosine = torch.optim.lr_scheduler.LambdaLR(
+        torch_optimizer,
+        lambda s: min(1.0, (s + 1) / 3) * 0.5 * (1 + np.cos(np.pi * min(s, STEPS) / STEPS)),
+    )
+    for step in range(STEPS):
+        inputs, labels = _batch(x, y, step, 0)
+        for model in (flat.module, reference):
+            model.zero_grad()
+            F.cross_entropy(model(inputs), labels).backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+        optimizer.step()
+        torch_optimizer.step()
+        cosine.step()
+    np.testing.assert_allclose(_flat(flat.module), _flat(reference), rtol=1e-6, atol=1e-7)
+
+
+def test_an_optimizer_a_shard_cannot_run_is_refused_before_anything_starts() -> None:
+    with pytest.raises(ConfigError) as refused:
+        RunConfig(strategy="bsp", optimizer="lamb").validate()
+    assert str(refused.value) == (
+        "optimizer 'lamb' cannot run on the parameter servers of strategy 'bsp' (it needs"
+        " whole-tensor norms, which a key-range shard does not hold); the servers take sgd,"
+        " adam, adamw, and strategies single, easgd, easgd-async and allreduce run any"
+        " torch.optim optimizer on the workers"
+    )
+    RunConfig(strategy="easgd-async", optimizer="rmsprop").validate()  # runs on the workers
