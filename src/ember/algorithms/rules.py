@@ -33,8 +33,37 @@ def _gradient(
     return np.multiply(folded, np.float32(factor), out=scratch)
 
 
+class _PushedGradients:
+    """What the optimizers over pushed gradients share: a push contributes its payload as it
+    is, and the model's buffer keys are folded as changes."""
+
+    rescale: float
+
+    def contribute(
+        self, params: np.ndarray, payload: np.ndarray, out: np.ndarray | None
+    ) -> np.ndarray:
+        return payload
+
+    def commit_buffers(
+        self,
+        buffers: np.ndarray,
+        state: dict[str, np.ndarray],
+        folded: np.ndarray,
+        count: int,
+        scratch: np.ndarray,
+    ) -> None:
+        """A push's buffer keys carry how the worker's buffers (BatchNorm statistics) changed
+        since it last pulled or pushed, not gradients: they are added, scaled as a gradient
+        is (a synchronous round's mean; 1 / workers each under async and SSP), with no
+        learning rate or optimizer state. Changes add up where values could not: error
+        feedback under --compress stays exact, and a round of fresh pulls ends at the
+        workers' mean."""
+        np.multiply(folded, np.float32(self.rescale / count), out=scratch)
+        np.add(buffers, scratch, out=buffers)
+
+
 @dataclass(frozen=True)
-class SGDRule:
+class SGDRule(_PushedGradients):
     """Server optimizer for pushed gradients: g += wd * p; buf = m * buf + g; p -= lr * buf
     (torch.optim.SGD, dampening 0), lr following the schedule over the server's commits. A
     synchronous round commits the mean of its gradients as one step. Under async and SSP
@@ -52,11 +81,6 @@ class SGDRule:
     @property
     def state_names(self) -> tuple[str, ...]:
         return ("momentum",) if self.momentum else ()
-
-    def contribute(
-        self, params: np.ndarray, payload: np.ndarray, out: np.ndarray | None
-    ) -> np.ndarray:
-        return payload
 
     def commit(
         self,
@@ -81,26 +105,9 @@ class SGDRule:
             np.multiply(folded, np.float32(lr * factor), out=scratch)
         np.subtract(params, scratch, out=params)
 
-    def commit_buffers(
-        self,
-        buffers: np.ndarray,
-        state: dict[str, np.ndarray],
-        folded: np.ndarray,
-        count: int,
-        scratch: np.ndarray,
-    ) -> None:
-        """A push's buffer keys carry how the worker's buffers (BatchNorm statistics) changed
-        since it last pulled or pushed, not gradients: they are added, scaled as a gradient
-        is (a synchronous round's mean; 1 / workers each under async and SSP), with no
-        learning rate or optimizer state. Changes add up where values could not: error
-        feedback under --compress stays exact, and a round of fresh pulls ends at the
-        workers' mean."""
-        np.multiply(folded, np.float32(self.rescale / count), out=scratch)
-        np.add(buffers, scratch, out=buffers)
-
 
 @dataclass(frozen=True)
-class AdamRule:
+class AdamRule(_PushedGradients):
     """Adam (Kingma and Ba) over a shard, as torch.optim.Adam and AdamW step: the moments are
     per-key rule state (replicated and checkpointed with the parameters), bias-corrected by
     the server's commit count; AdamW decays the parameters by lr * weight_decay first, Adam
@@ -119,11 +126,6 @@ class AdamRule:
     @property
     def name(self) -> str:
         return "adamw" if self.decoupled else "adam"
-
-    def contribute(
-        self, params: np.ndarray, payload: np.ndarray, out: np.ndarray | None
-    ) -> np.ndarray:
-        return payload
 
     def commit(
         self,
@@ -156,18 +158,6 @@ class AdamRule:
         np.divide(exp_avg, scratch, out=scratch)
         np.multiply(scratch, np.float32(lr / correction1), out=scratch)
         np.subtract(params, scratch, out=params)
-
-    def commit_buffers(
-        self,
-        buffers: np.ndarray,
-        state: dict[str, np.ndarray],
-        folded: np.ndarray,
-        count: int,
-        scratch: np.ndarray,
-    ) -> None:
-        """Buffers' changes are added as under SGDRule: no moments for them."""
-        np.multiply(folded, np.float32(self.rescale / count), out=scratch)
-        np.add(buffers, scratch, out=buffers)
 
 
 @dataclass(frozen=True)
