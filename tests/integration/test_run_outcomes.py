@@ -96,6 +96,7 @@ def test_a_worker_that_cannot_build_its_model_fails_the_run_without_restarts(tmp
         f"worker {rank} raised (not restarted: it would fail again):" for rank in (0, 1)
     )
     assert "ImportError: cannot import name 'kernels' from 'fastlib'" in done.stderr
+    assert done.stderr.count("Traceback (most recent call last)") == 1  # the log's, once
     kinds = [_strict(line)["kind"] for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert "restart" not in kinds and kinds.count("failure") == 1
 

@@ -187,11 +187,16 @@ def _note_restart(run: Run, rank: int, incarnation: int, exitcode: int | None, e
 def _fail(run: Run, rank: int, exitcode: int | None, error: str, why: str = "") -> NoReturn:
     log = run.setup.run_dir / "logs" / f"worker-{rank}.log"
     how = f"{_how(exitcode)} ({why})" if why else _how(exitcode)
+    # the traceback is in the log too (_work prints it there): said once, with the log's tail
+    said = error.split("\n" + TRACEBACK)[0].strip() if TRACEBACK in tail(log) else error.strip()
     run.fail(
         WorkerFailure(rank=rank, exitcode=exitcode, error=error),
-        f"worker {rank} {how}:\n{error.strip() or '(no traceback)'}\n"
+        f"worker {rank} {how}:\n{said or '(no traceback)'}\n"
         f"--- last lines of {log} ---\n{tail(log)}",
     )
+
+
+TRACEBACK = "Traceback (most recent call last):"
 
 
 def _how(exitcode: int | None) -> str:
