@@ -2,22 +2,31 @@
 
     python benchmarks/hardening.py [--quick] [--out FILE]
 
-1. Server RSS growth while a raw ZMTP peer without the keys sends 1 GiB of one message it never
-   finishes, with CURVE (the default) and with --encrypt off.
-2. Legitimate handshakes (of 5) that get through while 2,000 identities flood the server with
-   HELLOs under keys it does not know.
-3. The clock table after 10,000 join-and-leave cycles.
-4. A server process's open fds after 1,000 connect-and-close cycles, each with a region.
-5. Server RSS growth while a credentialed client sends 60 pulls and reads no reply, beside a
+1. Server RSS growth while a raw ZMTP peer sends 1 GiB of one message it never finishes:
+   without the keys, with CURVE (the default) and with --encrypt off; and holding the run's
+   secret (a malicious worker), with CURVE (a raw CURVE client) and without.
+2. Server RSS growth while 1,000 raw peers without the keys each greet as CURVE clients, send
+   all but the last byte of a 1 MiB handshake command, and keep their connections open.
+3. Legitimate handshakes (of 5, each given 10 s) that get through while 2,000 identities flood
+   the server with HELLOs under keys it does not know, and while 2,000 sockets holding the
+   run's keys flood it with ember HELLOs nonstop (server RSS growth beside it).
+4. Legitimate handshakes (of 5, each given 10 s) to a server limited to 1,024 open files
+   while 1,088 raw peers hold connections that only greet.
+5. The clock table after 10,000 join-and-leave cycles.
+6. Sessions a server still holds after 10,000 connections closed right after their handshake
+   (half of them with ember's client, half keyed peers that say nothing afterwards).
+7. A server process's open fds after 1,000 connect-and-close cycles, each with a region.
+8. Server RSS growth while a credentialed client sends 60 pulls and reads no reply, beside a
    worker that trains; and how many of its requests were refused.
---quick is a smoke test for CI: 64 MiB, 200 identities, 500 cycles, 100 connections, 20 pulls;
---only NAME (repeatable) runs just those measurements.
+--quick is a smoke test for CI: 64 MiB messages, 100 holders, 200 identities, 500 cycles, 100
+connections, 20 pulls; --only NAME (repeatable) runs just those measurements.
 Every loop is bounded in count and time; processes started here are stopped here.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -37,36 +46,173 @@ from ember.config import RunConfig
 from ember.engines.servers import ServerGroup
 from ember.ps import control
 from ember.wire import ClientConnection, curve, shared
+from ember.wire.endpoint import CLOSING_SECONDS
 from tests.conftest import SECRET, running_servers
 from tests.peers import (
     attack,
     endpoint_process,
     hello_flood,
+    hold_handshakes,
+    idle_greeter,
     join_and_leave,
+    keyed_socket,
     open_fds,
+    open_session_by_hand,
+    rss,
     unread_pulls,
 )
 
 MiB = 1 << 20
-FULL = {"attack": 1024 * MiB, "flood": 2000, "cycles": 10_000, "connections": 1000, "pulls": 60}
-QUICK = {"attack": 64 * MiB, "flood": 200, "cycles": 500, "connections": 100, "pulls": 20}
+FULL = {
+    "attack": 1024 * MiB,
+    "holders": 1000,
+    "flood": 2000,
+    "greeters": 1088,
+    "cycles": 10_000,
+    "connections": 1000,
+    "pulls": 60,
+}
+QUICK = {
+    "attack": 64 * MiB,
+    "holders": 100,
+    "flood": 200,
+    "greeters": 1088,
+    "cycles": 500,
+    "connections": 100,
+    "pulls": 20,
+}
 SLOW_READER_KEYS = 1 << 20  # a 4 MiB shard
 LOOP_SECONDS = 300.0  # the most any one measurement's loop runs
+UNFINISHED = [  # (name, CURVE, sent by a peer holding the run's secret)
+    ("curve", True, False),
+    ("plain", False, False),
+    ("keyed_curve", True, True),
+    ("keyed_plain", False, True),
+]
 
 
 def unfinished_message(total: int) -> dict[str, Any]:
     out = {}
-    for encrypt in (True, False):
-        growth, sent, dropped = attack(encrypt, SECRET, total)
-        out["curve" if encrypt else "plain"] = {
+    for name, encrypt, keyed in UNFINISHED:
+        growth, sent, was_dropped = attack(encrypt, SECRET, total, keyed)
+        out[name] = {
             "sent_mib": sent // MiB,
             "rss_growth_mib": round(growth / MiB, 1),
-            "dropped": dropped,
+            "dropped": was_dropped,
         }
     return out
 
 
+def holders(count: int) -> dict[str, Any]:
+    with endpoint_process(True, SECRET) as (pid, address):
+        growth, held, gone = hold_handshakes(pid, address, count)
+    return {
+        "holders": held,
+        "sent_mib": held,
+        "rss_growth_mib": round(growth / MiB, 1),
+        "dropped": gone,
+    }
+
+
+def legitimate_handshakes(address: str, results: list[float | str], wait: float = 10) -> None:
+    for _ in range(5):
+        started = time.perf_counter()
+        try:
+            ClientConnection(address, SECRET, timeout=wait).close()
+            results.append(time.perf_counter() - started)
+        except Exception as exc:
+            results.append(repr(exc))
+
+
+def _handshakes(results: list[float | str]) -> dict[str, Any]:
+    seconds = [r for r in results if isinstance(r, float)]
+    return {
+        "legitimate_ok": len(seconds),
+        "legitimate_of": len(results),
+        "slowest_handshake_s": round(max(seconds), 3) if seconds else None,
+    }
+
+
+def keyed_flood(peers: int) -> dict[str, Any]:
+    context = zmq.Context()
+    context.set(zmq.MAX_SOCKETS, peers + 64)
+    flood: list[zmq.Socket] = []
+    results: list[float | str] = []
+    with endpoint_process(True, SECRET) as (pid, address):
+        time.sleep(0.5)
+        before = peak = rss(pid)
+        try:
+            for _ in range(peers):
+                sock = keyed_socket(context, SECRET)
+                sock.connect(address)
+                flood.append(sock)
+            legitimate = threading.Thread(target=legitimate_handshakes, args=(address, results))
+            legitimate.start()
+            deadline = time.monotonic() + 30
+            while legitimate.is_alive() and time.monotonic() < deadline:
+                for sock in flood:  # nonstop: each says HELLO again whenever zmq takes it
+                    with contextlib.suppress(zmq.Again):
+                        sock.send(b"EMBER2-HELLO" + os.urandom(32), zmq.NOBLOCK)
+                peak = max(peak, rss(pid))
+            legitimate.join(60)
+            peak = max(peak, rss(pid))
+        finally:
+            for sock in flood:
+                sock.close(linger=0)
+            context.term()
+    return {
+        "keyed_sockets": peers,
+        **_handshakes(results),
+        "rss_growth_mib": round((peak - before) / MiB, 1),
+    }
+
+
+def descriptor_limit(greeters: int) -> dict[str, Any]:
+    held = []
+    results: list[float | str] = []
+    with endpoint_process(True, SECRET, open_files=1024) as (_pid, address):
+        try:
+            for _ in range(greeters):
+                held.append(idle_greeter(address))
+            time.sleep(1)
+            legitimate_handshakes(address, results)
+        finally:
+            for peer in held:
+                peer.close()
+    return {"open_files": 1024, "greeters": len(held), **_handshakes(results)}
+
+
+def session_cycles(cycles: int) -> dict[str, Any]:
+    context = zmq.Context.instance()
+    with running_servers(np.zeros(8, dtype=np.float32), SGDRule(lr=1.0)) as (server,):
+        endpoint = server.endpoint
+        before = endpoint.peer_state["sessions"]
+        deadline, done = time.monotonic() + LOOP_SECONDS, 0
+        for cycle in range(cycles):
+            if cycle % 2:
+                ClientConnection(server.address, SECRET, timeout=10).close()
+            else:  # a keyed peer: a session, and nothing more
+                sock = keyed_socket(context, SECRET)
+                with contextlib.closing(sock):
+                    sock.connect(server.address)
+                    open_session_by_hand(sock, SECRET)
+            done += 1
+            if time.monotonic() > deadline:
+                break
+        settle = time.monotonic() + CLOSING_SECONDS + 20
+        while endpoint.peer_state["sessions"] > before and time.monotonic() < settle:
+            time.sleep(0.2)
+        after = endpoint.peer_state
+    return {
+        "cycles": done,
+        "sessions_before": before,
+        "sessions_after": after["sessions"],
+        "connections_after": after["accepted"],
+    }
+
+
 def flood(peers: int) -> dict[str, Any]:
+    """Identities under keys the server does not know: ZAP refuses them."""
     keys = curve.run_keys(SECRET)
     context = zmq.Context.instance()
     zap = curve.handler(context)
@@ -169,8 +315,12 @@ def slow_reader(pulls: int) -> dict[str, Any]:
 
 MEASURES: dict[str, tuple[Any, str]] = {  # name -> (measurement, its size in FULL and QUICK)
     "unfinished_message": (unfinished_message, "attack"),
+    "handshake_holders": (holders, "holders"),
     "hello_flood": (flood, "flood"),
+    "keyed_hello_flood": (keyed_flood, "flood"),
+    "descriptor_limit": (descriptor_limit, "greeters"),
     "join_and_leave": (join_cycles, "cycles"),
+    "session_cycles": (session_cycles, "cycles"),
     "connect_and_close": (connect_cycles, "connections"),
     "slow_reader": (slow_reader, "pulls"),
 }

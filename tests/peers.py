@@ -23,7 +23,8 @@ from ember.ps import PSClient
 from ember.wire import ClientConnection, connection, curve, sockets
 from ember.wire.endpoint import Chunk, Request, ServerEndpoint
 from ember.wire.frames import mac
-from ember.wire.handshake import CHALLENGE, HELLO, NONCE_BYTES, PROOF, WELCOME
+from ember.wire.handshake import HELLO, NONCE_BYTES, PROOF, WELCOME, open_session
+from tests.curve_peer import CurvePeer, read_frame, recv_exact
 
 MiB = 1 << 20
 ATTACK_SECONDS = 60.0  # the most one unfinished message is sent for
@@ -95,38 +96,37 @@ def _ready(socket_type: bytes) -> bytes:
     return b"\x04" + bytes([len(body)]) + body
 
 
-def _recv_exact(peer: socket.socket, count: int) -> bytes:
-    data = b""
-    while len(data) < count:
-        more = peer.recv(count - len(data))
-        if not more:
-            raise ConnectionResetError("the server closed the connection")
-        data += more
-    return data
-
-
-def _read_frame(peer: socket.socket) -> tuple[int, bytes]:
-    """One ZMTP frame: (flags, body)."""
-    flags = _recv_exact(peer, 1)[0]
-    size = int.from_bytes(_recv_exact(peer, 8 if flags & 0x02 else 1), "big")
-    return flags, _recv_exact(peer, size)
-
-
 def _frame(body: bytes) -> bytes:
     return b"\x00" + bytes([len(body)]) + body  # a short, final message frame
 
 
-def _prove(peer: socket.socket, secret: bytes) -> None:
-    """After the NULL handshake: skip the server's READY, then ember's HMAC handshake."""
-    while not _read_frame(peer)[0] & 0x04:  # COMMAND
-        pass
-    client_nonce = os.urandom(NONCE_BYTES)
-    peer.sendall(_frame(HELLO + client_nonce))
-    challenge = _read_frame(peer)[1]
-    assert challenge.startswith(CHALLENGE), challenge
-    nonces = challenge[-NONCE_BYTES:] + client_nonce
-    peer.sendall(_frame(PROOF + mac(secret, b"proof", nonces)))
-    assert _read_frame(peer)[1].startswith(WELCOME)
+def _plain_peer(address: str, secret: bytes | None) -> tuple[socket.socket, Callable[[], None]]:
+    """A raw DEALER with the NULL mechanism (with `secret`, past ember's handshake too), and
+    how it sends one more frame of a message that never ends."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    peer = socket.create_connection((host, int(port)), timeout=10)
+    frame = b"\x03" + FRAME_BYTES.to_bytes(8, "big") + bytes(FRAME_BYTES)  # MORE | LONG
+    try:
+        peer.sendall(_greeting(b"NULL"))
+        recv_exact(peer, 64)
+        peer.sendall(_ready(b"DEALER"))
+        if secret is not None:
+            while not read_frame(peer)[0] & 0x04:  # the server's READY command
+                pass
+            send = lambda body: peer.sendall(_frame(body))  # noqa: E731
+            open_session(address, secret, send, lambda: read_frame(peer)[1])
+    except OSError:
+        pass  # refused already: what the sender finds out
+    return peer, lambda: peer.sendall(frame)
+
+
+def _curve_peer(address: str, secret: bytes) -> tuple[socket.socket, Callable[[], None]]:
+    """A raw CURVE DEALER holding the run's keys, past ember's handshake, and how it sends
+    one more frame of a message that never ends."""
+    peer = CurvePeer(address, secret)
+    open_session(address, secret, peer.send, peer.recv)
+    payload = bytes(FRAME_BYTES - 64)  # with CURVE's framing, under the largest frame
+    return peer.sock, lambda: peer.send(payload, more=True)
 
 
 def unfinished_message(
@@ -134,26 +134,24 @@ def unfinished_message(
     total: int,
     on_frame: Callable[[int], object] | None = None,
     secret: bytes | None = None,
+    encrypt: bool = False,
 ) -> tuple[int, bool]:
-    """Speak ZMTP 3 by hand as a DEALER with the NULL mechanism (with `secret`, complete
-    ember's handshake too, as a worker holding the run's secret), then send `total` bytes
-    of one multipart message whose frames all carry MORE, so it never ends: a pyzmq sender
-    could not, since it drains its own messages. Returns (bytes sent, whether the server
-    dropped the connection). Bounded by `total` and ATTACK_SECONDS."""
-    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    """Speak ZMTP 3 by hand as a DEALER, then send `total` bytes of one multipart message
+    whose frames all carry MORE, so it never ends: a pyzmq sender could not, since it drains
+    its own messages. Without `secret`, with the NULL mechanism; with it, as a worker
+    holding the run's secret past ember's handshake, over CURVE with `encrypt`. Returns
+    (bytes sent, whether the server dropped the connection). Bounded by `total` and
+    ATTACK_SECONDS."""
     deadline = time.monotonic() + ATTACK_SECONDS
-    payload = bytes(FRAME_BYTES)
-    frame = b"\x03" + FRAME_BYTES.to_bytes(8, "big") + payload  # MORE | LONG
+    if secret is not None and encrypt:
+        peer, send_frame = _curve_peer(address, secret)
+    else:
+        peer, send_frame = _plain_peer(address, secret)
     sent = 0
-    with socket.create_connection((host, int(port)), timeout=10) as peer:
+    with peer:
         try:
-            peer.sendall(_greeting(b"NULL"))
-            _recv_exact(peer, 64)
-            peer.sendall(_ready(b"DEALER"))
-            if secret is not None:
-                _prove(peer, secret)
             while sent < total and time.monotonic() < deadline:
-                peer.sendall(frame)
+                send_frame()
                 sent += FRAME_BYTES
                 if on_frame is not None:
                     on_frame(sent)
@@ -168,8 +166,8 @@ def unfinished_message(
 
 def attack(encrypt: bool, secret: bytes, total: int, keyed: bool = False) -> tuple[int, int, bool]:
     """(server RSS growth, bytes sent, dropped) for one unfinished message of `total` bytes
-    sent to an endpoint in a process of its own; `keyed`: by a peer holding the secret
-    (the transport plain, the peer authenticated by ember's handshake)."""
+    sent to an endpoint in a process of its own; `keyed`: by a peer holding the secret,
+    past ember's handshake (with `encrypt`, a raw CURVE client holding the run's keys)."""
     with endpoint_process(encrypt, secret) as (pid, address):
         time.sleep(0.5)  # imports settled: what grows now is the peer's doing
         before = peak = rss(pid)
@@ -178,10 +176,11 @@ def attack(encrypt: bool, secret: bytes, total: int, keyed: bool = False) -> tup
             nonlocal peak
             peak = max(peak, rss(pid))
 
-        sent, dropped = unfinished_message(address, total, watch, secret if keyed else None)
+        keys = secret if keyed else None
+        sent, was_dropped = unfinished_message(address, total, watch, keys, encrypt)
         time.sleep(0.5)
         peak = max(peak, rss(pid))
-        return peak - before, sent, dropped
+        return peak - before, sent, was_dropped
 
 
 # ---- raw peers that speak CURVE's framing without the keys ------------------------------------
@@ -193,7 +192,7 @@ def handshake_holder(address: str, command_bytes: int) -> socket.socket:
     peer = socket.create_connection((host, int(port)), timeout=10)
     try:
         peer.sendall(_greeting(b"CURVE"))
-        _recv_exact(peer, 64)
+        recv_exact(peer, 64)
         body = b"\x05HELLO" + bytes(command_bytes - 6)
         peer.sendall(b"\x06" + len(body).to_bytes(8, "big") + body[:-1])  # COMMAND | LONG
     except OSError:

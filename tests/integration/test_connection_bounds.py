@@ -52,8 +52,11 @@ def test_idle_greeters_past_the_open_file_limit_leave_room_for_a_worker_to_conne
                 greeter.close()
 
 
-def test_a_keyed_peer_that_never_finishes_a_message_is_dropped_before_it_costs() -> None:
-    growth, sent, was_dropped = attack(encrypt=False, secret=SECRET, total=256 * MiB, keyed=True)
+@pytest.mark.parametrize("encrypt", [True, False], ids=["curve", "plain"])
+def test_a_keyed_peer_that_never_finishes_a_message_is_dropped_before_it_costs(
+    encrypt: bool,
+) -> None:
+    growth, sent, was_dropped = attack(encrypt, SECRET, total=256 * MiB, keyed=True)
     assert was_dropped, f"{sent // MiB} MiB sent and held"
     assert growth < 48 * MiB, f"+{growth / MiB:.0f} MiB after {sent // MiB} MiB sent"
 

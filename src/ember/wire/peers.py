@@ -181,19 +181,18 @@ class PeerConnections:
         connection.handed += nbytes
         return True
 
-    def authenticate(self, peer: bytes) -> int | None:
-        """`peer` proved the secret: its connection's fd (None without one), which keeps it."""
+    def authenticate(self, peer: bytes) -> None:
+        """`peer` proved the secret on its connection, which keeps it from now on."""
         fd = self._fd_by_peer.get(peer)
         if fd is not None:
             self._by_fd[fd].authenticated = True
-        return fd
 
-    def police(self, force: bool = False) -> None:
+    def police(self) -> None:
         """Shut down connections past their bounds (see the module's docstring); reads the
         kernel's counts at most every SCAN_SECONDS, or a little less often for many
         connections, so that it never takes more than a few percent of the server's time."""
         now = time.monotonic()
-        if not force and now - self._scanned < max(SCAN_SECONDS, 40e-6 * len(self._by_fd)):
+        if now - self._scanned < max(SCAN_SECONDS, 40e-6 * len(self._by_fd)):
             return
         self._scanned = now
         waiting: list[tuple[float, int]] = []
