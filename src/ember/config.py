@@ -24,7 +24,7 @@ from ember.strategies import AlgorithmKind as AlgorithmKind
 from ember.strategies import ConsistencyKind as ConsistencyKind
 from ember.strategies import Strategy as Strategy
 from ember.tau import check_tau_policy, split_tau
-from ember.training import check_optimizer, check_scheduler
+from ember.training import check_optimizer, check_precision, check_scheduler
 
 ENGINES = ("local", "spark")
 # The most workers a shard's clock table may hold (ps/clockrows.py's MAX_TABLE_ROWS, what a
@@ -52,6 +52,7 @@ class RunConfig:
     scheduler: str = "constant"  # constant | step | cosine | onecycle | linear (training.py)
     warmup_steps: int = 0  # optimizer steps of linear learning-rate warm-up
     clip_grad_norm: float | None = None  # clip each worker's gradient to this L2 norm
+    precision: str = "32"  # 32 | bf16-mixed: the forward pass's precision (training.py)
     tau: int = 8  # easgd: local steps between exchanges with the center (auto/loss: the first)
     tau_policy: str = "fixed"  # fixed | auto | loss (easgd-async): how tau is chosen as it runs
     alpha: float | None = None  # easgd moving rate; None means 0.9 / workers (the paper's beta/p)
@@ -151,6 +152,7 @@ class RunConfig:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum!r}")
         check_optimizer(self.optimizer, self.strategy, not self.mode.local_optimizer)
         check_scheduler(self.scheduler, self.warmup_steps)
+        check_precision(self.precision)
         if self.weight_decay < 0:
             raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:

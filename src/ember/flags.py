@@ -25,6 +25,8 @@ HELP = {
     "scheduler": "constant | step (x0.1 at each third) | cosine (to 0) | onecycle | linear (to"
     " 0): the learning rate over the run's optimizer steps; a server's advance with its clock",
     "warmup_steps": "optimizer steps over which the learning rate rises linearly to --lr",
+    "precision": "32 | bf16-mixed: the forward pass in float32, or under autocast to bfloat16"
+    " with float32 parameters, gradients, exchanges and servers (docs/training.md)",
     "clip_grad_norm": "clip each worker's gradient to this L2 norm before it is used or sent",
     "tau": "easgd, easgd-async: local steps (minibatches) between a worker's exchanges with the"
     " center; each worker also exchanges once when it finishes. easgd-async also takes auto (the"

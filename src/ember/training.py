@@ -19,6 +19,9 @@ WORKER_OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad", "adamax", "na
 # Optimizers that need whole-tensor norms or the whole model: never on a key-range shard.
 WHOLE_TENSOR = ("lamb", "lars", "lbfgs", "adafactor", "muon", "shampoo")
 SCHEDULERS = ("constant", "step", "cosine", "onecycle", "linear")
+# "32": float32 throughout; "bf16-mixed": the forward pass under autocast to bfloat16, with
+# float32 parameters, gradients, exchanges and servers (so --compress is independent of it)
+PRECISIONS = ("32", "bf16-mixed")
 ONECYCLE_PCT, ONECYCLE_DIV, ONECYCLE_FINAL_DIV = 0.3, 25.0, 1e4  # torch's OneCycleLR defaults
 STEP_GAMMA, STEP_COUNT = 0.1, 3  # "step": lr x 0.1 at each third of training
 
@@ -46,6 +49,11 @@ def check_scheduler(name: str, warmup_steps: int) -> None:
         raise ConfigError(f"scheduler must be one of {', '.join(SCHEDULERS)}; got {name!r}")
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
         raise ConfigError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+
+
+def check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -108,6 +109,7 @@ class Worker:
         self.rows = len(self.labels)
         self.steps_per_epoch = self.rows // config.batch_size
         self.model = make_model(config, dataset)
+        self.autocast = forward_precision(config.precision)
         self.shape = (tuple(dataset.input_shape), dataset.num_classes)  # saved with checkpoints
         self.flat = flat = FlatModel(self.model, flat_grads=config.mode.ships_gradients)
         if spec.initial is not None:
@@ -173,7 +175,9 @@ class Worker:
         self.flat.zero_grad()
         # index_select copies whole rows: several times faster than advanced indexing here.
         inputs, targets = self.features.index_select(0, batch), self.labels.index_select(0, batch)
-        loss = F.cross_entropy(self.model(inputs), targets)
+        with self.autocast:  # the loss itself in float32, as autocast leaves it
+            outputs = self.model(inputs)
+        loss = F.cross_entropy(outputs.float(), targets)
         loss.backward()
         if self.feeds_loss:  # the loss trigger decides in after_backward
             self.period.add_loss(loss.item())  # type: ignore[union-attr]
@@ -328,6 +332,13 @@ class Worker:
             comm=self.algorithm.stats.as_record(),
             tau=period.summary() if period is not None else {},
         ).to_json()
+
+
+def forward_precision(precision: str) -> contextlib.AbstractContextManager[Any]:
+    """The context a training step's forward pass runs in for `precision`."""
+    if precision == "bf16-mixed":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def _shard(spec: WorkerSpec, dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:

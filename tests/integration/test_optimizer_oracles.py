@@ -15,7 +15,7 @@ from ember.ps import fetch_state
 from tests.conftest import SECRET, running_servers
 from tests.integration.test_oracles import _batch, _data, _flat, _model, _run_workers
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(120)
 STEPS, LR, DECAY = 10, 0.01, 0.05
 ADAMW = {"optimizer": "adamw", "scheduler": "cosine", "weight_decay": DECAY, "lr": LR}
 
@@ -111,3 +111,19 @@ def test_an_optimizer_a_shard_cannot_run_is_refused_before_anything_starts() -> 
         " torch.optim optimizer on the workers"
     )
     RunConfig(strategy="easgd-async", optimizer="rmsprop").validate()  # runs on the workers
+
+
+def test_the_main_job_in_bf16_mixed_precision_reaches_the_float32_accuracy(tmp_path) -> None:
+    import ember
+
+    result = ember.fit(precision="bf16-mixed", epochs=3, out=str(tmp_path / "run"))
+    assert result.summary["config"]["precision"] == "bf16-mixed"
+    assert result.summary["test_accuracy"] >= 0.97
+    # the parameters, exchanges and the model a run returns stay float32
+    assert all(p.dtype == torch.float32 for p in result.model.parameters())
+
+
+def test_an_unknown_precision_is_one_error_naming_the_choices() -> None:
+    with pytest.raises(ConfigError) as refused:
+        RunConfig(precision="bf16").validate()
+    assert str(refused.value) == "precision must be one of 32, bf16-mixed; got 'bf16'"
