@@ -15,6 +15,7 @@ import ember.spark
 from ember.algorithms import load_flat_parameters
 from ember.checkpoint import latest_valid_checkpoint
 from ember.config import RunConfig
+from ember.data import load_dataset
 from ember.data.spark import FrameFacts, frame_from_arrays
 from ember.evaluation import evaluate
 from ember.metrics import read_metrics
@@ -255,3 +256,19 @@ def test_a_retried_allreduce_stage_starts_again_from_the_first_step(
     assert all(r["attempt"] >= 1 and r["first_step"] == 0 for r in starts)
     done = [r for r in records if r.get("kind") == "done"]
     assert sorted(r["steps"] for r in done) == [2 * 78, 2 * 78]
+
+
+@pytest.mark.parametrize("strategy", ["easgd-async", "bsp"])
+def test_a_batchnorm_model_trained_on_spark_comes_back_with_its_buffers(
+    spark, tmp_path, strategy
+) -> None:
+    bn = "tests.bn_models:bn_mlp"
+    result = ember.spark.fit(
+        data="digits", model=bn, strategy=strategy, epochs=2, out=str(tmp_path / "run")
+    )
+    model = result.model
+    assert model[2].running_mean.abs().sum() > 0 and model[2].num_batches_tracked.item() > 0
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+    digits = load_dataset("digits")
+    accuracy, _ = evaluate(model, digits.x_test, digits.y_test)
+    assert accuracy == result.summary["test_accuracy"] >= 0.9
