@@ -13,15 +13,33 @@ from ember.config import RunConfig, explicit_fields, fresh_config, resumed_value
 from ember.errors import ConfigError
 
 
-def fit(config_file: str | None = None, show_progress: bool = False, **fields: Any) -> Any:
+def fit(
+    config_file: str | None = None,
+    show_progress: bool = False,
+    test_data: tuple[Any, Any] | None = None,
+    **fields: Any,
+) -> Any:
     """Train with the same fields as `ember train` (e.g. model="mlp", strategy="bsp",
-    workers=4); returns a RunResult with `.summary`, `.model` and `.run_dir`."""
+    workers=4); returns a RunResult with `.summary`, `.model` and `.run_dir`. `data` may
+    also be an (x, y) pair of arrays or CPU tensors, and `test_data` another (without it,
+    the last tenth of `data` is held out for testing)."""
     from ember.engines import train
 
-    config = run_config({k.replace("-", "_"): v for k, v in fields.items()}, config_file)
+    fields = {k.replace("-", "_"): v for k, v in fields.items()}
+    dataset = None
+    if not isinstance(fields.get("data", ""), (str, Path)):
+        from ember.data.files import arrays_dataset
+
+        dataset = arrays_dataset(fields.pop("data"), test_data)
+        fields["data"] = dataset.name  # what summary.json and checkpoints name
+    elif test_data is not None:
+        raise ConfigError("test_data goes with data given as arrays; a data path holds its own")
+    elif isinstance(fields.get("data"), Path):
+        fields["data"] = str(fields["data"])
+    config = run_config(fields, config_file)
     if config.engine == "local":  # Spark's workers and ember's servers never import __main__
         require_main_guard("ember.fit", "its workers")
-    return train(config, show_progress)
+    return train(config, show_progress, dataset)
 
 
 def run_config(overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:

@@ -46,6 +46,34 @@ def load_npz(path: Path) -> Dataset:
     return _make(str(path), where, *_hold_out(where, *pair("x", "y")), held_out=True)
 
 
+def arrays_dataset(
+    train: tuple[object, object], test: tuple[object, object] | None, name: str = "arrays"
+) -> Dataset:
+    """A Dataset of in-memory (features, labels) pairs, NumPy arrays or anything
+    `np.asarray` takes (torch tensors on the CPU); without `test`, the last tenth of the
+    training pair is held out. Checked as a file's arrays are."""
+    where = f"data {name}"
+    pairs = [("data", train)] + ([("test_data", test)] if test is not None else [])
+    checked = []
+    for what, pair in pairs:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ConfigError(
+                f"{what} must be a path, a dataset name or an (x, y) pair of arrays; got"
+                f" {type(pair).__name__}"
+            )
+        x, y = (np.asarray(_cpu(part)) for part in pair)
+        checked.append(_validated(where, x, y, f"{what}'s x", f"{what}'s y"))
+    if test is None:
+        return _make(name, where, *_hold_out(where, *checked[0]), held_out=True)
+    return _make(name, where, *checked[0], *checked[1])
+
+
+def _cpu(value: object) -> object:
+    """A torch tensor as NumPy can read it (detached, on the CPU); anything else as it is."""
+    detach = getattr(value, "detach", None)
+    return detach().cpu().numpy() if callable(detach) else value
+
+
 def _missing_array(where: str, key: str, found: list[str]) -> str:
     accepted = f"{', '.join(NPZ_SPLIT)}, or x and y (the last tenth becomes the test set)"
     # X_train is not x_train: say so, since that is the usual slip

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ember.data.cache import cached_idx
-from ember.data.datasets import load_dataset, synthetic_model
+from ember.data.datasets import Dataset, load_dataset, synthetic_model
 from ember.data.idx import MNIST_DIR, find_idx_files
 from ember.data.store import DataFiles, NpyWriter, scratch_root, write_files, write_meta
 
@@ -53,7 +53,11 @@ def host_data(spec: str, *, seed: int, synthetic_samples: int, synthetic_feature
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
-    data = load_dataset(spec, seed=seed)  # a user's file: read this once, here
+    return host_dataset(load_dataset(spec, seed=seed))  # a user's file: read once, here
+
+
+def host_dataset(data: Dataset) -> HostData:
+    """A dataset already in memory, laid out once for this host's processes to map."""
     needed = sum(getattr(data, k).nbytes for k in ("x_train", "y_train", "x_test", "y_test"))
     scratch = _scratch(needed)
     try:

@@ -33,6 +33,7 @@ from ember.config import RunConfig
 from ember.errors import ConfigError
 
 if TYPE_CHECKING:
+    from ember.data import Dataset
     from ember.engines.rundir import RunResult
 
 
@@ -46,7 +47,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'ember.engines' has no attribute {name!r}")
 
 
-def train(config: RunConfig, show_progress: bool = True) -> RunResult:
+def train(
+    config: RunConfig, show_progress: bool = True, dataset: Dataset | None = None
+) -> RunResult:
+    """Train `config` on its engine; `dataset` (arrays the caller holds) stands in for
+    config.data."""
     if config.engine == "local":
         from ember.engines.forking import start_forkserver, stop_forkserver
 
@@ -56,13 +61,13 @@ def train(config: RunConfig, show_progress: bool = True) -> RunResult:
         except BaseException:
             stop_forkserver()
             raise
-        return train_local(config, show_progress)
+        return train_local(config, show_progress, dataset)
     if config.engine == "spark":
         try:
             from ember.engines.spark import train_spark
         except ImportError as exc:
             raise ConfigError(f"engine 'spark' is not available here: {exc}") from exc
-        return train_spark(config, show_progress)
+        return train_spark(config, show_progress, dataset)
     raise ConfigError(f"engine must be one of local, spark; got {config.engine!r}")
 
 

@@ -14,8 +14,8 @@ from typing import Any, NoReturn
 import safetensors.numpy
 
 from ember.config import RunConfig
-from ember.data.datasets import check_shards
-from ember.data.host import host_data
+from ember.data.datasets import Dataset, check_shards
+from ember.data.host import host_data, host_dataset
 from ember.data.store import DataFiles
 from ember.engines.forking import FORKSERVER, start_forkserver, stop_forkserver
 from ember.engines.join import JOIN_FILE, write_join_file
@@ -32,9 +32,12 @@ from ember.metrics import WorkerError, WorkerFailure, WorkerRestart, write_json
 from ember.spec import WorkerSpec
 
 
-def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
+def train_local(
+    config: RunConfig, show_progress: bool = True, dataset: Dataset | None = None
+) -> RunResult:
     """Run servers and workers as children of this process; every child is reaped on return,
-    error or Ctrl-C, and a failure saves what the servers hold before they stop."""
+    error or Ctrl-C, and a failure saves what the servers hold before they stop. `dataset`,
+    arrays the caller holds, is trained on in place of config.data."""
     timeline, memory = Timeline(), PeakMemory()
     start_forkserver()  # running already when `ember train` started it (engines/__init__.py)
     spares: list[Interpreter] = []
@@ -43,12 +46,15 @@ def train_local(config: RunConfig, show_progress: bool = True) -> RunResult:
         with Progress(show_progress) as progress:
             progress.phase("loading data")
             timeline.mark("data")
-            host = host_data(
-                config.data,
-                seed=config.seed,
-                synthetic_samples=config.synthetic_samples,
-                synthetic_features=config.synthetic_features,
-            )
+            if dataset is not None:
+                host = host_dataset(dataset)
+            else:
+                host = host_data(
+                    config.data,
+                    seed=config.seed,
+                    synthetic_samples=config.synthetic_samples,
+                    synthetic_features=config.synthetic_features,
+                )
             try:
                 files = host.files
                 rows = (files.train_rows, files.test_rows)

@@ -42,7 +42,9 @@ from ember.spec import WorkerSpec, checkpoint_meta, load_data
 EVAL_ROWS = 1000  # test rows shipped to each task for worker 0's evaluations on the spot
 
 
-def train_spark(config: RunConfig, show_progress: bool = True) -> RunResult:
+def train_spark(
+    config: RunConfig, show_progress: bool = True, dataset: Dataset | None = None
+) -> RunResult:
     """`ember train --engine spark`: load --data on the driver, hand its training split to Spark
     as a DataFrame, and keep the test split on the driver for the final evaluation."""
     check_supported(config)
@@ -50,7 +52,8 @@ def train_spark(config: RunConfig, show_progress: bool = True) -> RunResult:
     began = time.perf_counter()
     with Progress(show_progress) as progress:
         progress.phase("loading data")
-        data = load_data(config)  # bad data is refused before any JVM starts
+        # bad data is refused before any JVM starts
+        data = dataset if dataset is not None else load_data(config)
         split = (len(data.x_train), len(data.x_test))
         check_shards(data.name, split, config.workers, config.batch_size)
         setup = prepare_run(config, data)
