@@ -20,9 +20,12 @@ def fit(
     **fields: Any,
 ) -> Any:
     """Train with the same fields as `ember train` (e.g. model="mlp", strategy="bsp",
-    workers=4); returns a RunResult with `.summary`, `.model` and `.run_dir`. `data` may
-    also be an (x, y) pair of arrays or CPU tensors, and `test_data` another (without it,
-    the last tenth of `data` is held out for testing)."""
+    workers=4); returns a RunResult with `.summary`, `.model` and `.run_dir`. `model` may
+    also be an nn.Module (copied, with its own initial parameters) or a callable returning
+    one (called with input_shape= and num_classes= if it takes them); `data` an (x, y) pair
+    of arrays or CPU tensors, and `test_data` another (without it, the last tenth of `data`
+    is held out for testing). Objects reach the workers as the engine ships code to its own
+    processes, never over ember's wire."""
     from ember.engines import train
 
     fields = {k.replace("-", "_"): v for k, v in fields.items()}
@@ -36,10 +39,32 @@ def fit(
         raise ConfigError("test_data goes with data given as arrays; a data path holds its own")
     elif isinstance(fields.get("data"), Path):
         fields["data"] = str(fields["data"])
+    if not isinstance(fields.get("model", ""), str):  # a module or a function building one
+        from ember.models import model_label, register_model
+
+        source = fields.pop("model")
+        fields["model"] = model_label(source)
+        register_model(fields["model"], source)
+        if fields.get("engine", "local") == "local":
+            _check_picklable(source)
     config = run_config(fields, config_file)
     if config.engine == "local":  # Spark's workers and ember's servers never import __main__
         require_main_guard("ember.fit", "its workers")
     return train(config, show_progress, dataset)
+
+
+def _check_picklable(source: object) -> None:
+    """The local engine hands a model object to its worker processes as multiprocessing
+    hands any argument: one it cannot is refused here, before anything starts."""
+    from multiprocessing.reduction import ForkingPickler
+
+    try:
+        ForkingPickler.dumps(source)
+    except Exception as exc:
+        raise ConfigError(
+            f"model {source!r} cannot be handed to the local engine's workers ({exc}); define"
+            " it at the top level of a module (or of the script, under its main guard)"
+        ) from None
 
 
 def run_config(overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:

@@ -19,7 +19,7 @@ import torch
 from ember.checkpoint import LAST, MANIFEST, Checkpoint, load_checkpoint, verify_run_state
 from ember.config import RunConfig
 from ember.errors import CheckpointError, ConfigError
-from ember.models import MODEL_NAMES, build_model
+from ember.models import MODEL_NAMES, OBJECT_PREFIX, build_model
 
 MODEL_FILE = "model.safetensors"
 MODEL_JSON = "model.json"
@@ -193,6 +193,11 @@ def _build(
     if callable(model):
         return model(input_shape=shape, num_classes=classes)
     if model is None:
+        if factory.startswith(OBJECT_PREFIX):
+            raise ConfigError(
+                f"{where} was trained with a model object ({factory.removeprefix(OBJECT_PREFIX)});"
+                " pass model= the same module, or a function building it"
+            )
         if factory not in MODEL_NAMES:
             raise ConfigError(
                 f"{where} was trained with model factory {factory!r}; pass model={factory!r}"

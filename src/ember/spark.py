@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -22,11 +23,12 @@ def fit(
     """Train `model` on DataFrame `df` (features: array<float>, array<double> or a Spark ML
     vector; label: numeric) with one Spark barrier task per worker, in df's SparkSession.
 
-    `model` is a name, "package.module:factory" or a module-level factory function the Spark
-    workers can import. The test set is `test_df`, or a seeded tenth of `df` held out; either
-    is collected to the driver for the final evaluation, the training rows never are. Other
-    fields are those of `ember.fit` (strategy, workers, epochs, ...). Without `df`, trains on
-    `data=` like `ember.fit(engine="spark")`. Returns a RunResult (.summary, .model, .run_dir).
+    `model` is a name, "package.module:factory", a factory function, or an nn.Module (copied
+    to each task with its own initial parameters). The test set is `test_df`, or a seeded
+    tenth of `df` held out; either is collected to the driver for the final evaluation, the
+    training rows never are. Other fields are those of `ember.fit` (strategy, workers,
+    epochs, ...). Without `df`, trains on `data=` like `ember.fit(engine="spark")`. Returns
+    a RunResult (.summary, .model, .run_dir).
 
     It may be called from a script's top-level code (a spark-submit script): the parameter
     servers are fresh interpreters that never import the script, and Spark runs the workers.
@@ -48,16 +50,20 @@ def fit(
 
 
 def _model_spec(model: str | Callable[..., Any]) -> str:
-    """A factory function as the "module:name" spec the workers import it by."""
+    """A factory function as the "module:name" spec the workers import it by; any other
+    model object (a module, a lambda, a class or function of __main__) by a label, the
+    object itself travelling to the tasks in their closure, as Spark ships code."""
     if isinstance(model, str):
         return model
     module, name = getattr(model, "__module__", None), getattr(model, "__qualname__", "")
-    if callable(model) and module and module != "__main__" and "<" not in name:
+    importable = inspect.isfunction(model) or isinstance(model, type)
+    if importable and module and module != "__main__" and "<" not in name:
         return f"{module}:{name}"
-    raise ConfigError(
-        "model must be a name, 'package.module:factory' or a module-level function that Spark"
-        f" workers can import (not one defined in __main__ or a lambda); got {model!r}"
-    )
+    from ember.models import model_label, register_model
+
+    label = model_label(model)
+    register_model(label, model)
+    return label
 
 
 __all__ = ["fit"]

@@ -4,6 +4,7 @@ without importing torch, which only its workers need (engines/modelwork.py)."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,17 @@ class WorkerSpec:
     initial_step: int = 0  # and the step they were saved at
     own_rows: bool = False  # the dataset's training rows are this worker's alone (a partition)
     store: Any = None  # allreduce: a torch.distributed Store the engine opened, else rendezvous
+    # a model handed to ember.fit as an object (config.model is then its label): it travels
+    # as the engine ships code to its own processes, never over ember's wire
+    model_object: Any = None
+
+
+def model_object(config: RunConfig) -> Any:
+    """The model object config.model labels, when ember.fit was handed one; looked up only
+    where the zoo is imported already (a caller with a module object has imported torch),
+    so a launcher of named models still never imports torch."""
+    zoo = sys.modules.get("ember.models.zoo")
+    return zoo.registered_model(config.model) if zoo is not None else None
 
 
 def load_data(config: RunConfig) -> Dataset:

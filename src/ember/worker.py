@@ -37,7 +37,7 @@ from ember.metrics import (
     WorkerProgress,
     WorkerStart,
 )
-from ember.models import build_model
+from ember.models import build_model, register_model
 from ember.spec import Layout, WorkerSpec, checkpoint_meta, load_data
 from ember.wire import use_encryption
 
@@ -108,6 +108,8 @@ class Worker:
         self.features, self.labels = _shard(spec, dataset)
         self.rows = len(self.labels)
         self.steps_per_epoch = self.rows // config.batch_size
+        if spec.model_object is not None:
+            register_model(config.model, spec.model_object)
         self.model = make_model(config, dataset)
         self.autocast = forward_precision(config.precision)
         self.shape = (tuple(dataset.input_shape), dataset.num_classes)  # saved with checkpoints

@@ -272,3 +272,16 @@ def test_a_batchnorm_model_trained_on_spark_comes_back_with_its_buffers(
     digits = load_dataset("digits")
     accuracy, _ = evaluate(model, digits.x_test, digits.y_test)
     assert accuracy == result.summary["test_accuracy"] >= 0.9
+
+
+def test_a_module_object_trains_on_spark_shipped_in_the_tasks_closure(spark, tmp_path) -> None:
+    from torch import nn
+
+    net = nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.BatchNorm1d(32), nn.ReLU())
+    net.append(nn.Linear(32, 10))
+    result = ember.spark.fit(
+        data="digits", model=net, strategy="easgd-async", epochs=1, out=str(tmp_path / "run")
+    )
+    assert result.summary["model"] == "object:Sequential"
+    assert result.summary["test_accuracy"] >= 0.8
+    assert result.model[2].num_batches_tracked.item() > 0

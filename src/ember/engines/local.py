@@ -29,7 +29,7 @@ from ember.engines.rundir import RunResult, RunSetup, prepare_run
 from ember.engines.servers import spare_servers
 from ember.errors import same_every_time
 from ember.metrics import WorkerError, WorkerFailure, WorkerRestart, write_json
-from ember.spec import WorkerSpec
+from ember.spec import WorkerSpec, model_object
 
 
 def train_local(
@@ -102,6 +102,7 @@ def _train(
                 initial_file=initial_file,
                 initial_step=setup.resumed_step,
                 own_rows=True,  # each is handed its shard alone
+                model_object=model_object(config),
             )
             progress.phase("starting workers")
             timeline.mark("workers")

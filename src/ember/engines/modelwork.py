@@ -25,6 +25,7 @@ from ember.data.store import DataFiles
 from ember.engines.phases import PeakMemory, vm_hwm
 from ember.engines.process import _die_with_parent, reap
 from ember.errors import EmberError
+from ember.spec import model_object
 
 if TYPE_CHECKING:
     import torch
@@ -146,7 +147,15 @@ class Forked:
         shape = (dataset.input_shape, dataset.num_classes)
         process = FORKSERVER.Process(
             target=_answer,
-            args=(kind, config, self.files, shape, theirs, None if export is None else str(export)),
+            args=(
+                kind,
+                config,
+                self.files,
+                shape,
+                theirs,
+                None if export is None else str(export),
+                model_object(config),
+            ),
             name=f"ember-{kind}",
             daemon=True,
         )
@@ -220,11 +229,16 @@ def _answer(
     shape: tuple[Any, int],
     conn: Any,
     export: str | None,
+    model_object: Any,
 ) -> None:
     """The child: build the model, answer, exit. Ctrl-C is the launcher's to handle."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
+        if model_object is not None:
+            from ember.models import register_model
+
+            register_model(config.model, model_object)
         input_shape, num_classes = tuple(shape[0]), int(shape[1])
         if kind == "initial":
             values, parameters = fresh_parameters(config, input_shape, num_classes)

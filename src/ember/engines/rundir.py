@@ -50,8 +50,10 @@ class RunResult:
         """The module the summary's test figures were measured on, as model.safetensors
         holds it (parameters and buffers), in eval mode."""
         from ember.export import load_model
+        from ember.models import build_model
 
-        return load_model(self.run_dir, model=self.config.model)
+        config = self.config  # a name, a factory or an object ember.fit was handed
+        return load_model(self.run_dir, build_model(config.model, *self.shape, config.seed))
 
 
 @dataclass

@@ -2,8 +2,23 @@
 
 build_model  zoo.py  mlp, logreg, lenet or "package.module:function" -> seeded torch.nn.Module
 MODEL_NAMES  zoo.py  the built-in model names build_model accepts
+register_model, registered_model, model_label  zoo.py  a model object handed to ember.fit
 """
 
-from ember.models.zoo import MODEL_NAMES, build_model
+from ember.models.zoo import (
+    MODEL_NAMES,
+    OBJECT_PREFIX,
+    build_model,
+    model_label,
+    register_model,
+    registered_model,
+)
 
-__all__ = ["MODEL_NAMES", "build_model"]
+__all__ = [
+    "MODEL_NAMES",
+    "OBJECT_PREFIX",
+    "build_model",
+    "model_label",
+    "register_model",
+    "registered_model",
+]

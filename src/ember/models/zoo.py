@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import math
@@ -15,6 +16,30 @@ from torch import nn
 from ember.errors import ConfigError
 
 Shape = tuple[int, ...]
+OBJECT_PREFIX = "object:"  # config.model's label for a model handed over as a Python object
+# Model objects handed to ember.fit, by label. The launcher's own; the engines hand each to
+# the processes they start (workers, model work), which register it again: never the wire.
+_OBJECTS: dict[str, object] = {}
+
+
+def model_label(source: object) -> str:
+    """The label config.model carries for a model object: its class's or function's name."""
+    kind = source if not isinstance(source, nn.Module) else type(source)
+    return OBJECT_PREFIX + getattr(kind, "__qualname__", type(source).__name__)
+
+
+def register_model(label: str, source: object) -> None:
+    """Make `label` build from `source`: an nn.Module (copied) or a callable returning one."""
+    if not isinstance(source, nn.Module) and not callable(source):
+        raise ConfigError(
+            "model must be a name, package.module:function, an nn.Module or a callable"
+            f" returning one; got {type(source).__name__}"
+        )
+    _OBJECTS[label] = source
+
+
+def registered_model(label: str) -> object | None:
+    return _OBJECTS.get(label)
 
 
 def build_model(
@@ -31,6 +56,14 @@ def build_model(
         raise ConfigError(f"input_shape must be one or more sizes >= 1, got {input_shape}")
     if num_classes < 1:
         raise ConfigError(f"num_classes must be >= 1, got {num_classes}")
+    source = _OBJECTS.get(spec)
+    if source is not None:
+        return _from_object(spec, source, input_shape, num_classes, seed)
+    if spec.startswith(OBJECT_PREFIX):
+        raise ConfigError(
+            f"model {spec!r} was a Python object, which this process was not handed: pass the"
+            " same module (or a function building it) as model="
+        )
     builtin = _BUILTINS.get(spec)
     if builtin is None and ":" not in spec:
         raise ConfigError(
@@ -99,6 +132,30 @@ _BUILTINS: dict[str, Callable[[Shape, int], nn.Module]] = {
     "lenet": _lenet,
 }
 MODEL_NAMES = tuple(_BUILTINS)
+
+
+def _from_object(
+    label: str, source: object, input_shape: Shape, num_classes: int, seed: int
+) -> nn.Module:
+    """A copy of a module object (its own initial parameters), or what a callable builds
+    under `seed` (as a factory is called)."""
+    if isinstance(source, nn.Module):
+        model = copy.deepcopy(source)
+    elif callable(source):
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            try:
+                model = source(**_accepted_kwargs(source, input_shape, num_classes))
+            except Exception as exc:
+                raise ConfigError(f"model {label!r} raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(model, nn.Module):
+            raise ConfigError(
+                f"model {label!r} must return a torch.nn.Module, got {type(model).__name__}"
+            )
+    else:
+        raise ConfigError(f"model {label!r} is neither an nn.Module nor callable")
+    _check_logits(label, model, input_shape, num_classes)
+    return model
 
 
 def _from_factory(spec: str, input_shape: Shape, num_classes: int) -> nn.Module:

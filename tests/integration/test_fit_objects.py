@@ -1,0 +1,81 @@
+"""`ember.fit` takes the user's model as an object: an nn.Module (copied, with its own initial
+parameters) or a function building one, on every worker, never over ember's wire."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import ember
+from ember.errors import ConfigError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class SmallBatchNormNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Flatten(), nn.Linear(784, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 10)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+@pytest.mark.parametrize("strategy", ["easgd-async", "bsp"])
+def test_a_module_instance_trains_from_its_own_parameters_and_keeps_its_buffers(
+    tmp_path: Path, strategy: str
+) -> None:
+    net = SmallBatchNormNet()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    result = ember.fit(model=net, data="digits", strategy=strategy, epochs=2, out=str(tmp_path))
+    assert result.summary["model"] == "object:SmallBatchNormNet"
+    assert result.summary["test_accuracy"] >= 0.85
+    trained = result.model
+    assert isinstance(trained, SmallBatchNormNet) and trained is not net
+    assert trained.body[2].num_batches_tracked.item() > 0
+    for key, value in net.state_dict().items():  # the caller's module is left as it was
+        torch.testing.assert_close(value, before[key], rtol=0, atol=0)
+    # the run directory names an object, which ember.load cannot build on its own
+    with pytest.raises(ConfigError, match="trained with a model object \\(SmallBatchNormNet\\)"):
+        ember.load(result.run_dir)
+    again = ember.load(result.run_dir, model=SmallBatchNormNet())
+    torch.testing.assert_close(again.body[1].weight, trained.body[1].weight, rtol=0, atol=0)
+
+
+def build_linear(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[-1] * input_shape[-2], num_classes))
+
+
+def test_a_function_building_the_model_is_called_with_the_datas_shape(tmp_path: Path) -> None:
+    result = ember.fit(
+        model=build_linear, data="digits", strategy="single", epochs=1, out=str(tmp_path)
+    )
+    assert result.summary["model"] == "object:build_linear"
+    assert result.summary["test_accuracy"] >= 0.8
+    assert result.model[1].weight.shape == (10, 784)
+
+
+def test_a_model_the_workers_cannot_be_handed_is_one_error_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    def local_build(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+        return nn.Linear(784, num_classes)
+
+    with pytest.raises(ConfigError, match="cannot be handed to the local engine's workers"):
+        ember.fit(model=local_build, data="digits", out=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_model_that_is_neither_a_module_nor_callable_is_one_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as refused:
+        ember.fit(model=42, data="digits", out=str(tmp_path / "run"))
+    assert str(refused.value) == (
+        "model must be a name, package.module:function, an nn.Module or a callable returning"
+        " one; got int"
+    )
+    assert not (tmp_path / "run").exists()
