@@ -30,6 +30,9 @@ ENGINES = ("local", "spark")
 # reader of a table accepts): the ceiling of max_workers.
 MAX_WORKERS = 1 << 20
 CODECS = ("none", "fp16", "bf16", "int8")  # how exchanges travel; see ps/codec.py
+# diloco's tau when none is given: its periods are long (the paper's are 500 inner steps), and
+# at easgd's 8 the outer momentum would extrapolate from a few minibatches' change each round
+DILOCO_TAU = 200
 
 
 @dataclass
@@ -46,9 +49,12 @@ class RunConfig:
     lr: float = 0.05  # learning rate (server optimizer for sgd, local optimizer otherwise)
     momentum: float = 0.9  # SGD momentum (server-side for sgd, local for easgd/single/allreduce)
     nesterov: bool = False  # Nesterov momentum on the local optimizer (EAMSGD)
-    tau: int = 8  # easgd: local steps between exchanges with the center (auto/loss: the first)
+    tau: int = 8  # easgd, diloco: local steps between exchanges (auto/loss: the first)
     tau_policy: str = "fixed"  # fixed | auto | loss (easgd-async): how tau is chosen as it runs
     alpha: float | None = None  # easgd moving rate; None means 0.9 / workers (the paper's beta/p)
+    # diloco's outer optimizer: Nesterov SGD on the servers over the round's mean pseudo-gradient
+    outer_lr: float = 0.7  # diloco: the outer step's learning rate (the paper's 0.7)
+    outer_momentum: float = 0.9  # diloco: the outer step's Nesterov momentum, in [0, 1)
     staleness: int = 2  # ssp: how many clocks a worker may run ahead of the slowest
     n_push: int = 1  # sgd: push accumulated gradients every n_push steps
     n_fetch: int = 1  # sgd: pull parameters every n_fetch steps
@@ -145,6 +151,10 @@ class RunConfig:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum!r}")
         if self.alpha is not None and not 0 < self.alpha <= 1:
             raise ConfigError(f"alpha must be in (0, 1], got {self.alpha!r}")
+        if not self.outer_lr > 0:
+            raise ConfigError(f"outer_lr must be > 0, got {self.outer_lr!r}")
+        if not 0 <= self.outer_momentum < 1:
+            raise ConfigError(f"outer_momentum must be in [0, 1), got {self.outer_momentum!r}")
         if self.max_workers is not None and not self.workers <= self.max_workers <= MAX_WORKERS:
             raise ConfigError(
                 f"max_workers must be between workers ({self.workers}) and {MAX_WORKERS}, "
@@ -237,6 +247,8 @@ def fresh_config(explicit: dict[str, Any]) -> RunConfig:
     # explicitly is still the error validate() names)
     if explicit.get("strategy") == Strategy.SINGLE.value and "workers" not in explicit:
         explicit = {**explicit, "workers": 1}
+    if explicit.get("strategy") == Strategy.DILOCO.value and "tau" not in explicit:
+        explicit = {**explicit, "tau": DILOCO_TAU}
     return RunConfig(**explicit).validate()
 
 

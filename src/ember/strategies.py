@@ -21,6 +21,7 @@ class AlgorithmKind(_Name):
     SGD = "sgd"
     EASGD = "easgd"
     ALLREDUCE = "allreduce"
+    DILOCO = "diloco"
 
 
 class ConsistencyKind(_Name):
@@ -42,6 +43,7 @@ class Strategy(_Name):
     EASGD = "easgd"
     EASGD_ASYNC = "easgd-async"
     ALLREDUCE = "allreduce"
+    DILOCO = "diloco"
 
     @property
     def algorithm(self) -> AlgorithmKind:
@@ -53,7 +55,7 @@ class Strategy(_Name):
 
     @property
     def uses_server(self) -> bool:
-        return self.algorithm in (AlgorithmKind.SGD, AlgorithmKind.EASGD)
+        return self.algorithm in (AlgorithmKind.SGD, AlgorithmKind.EASGD, AlgorithmKind.DILOCO)
 
     @property
     def synchronous(self) -> bool:
@@ -90,5 +92,6 @@ _AXES: dict[Strategy, tuple[AlgorithmKind, ConsistencyKind]] = {
     Strategy.EASGD: (AlgorithmKind.EASGD, ConsistencyKind.BSP),
     Strategy.EASGD_ASYNC: (AlgorithmKind.EASGD, ConsistencyKind.ASYNC),
     Strategy.ALLREDUCE: (AlgorithmKind.ALLREDUCE, ConsistencyKind.NONE),
+    Strategy.DILOCO: (AlgorithmKind.DILOCO, ConsistencyKind.BSP),
 }
 STRATEGIES = tuple(s.value for s in Strategy)

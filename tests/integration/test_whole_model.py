@@ -23,7 +23,7 @@ from ember.spec import Layout, checkpoint_meta
 
 pytestmark = pytest.mark.timeout(240)
 BN = "tests.bn_models:bn_mlp"
-STRATEGIES = ["single", "bsp", "ssp", "async", "easgd", "easgd-async", "allreduce"]
+STRATEGIES = ["single", "bsp", "ssp", "async", "easgd", "easgd-async", "allreduce", "diloco"]
 REPO = Path(__file__).resolve().parents[2]
 
 

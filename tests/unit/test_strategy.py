@@ -24,6 +24,7 @@ README_TABLE = {
     "easgd": ("easgd", "bsp", True, True, False),
     "easgd-async": ("easgd", "async", True, False, True),
     "allreduce": ("allreduce", "none", False, True, False),
+    "diloco": ("diloco", "bsp", True, True, False),
 }
 
 
@@ -84,7 +85,7 @@ def test_a_strategy_member_given_to_a_run_config_is_kept_as_its_plain_name() -> 
 
 
 def test_unknown_strategy_names_get_the_list_of_valid_ones() -> None:
-    names = "single, bsp, ssp, async, easgd, easgd-async, allreduce"
+    names = "single, bsp, ssp, async, easgd, easgd-async, allreduce, diloco"
     with pytest.raises(ConfigError, match=f"^strategy must be one of {names}; got 'gossip'$"):
         RunConfig(strategy="gossip").validate()
     context = WorkerContext(config=RunConfig(strategy="gossip"), rank=0, world=1)

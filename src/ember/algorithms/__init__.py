@@ -6,9 +6,10 @@ Map:
 - make_update_rule -> rules.py: a strategy's server half
 - WorkerContext, CommStats, Algorithm -> base.py: shared context, counters and protocol
 - FlatModel, flatten_parameters, load_flat_parameters -> flat.py: parameters as one buffer
-- SGDRule, EASGDRule -> rules.py: server-side update rules (ps.UpdateRule)
+- SGDRule, EASGDRule, DiLoCoRule -> rules.py: server-side update rules (ps.UpdateRule)
 - ServerSGD -> sgd.py: push gradients / pull parameters (bsp, ssp, async)
 - SyncEASGD, AsyncEASGD -> easgd.py: elastic averaging, the async one with an exchanger thread
+- DiLoCo -> diloco.py: tau inner steps, then the servers' outer Nesterov step (DiLoCo)
 - AllReduceSGD -> allreduce.py: gloo all-reduce of gradients (Horovod/DDP baseline)
 - LocalSGD -> local.py: the single-process baseline
 """
@@ -20,7 +21,7 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ember.algorithms.rules import EASGDRule, SGDRule, make_update_rule
+from ember.algorithms.rules import DiLoCoRule, EASGDRule, SGDRule, make_update_rule
 from ember.config import Strategy
 from ember.errors import ConfigError
 
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
         WorkerContext,
         local_optimizer,
     )
+    from ember.algorithms.diloco import DiLoCo
     from ember.algorithms.easgd import AsyncEASGD, SyncEASGD
     from ember.algorithms.flat import FlatModel, flatten_parameters, load_flat_parameters
     from ember.algorithms.local import LocalSGD
@@ -47,6 +49,7 @@ _LAZY = {
     "WorkerContext": "base",
     "local_optimizer": "base",
     "MomentumSGD": "base",
+    "DiLoCo": "diloco",
     "AsyncEASGD": "easgd",
     "SyncEASGD": "easgd",
     "FlatModel": "flat",
@@ -68,6 +71,7 @@ def __getattr__(name: str) -> Any:
 @functools.cache  # one registry, built at its first use
 def _algorithms() -> dict[Strategy, Callable[[WorkerContext], Algorithm]]:
     from ember.algorithms.allreduce import AllReduceSGD
+    from ember.algorithms.diloco import DiLoCo
     from ember.algorithms.easgd import AsyncEASGD, SyncEASGD
     from ember.algorithms.local import LocalSGD
     from ember.algorithms.sgd import ServerSGD
@@ -80,6 +84,7 @@ def _algorithms() -> dict[Strategy, Callable[[WorkerContext], Algorithm]]:
         Strategy.EASGD: SyncEASGD,
         Strategy.EASGD_ASYNC: AsyncEASGD,
         Strategy.ALLREDUCE: AllReduceSGD,
+        Strategy.DILOCO: DiLoCo,
     }
 
 
@@ -100,6 +105,8 @@ __all__ = [
     "AllReduceSGD",
     "AsyncEASGD",
     "CommStats",
+    "DiLoCo",
+    "DiLoCoRule",
     "EASGDRule",
     "FlatModel",
     "LocalSGD",
