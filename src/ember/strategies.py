@@ -74,6 +74,11 @@ class Strategy(_Name):
         return self is Strategy.EASGD_ASYNC
 
     @property
+    def periodic(self) -> bool:
+        """Workers step alone and exchange every tau local steps (easgd, diloco)."""
+        return self.algorithm in (AlgorithmKind.EASGD, AlgorithmKind.DILOCO)
+
+    @property
     def ships_gradients(self) -> bool:
         """The exchange moves gradients (not parameters)."""
         return self.algorithm in (AlgorithmKind.SGD, AlgorithmKind.ALLREDUCE)

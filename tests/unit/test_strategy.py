@@ -52,6 +52,10 @@ def test_only_easgd_async_overlaps_its_exchange_with_compute() -> None:
     assert [s.value for s in Strategy if s.overlaps_exchange] == ["easgd-async"]
 
 
+def test_easgd_and_diloco_workers_step_alone_and_exchange_every_tau_steps() -> None:
+    assert [s.value for s in Strategy if s.periodic] == ["easgd", "easgd-async", "diloco"]
+
+
 def test_gradients_travel_under_sgd_and_allreduce_and_the_rest_step_locally() -> None:
     assert [s.value for s in Strategy if s.ships_gradients] == ["bsp", "ssp", "async", "allreduce"]
     assert [s.value for s in Strategy if not s.local_optimizer] == ["bsp", "ssp", "async"]
