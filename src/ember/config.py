@@ -55,6 +55,7 @@ class RunConfig:
     # diloco's outer optimizer: Nesterov SGD on the servers over the round's mean pseudo-gradient
     outer_lr: float = 0.7  # diloco: the outer step's learning rate (the paper's 0.7)
     outer_momentum: float = 0.9  # diloco: the outer step's Nesterov momentum, in [0, 1)
+    fragments: int = 1  # diloco: fragments synced at staggered steps, overlapped (Streaming)
     staleness: int = 2  # ssp: how many clocks a worker may run ahead of the slowest
     n_push: int = 1  # sgd: push accumulated gradients every n_push steps
     n_fetch: int = 1  # sgd: pull parameters every n_fetch steps
@@ -155,6 +156,7 @@ class RunConfig:
             raise ConfigError(f"outer_lr must be > 0, got {self.outer_lr!r}")
         if not 0 <= self.outer_momentum < 1:
             raise ConfigError(f"outer_momentum must be in [0, 1), got {self.outer_momentum!r}")
+        self._check_fragments()
         if self.max_workers is not None and not self.workers <= self.max_workers <= MAX_WORKERS:
             raise ConfigError(
                 f"max_workers must be between workers ({self.workers}) and {MAX_WORKERS}, "
@@ -182,6 +184,22 @@ class RunConfig:
             slots = self.servers * self.replicas if self.uses_server else 0
             port_range(self.ports, slots, collector=self.engine == "spark")
         return self
+
+    def _check_fragments(self) -> None:
+        """Fragment f is the keys of servers / fragments servers, synced tau / fragments steps
+        after the one before it."""
+        _at_least("fragments", self.fragments, 1)
+        if self.fragments > 1 and self.mode is not Strategy.DILOCO:
+            raise ConfigError(
+                f"fragments applies to strategy diloco only; got {self.fragments} with strategy"
+                f" {self.strategy!r}"
+            )
+        for name in ("servers", "tau"):
+            if self.fragments > 1 and getattr(self, name) % self.fragments:
+                raise ConfigError(
+                    f"fragments must divide {name}; got fragments {self.fragments} with {name}"
+                    f" {getattr(self, name)}"
+                )
 
     def _check_types(self) -> None:
         """YAML and the API hand over any type: name the field rather than fail deep inside."""

@@ -33,6 +33,10 @@ HELP = {
     " parameter averaging every tau steps (docs/diloco.md)",
     "outer_momentum": "diloco: Nesterov momentum in [0, 1) of the outer step; its buffer is kept"
     " per shard on the servers, replicated and checkpointed with the parameters",
+    "fragments": "diloco: split the parameters into this many fragments, each synced every tau"
+    " steps, tau / fragments steps after the one before, on a background exchanger while the"
+    " worker computes (Streaming DiLoCo); fragment f is the keys of servers / fragments"
+    " servers, so it must divide --servers and --tau (docs/diloco.md)",
     "staleness": "ssp: clocks (pushes) a worker may run ahead of the slowest before it waits",
     "n_push": "bsp, ssp, async: steps whose gradients a worker averages into one push; the"
     " remaining ones are pushed when it finishes",

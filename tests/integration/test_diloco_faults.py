@@ -32,15 +32,22 @@ def _mid_second_period(out: Path) -> bool:
     return any(TAU < step < 2 * TAU for step in ones)
 
 
-def test_a_diloco_worker_killed_mid_period_rejoins_from_the_global_parameters(tmp_path) -> None:
+@pytest.mark.parametrize("fragments", [1, 2])
+def test_a_diloco_worker_killed_mid_period_rejoins_from_the_global_parameters(
+    tmp_path, fragments: int
+) -> None:
     flags = ("--strategy", "diloco", "--tau", str(TAU), "--epochs", "8", "--log-every", "5")
+    flags += ("--fragments", str(fragments), "--servers", str(fragments))
     out = tmp_path / "run"
     summary, records = kill_mid_run(out, flags, ("worker-1.log",), _mid_second_period)
     assert restarts(records) == [(1, 1)]
     (again,) = [r for r in records if r.get("kind") == "start" and r["incarnation"] == 1]
-    # It resumes where the servers last heard from it, a period's end, with the global
-    # parameters it pulls there; the local steps it took since are not kept.
-    assert again["rank"] == 1 and again["first_step"] % TAU == 0 and again["first_step"] >= TAU
+    # It resumes where the servers last heard from it, a period's end (with fragments, that
+    # of the fragment synced longest ago), with the global parameters it pulls there; the
+    # local steps it took since are not kept.
+    stagger = TAU // fragments
+    assert again["rank"] == 1 and again["first_step"] % stagger == 0
+    assert again["first_step"] >= TAU - stagger
     assert summary["worker_restarts"] == 1
     assert summary["test_accuracy"] > 0.85
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ember.algorithms import DiLoCo, DiLoCoRule, FlatModel, WorkerContext
+from ember.algorithms import DiLoCoRule, FlatModel, WorkerContext
+from ember.algorithms.diloco import make_diloco
 from ember.config import RunConfig
 from ember.ps import fetch_state
 from tests.conftest import SECRET, running_servers
@@ -74,14 +75,22 @@ def _inner(model: torch.nn.Module) -> torch.optim.Optimizer:
 
 
 def _diloco(
-    workers: int, steps: int, tau: int, outer_lr: float, outer_momentum: float, shards: int = 2
+    workers: int,
+    steps: int,
+    tau: int,
+    outer_lr: float,
+    outer_momentum: float,
+    shards: int = 2,
+    fragments: int = 1,
 ) -> tuple[np.ndarray, list[np.ndarray], dict[str, np.ndarray]]:
-    """Run diloco with `workers` workers on threads against `shards` real servers: the served
-    parameters, each worker's parameters at the end, and the servers' whole state."""
+    """Run diloco (in `fragments` fragments) with `workers` workers on threads against
+    `shards` real servers: the served parameters, each worker's parameters at the end, and
+    the servers' whole state."""
     data = _data(steps, workers)
     config = RunConfig(
-        strategy="diloco", workers=workers, lr=LR, momentum=INNER_MOMENTUM, tau=tau,
-        outer_lr=outer_lr, outer_momentum=outer_momentum, request_timeout=20,
+        strategy="diloco", workers=workers, servers=shards, lr=LR, momentum=INNER_MOMENTUM,
+        tau=tau, outer_lr=outer_lr, outer_momentum=outer_momentum, fragments=fragments,
+        request_timeout=20,
     )  # fmt: skip
     flats = [FlatModel(_model(), flat_grads=False) for _ in range(workers)]
     rule = DiLoCoRule(outer_lr, outer_momentum)
@@ -95,7 +104,7 @@ def _diloco(
         def work(rank: int) -> None:
             try:
                 flat = flats[rank]
-                algorithm = DiLoCo(WorkerContext(config, rank, workers, addresses, SECRET))
+                algorithm = make_diloco(WorkerContext(config, rank, workers, addresses, SECRET))
                 algorithm.start(flat, _inner(flat.module))
                 for step in range(steps):
                     flat.zero_grad()

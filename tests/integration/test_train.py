@@ -373,3 +373,14 @@ def test_diloco_trains_the_mnist_mlp_to_96_percent_in_3_epochs_at_its_default_ta
     assert summary["exchanges"] == 2 * (7 + 1)
     saved = load_checkpoint(out / "checkpoints")
     assert saved.tensors["momentum"].any()  # the outer momentum is checkpointed
+
+
+def test_streaming_diloco_in_two_fragments_trains_the_mnist_mlp_to_96_percent(tmp_path) -> None:
+    result = ember.fit(
+        data="mnist", strategy="diloco", fragments=2, servers=2, workers=2, epochs=3,
+        out=str(tmp_path / "run"),
+    )  # fmt: skip
+    assert result.summary["test_accuracy"] >= 0.96
+    # a fragment syncs every 100 steps, alternately, 14 times in 1,404 steps; then each
+    # fragment's last partial period: 16 exchanges a worker
+    assert result.summary["exchanges"] == 2 * 16

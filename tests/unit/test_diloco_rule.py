@@ -92,3 +92,32 @@ def test_diloco_takes_a_fixed_tau_only() -> None:
         " must all agree on, so its tau is a fixed integer; use --strategy easgd-async for an"
         " adaptive one"
     )
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"fragments": 0}, "fragments must be an integer >= 1, got 0"),
+        (
+            {"strategy": "easgd", "fragments": 2, "servers": 2},
+            "fragments applies to strategy diloco only; got 2 with strategy 'easgd'",
+        ),
+        (
+            {"strategy": "diloco", "fragments": 2, "servers": 3},
+            "fragments must divide servers; got fragments 2 with servers 3",
+        ),
+        (
+            {"strategy": "diloco", "fragments": 3, "servers": 3, "tau": 100},
+            "fragments must divide tau; got fragments 3 with tau 100",
+        ),
+    ],
+)
+def test_fragments_are_shard_groups_synced_a_whole_stagger_apart(fields, message) -> None:
+    with pytest.raises(ConfigError) as raised:
+        make_config(fields)
+    assert str(raised.value) == message
+
+
+def test_fragments_take_the_default_tau_of_diloco() -> None:
+    config = make_config({"strategy": "diloco", "fragments": 4, "servers": 4})
+    assert (config.tau, config.fragments) == (200, 4)

@@ -10,6 +10,7 @@ Map:
 - ServerSGD -> sgd.py: push gradients / pull parameters (bsp, ssp, async)
 - SyncEASGD, AsyncEASGD -> easgd.py: elastic averaging, the async one with an exchanger thread
 - DiLoCo -> diloco.py: tau inner steps, then the servers' outer Nesterov step (DiLoCo)
+- StreamingDiLoCo -> streaming.py: diloco in fragments synced at staggered steps, overlapped
 - AllReduceSGD -> allreduce.py: gloo all-reduce of gradients (Horovod/DDP baseline)
 - LocalSGD -> local.py: the single-process baseline
 """
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from ember.algorithms.flat import FlatModel, flatten_parameters, load_flat_parameters
     from ember.algorithms.local import LocalSGD
     from ember.algorithms.sgd import ServerSGD
+    from ember.algorithms.streaming import StreamingDiLoCo
 
 # The worker side imports torch; the server process needs only rules.py, so these names are
 # imported when first used (PEP 562), never by `import ember.algorithms.rules`.
@@ -50,6 +52,7 @@ _LAZY = {
     "local_optimizer": "base",
     "MomentumSGD": "base",
     "DiLoCo": "diloco",
+    "StreamingDiLoCo": "streaming",
     "AsyncEASGD": "easgd",
     "SyncEASGD": "easgd",
     "FlatModel": "flat",
@@ -71,7 +74,7 @@ def __getattr__(name: str) -> Any:
 @functools.cache  # one registry, built at its first use
 def _algorithms() -> dict[Strategy, Callable[[WorkerContext], Algorithm]]:
     from ember.algorithms.allreduce import AllReduceSGD
-    from ember.algorithms.diloco import DiLoCo
+    from ember.algorithms.diloco import make_diloco
     from ember.algorithms.easgd import AsyncEASGD, SyncEASGD
     from ember.algorithms.local import LocalSGD
     from ember.algorithms.sgd import ServerSGD
@@ -84,7 +87,7 @@ def _algorithms() -> dict[Strategy, Callable[[WorkerContext], Algorithm]]:
         Strategy.EASGD: SyncEASGD,
         Strategy.EASGD_ASYNC: AsyncEASGD,
         Strategy.ALLREDUCE: AllReduceSGD,
-        Strategy.DILOCO: DiLoCo,
+        Strategy.DILOCO: make_diloco,
     }
 
 
@@ -113,6 +116,7 @@ __all__ = [
     "MomentumSGD",
     "SGDRule",
     "ServerSGD",
+    "StreamingDiLoCo",
     "SyncEASGD",
     "WorkerContext",
     "flatten_parameters",

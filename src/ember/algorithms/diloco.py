@@ -10,7 +10,13 @@ import numpy as np
 from ember.algorithms.base import CommStats, Optimizer, WorkerContext
 from ember.algorithms.flat import FlatModel
 from ember.algorithms.period import make_period
+from ember.algorithms.streaming import StreamingDiLoCo
 from ember.ps import PSClient
+
+
+def make_diloco(context: WorkerContext) -> DiLoCo | StreamingDiLoCo:
+    """Streaming DiLoCo with --fragments above 1, else DiLoCo's whole-model rounds."""
+    return StreamingDiLoCo(context) if context.config.fragments > 1 else DiLoCo(context)
 
 
 class DiLoCo:
