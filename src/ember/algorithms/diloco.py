@@ -97,8 +97,9 @@ class DiLoCo:
     def finish(self) -> None:
         assert self.client is not None
         # The steps since the last exchange (all of them with fewer than tau) reach the
-        # servers too: a last push that waits for nothing, since a round folds once every
-        # live worker has reached its clock and a worker that has left no longer counts.
+        # servers too, in a push without a pull: it waits for no round's result, only to be
+        # folded, which happens once every live worker has reached its clock (a worker that
+        # has left no longer counts), so it cannot deadlock a round.
         if self.steps_done is not None and self.steps_done != self.exchanged_at:
             self._exchange(self.steps_done, pull=False)
         self.client.done()
