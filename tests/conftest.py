@@ -25,13 +25,15 @@ def running_servers(
     consistency: str = "async",
     shards: int = 1,
     staleness: int = 0,
+    buffers_from: int | None = None,
     **kwargs: object,
 ) -> Iterator[list[ParameterServer]]:
-    """Serve `params` split over `shards` servers, each on its own thread."""
+    """Serve `params` split over `shards` servers, each on its own thread; keys from
+    `buffers_from` on hold the model's buffers."""
     servers, threads = [], []
     for index, (start, stop) in enumerate(shard_ranges(params.size, shards)):
         server = ParameterServer(
-            ShardSpec(index, shards, start, stop),
+            ShardSpec(index, shards, start, stop, buffers_from),
             params[start:stop],
             rule,
             make_consistency(consistency, staleness),

@@ -31,6 +31,9 @@ ENGINES = ("local", "spark")
 # reader of a table accepts): the ceiling of max_workers.
 MAX_WORKERS = 1 << 20
 CODECS = ("none", "fp16", "bf16", "int8")  # how exchanges travel; see ps/codec.py
+# diloco's tau when none is given: its periods are long (the paper's are 500 inner steps), and
+# at easgd's 8 the outer momentum would extrapolate from a few minibatches' change each round
+DILOCO_TAU = 200
 
 
 @dataclass
@@ -53,9 +56,13 @@ class RunConfig:
     warmup_steps: int = 0  # optimizer steps of linear learning-rate warm-up
     clip_grad_norm: float | None = None  # clip each worker's gradient to this L2 norm
     precision: str = "32"  # 32 | bf16-mixed: the forward pass's precision (training.py)
-    tau: int = 8  # easgd: local steps between exchanges with the center (auto/loss: the first)
+    tau: int = 8  # easgd, diloco: local steps between exchanges (auto/loss: the first)
     tau_policy: str = "fixed"  # fixed | auto | loss (easgd-async): how tau is chosen as it runs
     alpha: float | None = None  # easgd moving rate; None means 0.9 / workers (the paper's beta/p)
+    # diloco's outer optimizer: Nesterov SGD on the servers over the round's mean pseudo-gradient
+    outer_lr: float = 0.7  # diloco: the outer step's learning rate (the paper's 0.7)
+    outer_momentum: float = 0.9  # diloco: the outer step's Nesterov momentum, in [0, 1)
+    fragments: int = 1  # diloco: fragments synced at staggered steps, overlapped (Streaming)
     staleness: int = 2  # ssp: how many clocks a worker may run ahead of the slowest
     n_push: int = 1  # sgd: push accumulated gradients every n_push steps
     n_fetch: int = 1  # sgd: pull parameters every n_fetch steps
@@ -159,6 +166,11 @@ class RunConfig:
             raise ConfigError(f"clip_grad_norm must be > 0, got {self.clip_grad_norm!r}")
         if self.alpha is not None and not 0 < self.alpha <= 1:
             raise ConfigError(f"alpha must be in (0, 1], got {self.alpha!r}")
+        if not self.outer_lr > 0:
+            raise ConfigError(f"outer_lr must be > 0, got {self.outer_lr!r}")
+        if not 0 <= self.outer_momentum < 1:
+            raise ConfigError(f"outer_momentum must be in [0, 1), got {self.outer_momentum!r}")
+        self._check_fragments()
         if self.max_workers is not None and not self.workers <= self.max_workers <= MAX_WORKERS:
             raise ConfigError(
                 f"max_workers must be between workers ({self.workers}) and {MAX_WORKERS}, "
@@ -186,6 +198,22 @@ class RunConfig:
             slots = self.servers * self.replicas if self.uses_server else 0
             port_range(self.ports, slots, collector=self.engine == "spark")
         return self
+
+    def _check_fragments(self) -> None:
+        """Fragment f is the keys of servers / fragments servers, synced tau / fragments steps
+        after the one before it."""
+        _at_least("fragments", self.fragments, 1)
+        if self.fragments > 1 and self.mode is not Strategy.DILOCO:
+            raise ConfigError(
+                f"fragments applies to strategy diloco only; got {self.fragments} with strategy"
+                f" {self.strategy!r}"
+            )
+        for name in ("servers", "tau"):
+            if self.fragments > 1 and getattr(self, name) % self.fragments:
+                raise ConfigError(
+                    f"fragments must divide {name}; got fragments {self.fragments} with {name}"
+                    f" {getattr(self, name)}"
+                )
 
     def _check_types(self) -> None:
         """YAML and the API hand over any type: name the field rather than fail deep inside."""
@@ -251,6 +279,8 @@ def fresh_config(explicit: dict[str, Any]) -> RunConfig:
     # explicitly is still the error validate() names)
     if explicit.get("strategy") == Strategy.SINGLE.value and "workers" not in explicit:
         explicit = {**explicit, "workers": 1}
+    if explicit.get("strategy") == Strategy.DILOCO.value and "tau" not in explicit:
+        explicit = {**explicit, "tau": DILOCO_TAU}
     return RunConfig(**explicit).validate()
 
 

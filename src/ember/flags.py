@@ -7,14 +7,14 @@ HELP = {
     " MNIST IDX folder (their layouts: docs/data.md)",
     "model": "mlp | logreg | lenet | package.module:factory, a function returning a"
     " torch.nn.Module, imported from the working directory, then PYTHONPATH and site-packages",
-    "strategy": "single | bsp | ssp | async | easgd | easgd-async | allreduce",
+    "strategy": "single | bsp | ssp | async | easgd | easgd-async | allreduce | diloco",
     "workers": "data-parallel worker processes (Spark: barrier tasks), each on its own shard",
     "servers": "parameter-server processes; the flat parameter vector is split into this many"
     " key ranges",
     "epochs": "passes over the training set; each worker passes over its 1/workers shard",
     "batch_size": "examples per minibatch, per worker (one step trains workers x this)",
     "lr": "learning rate of the servers' optimizer (bsp, ssp, async) or of each worker's local"
-    " optimizer (easgd, easgd-async, single, allreduce)",
+    " optimizer (easgd, easgd-async, diloco's inner steps, single, allreduce)",
     "momentum": "SGD momentum in [0, 1), on the servers (bsp, ssp, async) or local (the others)",
     "nesterov": "Nesterov momentum in the local optimizer (EAMSGD with easgd); needs"
     " --momentum > 0",
@@ -28,20 +28,31 @@ HELP = {
     "precision": "32 | bf16-mixed: the forward pass in float32, or under autocast to bfloat16"
     " with float32 parameters, gradients, exchanges and servers (docs/training.md)",
     "clip_grad_norm": "clip each worker's gradient to this L2 norm before it is used or sent",
-    "tau": "easgd, easgd-async: local steps (minibatches) between a worker's exchanges with the"
-    " center; each worker also exchanges once when it finishes. easgd-async also takes auto (the"
-    " period the throughput model picks from the exchange and step times it measures) or loss"
+    "tau": "easgd, easgd-async, diloco: local steps (minibatches) between a worker's exchanges"
+    " with the center (diloco: its pushes of a pseudo-gradient; unset, 200 for diloco); each"
+    " worker also exchanges once when it finishes. easgd-async also takes auto (the period"
+    " the throughput model picks from the exchange and step times it measures) or loss"
     " (exchange once the training loss summed since the last exchange passes the first"
     " period's), starting from the default tau (docs/tau.md)",
     "tau_policy": "fixed | auto | loss, as --tau auto and --tau loss set it; with it --tau is"
     " the starting period",
     "alpha": "easgd, easgd-async: moving rate in (0, 1] of an exchange, e = alpha * (x_i -"
     " center); unset: 0.9 / workers (the paper's beta / p)",
+    "outer_lr": "diloco: learning rate of the servers' outer Nesterov SGD step over the round's"
+    " mean pseudo-gradient (start minus end of the period); 1 with --outer-momentum 0 is"
+    " parameter averaging every tau steps (docs/diloco.md)",
+    "outer_momentum": "diloco: Nesterov momentum in [0, 1) of the outer step; its buffer is kept"
+    " per shard on the servers, replicated and checkpointed with the parameters",
+    "fragments": "diloco: split the parameters into this many fragments, each synced every tau"
+    " steps, tau / fragments steps after the one before, on a background exchanger while the"
+    " worker computes (Streaming DiLoCo); fragment f is the keys of servers / fragments"
+    " servers, so it must divide --servers and --tau (docs/diloco.md)",
     "staleness": "ssp: clocks (pushes) a worker may run ahead of the slowest before it waits",
     "n_push": "bsp, ssp, async: steps whose gradients a worker averages into one push; the"
     " remaining ones are pushed when it finishes",
     "n_fetch": "bsp, ssp, async: steps between a worker's pulls of the current parameters",
-    "compress": "none | fp16 | bf16 | int8: how bsp, ssp, async and easgd exchanges travel;"
+    "compress": "none | fp16 | bf16 | int8: how bsp, ssp, async, easgd and diloco exchanges"
+    " travel;"
     " int8 is 8-bit with a scale per 4096 values, with error feedback (docs/compression.md)",
     "engine": "local (processes on this machine) | spark (barrier tasks on --master)",
     "master": "--engine spark: Spark master URL, e.g. local[4], spark://host:7077, yarn or"

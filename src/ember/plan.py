@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ember.config import AlgorithmKind, Strategy
+from ember.config import DILOCO_TAU, Strategy
 from ember.perfmodel import (
     AUTO_MARGIN,
     FLOAT_BYTES,
@@ -19,6 +19,8 @@ from ember.perfmodel import (
 # every strategy a column; easgd-async has one per tau, after them
 PLAN_STRATEGIES: tuple[Strategy, ...] = tuple(s for s in Strategy if s is not Strategy.EASGD_ASYNC)
 EASGD_TAU = 8  # the synchronous easgd column's communication period
+# the period of each column whose strategy exchanges every tau steps; 1 (n_push) for the rest
+COLUMN_TAU = {Strategy.EASGD: EASGD_TAU, Strategy.DILOCO: DILOCO_TAU}
 SERVER_COUNTS = (1, 2, 4, 8, 16, 32)
 MISSING = "—"
 
@@ -33,15 +35,15 @@ class Option:
     def __str__(self) -> str:
         p = self.prediction
         mode = Strategy(p.strategy)
-        text = p.strategy + (f" at tau {p.tau}" if mode.algorithm is AlgorithmKind.EASGD else "")
+        text = p.strategy + (f" at tau {p.tau}" if mode.periodic else "")
         if not mode.uses_server:  # the same at any server count
             return text
         return f"{text} with {p.servers} server{'s' if p.servers != 1 else ''}"
 
 
 def columns(taus: list[int]) -> list[str]:
-    easgd = [f"easgd tau={EASGD_TAU}" if s is Strategy.EASGD else str(s) for s in PLAN_STRATEGIES]
-    return [*easgd, *(f"easgd-async tau={t}" for t in taus)]
+    fixed = [f"{s} tau={COLUMN_TAU[s]}" if s in COLUMN_TAU else str(s) for s in PLAN_STRATEGIES]
+    return [*fixed, *(f"easgd-async tau={t}" for t in taus)]
 
 
 def row_options(
@@ -51,9 +53,7 @@ def row_options(
     worker, `allreduce` on one (a ring of one is `single`), and the strategies without servers
     in a row of more than one server."""
     cells: list[Option | None] = []
-    runs: list[tuple[Strategy, int]] = [
-        (s, EASGD_TAU if s is Strategy.EASGD else 1) for s in PLAN_STRATEGIES
-    ]
+    runs: list[tuple[Strategy, int]] = [(s, COLUMN_TAU.get(s, 1)) for s in PLAN_STRATEGIES]
     runs += [(Strategy.EASGD_ASYNC, t) for t in taus]
     for column, (strategy, tau) in zip(columns(taus), runs, strict=True):
         alone = {Strategy.SINGLE: workers > 1, Strategy.ALLREDUCE: workers == 1}.get(strategy)
@@ -226,14 +226,12 @@ def scale_report(c: Calibration, network: Network, workers: list[int], taus: lis
         "| strategy | saturates at | bound there | samples/s there | samples/s at 1 worker |",
         "|---|---|---|---|---|",
     ]
-    runs = [(str(s), EASGD_TAU if s is Strategy.EASGD else 1) for s in PLAN_STRATEGIES]
+    runs = [(str(s), COLUMN_TAU.get(s, 1)) for s in PLAN_STRATEGIES]
     runs += [(str(Strategy.EASGD_ASYNC), t) for t in taus]
     for strategy, tau in runs:
         if strategy in (Strategy.SINGLE, Strategy.ALLREDUCE):
             continue  # no server to saturate
-        label = strategy + (
-            f" tau={tau}" if Strategy(strategy).algorithm is AlgorithmKind.EASGD else ""
-        )
+        label = strategy + (f" tau={tau}" if Strategy(strategy).periodic else "")
         first = predict(strategy, 1, c, network, tau, 1).samples_per_second
         hit = saturation(strategy, c, network, workers, tau)
         if hit is None:

@@ -21,6 +21,7 @@ class AlgorithmKind(_Name):
     SGD = "sgd"
     EASGD = "easgd"
     ALLREDUCE = "allreduce"
+    DILOCO = "diloco"
 
 
 class ConsistencyKind(_Name):
@@ -42,6 +43,7 @@ class Strategy(_Name):
     EASGD = "easgd"
     EASGD_ASYNC = "easgd-async"
     ALLREDUCE = "allreduce"
+    DILOCO = "diloco"
 
     @property
     def algorithm(self) -> AlgorithmKind:
@@ -53,7 +55,7 @@ class Strategy(_Name):
 
     @property
     def uses_server(self) -> bool:
-        return self.algorithm in (AlgorithmKind.SGD, AlgorithmKind.EASGD)
+        return self.algorithm in (AlgorithmKind.SGD, AlgorithmKind.EASGD, AlgorithmKind.DILOCO)
 
     @property
     def synchronous(self) -> bool:
@@ -70,6 +72,11 @@ class Strategy(_Name):
     def overlaps_exchange(self) -> bool:
         """An exchanger thread keeps the exchange off the worker's compute path (DeepSpark)."""
         return self is Strategy.EASGD_ASYNC
+
+    @property
+    def periodic(self) -> bool:
+        """Workers step alone and exchange every tau local steps (easgd, diloco)."""
+        return self.algorithm in (AlgorithmKind.EASGD, AlgorithmKind.DILOCO)
 
     @property
     def ships_gradients(self) -> bool:
@@ -90,5 +97,6 @@ _AXES: dict[Strategy, tuple[AlgorithmKind, ConsistencyKind]] = {
     Strategy.EASGD: (AlgorithmKind.EASGD, ConsistencyKind.BSP),
     Strategy.EASGD_ASYNC: (AlgorithmKind.EASGD, ConsistencyKind.ASYNC),
     Strategy.ALLREDUCE: (AlgorithmKind.ALLREDUCE, ConsistencyKind.NONE),
+    Strategy.DILOCO: (AlgorithmKind.DILOCO, ConsistencyKind.BSP),
 }
 STRATEGIES = tuple(s.value for s in Strategy)

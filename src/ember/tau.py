@@ -34,9 +34,9 @@ def check_tau_policy(policy: object, strategy: str) -> None:
     if policy == "fixed" or strategy in ADAPTIVE_STRATEGIES:
         return
     applies = f"tau {policy} applies to strategy {', '.join(ADAPTIVE_STRATEGIES)} only"
-    if strategy == "easgd":
+    if strategy in ("easgd", "diloco"):
         raise ConfigError(
-            f"{applies}: easgd's workers exchange in rounds they must all agree on, so its tau"
-            " is a fixed integer; use --strategy easgd-async for an adaptive one"
+            f"{applies}: {strategy}'s workers exchange in rounds they must all agree on, so its"
+            " tau is a fixed integer; use --strategy easgd-async for an adaptive one"
         )
     raise ConfigError(f"{applies}; strategy {strategy!r} has no tau")

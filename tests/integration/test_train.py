@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 import ember
+from ember.checkpoint import load_checkpoint
 from ember.metrics import read_metrics
 from tests.processes import has_progress, has_worker_records, log_of, wait_for
 
@@ -47,8 +48,10 @@ def summary_of(run: Path) -> dict:
         ("easgd", 1),
         ("easgd-async", 1),
         ("allreduce", 1),
+        ("diloco", 1),
         ("bsp", 2),
         ("easgd-async", 2),
+        ("diloco", 2),
     ],
 )
 def test_every_strategy_trains_and_writes_the_run_directory(tmp_path, strategy, servers) -> None:
@@ -354,3 +357,30 @@ def test_a_worker_killed_mid_run_ends_the_run_naming_it_and_no_process_is_left(t
     assert "worker 1 exited with code -9" in err
     _, alive = psutil.wait_procs(children, timeout=5)
     assert alive == []
+
+
+def test_diloco_trains_the_mnist_mlp_to_96_percent_in_3_epochs_at_its_default_tau(
+    tmp_path,
+) -> None:
+    out = tmp_path / "run"
+    result = ember.fit(
+        data="mnist", model="mlp", strategy="diloco", workers=2, epochs=3, out=str(out)
+    )
+    summary = result.summary
+    assert summary["config"]["tau"] == 200
+    assert summary["test_accuracy"] >= 0.96
+    # 468 steps an epoch per worker: 7 rounds in 1,404 steps, and each worker's final push
+    assert summary["exchanges"] == 2 * (7 + 1)
+    saved = load_checkpoint(out / "checkpoints")
+    assert saved.tensors["momentum"].any()  # the outer momentum is checkpointed
+
+
+def test_streaming_diloco_in_two_fragments_trains_the_mnist_mlp_to_96_percent(tmp_path) -> None:
+    result = ember.fit(
+        data="mnist", strategy="diloco", fragments=2, servers=2, workers=2, epochs=3,
+        out=str(tmp_path / "run"),
+    )  # fmt: skip
+    assert result.summary["test_accuracy"] >= 0.96
+    # a fragment syncs every 100 steps, alternately, 14 times in 1,404 steps; then each
+    # fragment's last partial period: 16 exchanges a worker
+    assert result.summary["exchanges"] == 2 * 16

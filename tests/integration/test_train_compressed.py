@@ -35,3 +35,11 @@ def test_int8_reaches_097_with_a_quarter_of_the_bytes_per_sample(tmp_path, strat
     plain = _train(tmp_path, strategy, "none", epochs=1)
     assert compressed["test_accuracy"] >= 0.97
     assert _bytes_per_sample(plain) >= 3.5 * _bytes_per_sample(compressed)
+
+
+def test_diloco_int8_pseudo_gradients_keep_its_accuracy_at_a_quarter_of_the_bytes(tmp_path) -> None:
+    # error feedback sends later what rounding dropped from a pseudo-gradient, as from a gradient
+    compressed = _train(tmp_path, "diloco", "int8", epochs=3)
+    plain = _train(tmp_path, "diloco", "none", epochs=3)
+    assert compressed["test_accuracy"] >= 0.96 and plain["test_accuracy"] >= 0.96
+    assert _bytes_per_sample(plain) >= 3.5 * _bytes_per_sample(compressed)

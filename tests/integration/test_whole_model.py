@@ -23,7 +23,7 @@ from ember.spec import Layout, checkpoint_meta
 
 pytestmark = pytest.mark.timeout(240)
 BN = "tests.bn_models:bn_mlp"
-STRATEGIES = ["single", "bsp", "ssp", "async", "easgd", "easgd-async", "allreduce"]
+STRATEGIES = ["single", "bsp", "ssp", "async", "easgd", "easgd-async", "allreduce", "diloco"]
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -147,7 +147,7 @@ def test_a_checkpoint_from_before_buffers_loads_with_its_parameters_and_a_warnin
     assert resumed.summary["resumed_from"] == str(old)
 
 
-@pytest.mark.parametrize("strategy", ["bsp", "async"])
+@pytest.mark.parametrize("strategy", ["bsp", "async", "diloco"])
 def test_compressed_pushes_carry_buffer_changes_that_add_up(tmp_path: Path, strategy: str) -> None:
     # int8 with error feedback: the buffers' changes are sent, so what rounding drops is sent
     # later, and compressed pulls leave each worker's statistics where the servers' are

@@ -22,8 +22,12 @@ from ember.errors import ConfigError
         (
             {"strategy": "gossip"},
             "strategy must be one of single, bsp, ssp, async, easgd, "
-            "easgd-async, allreduce; got 'gossip'",
+            "easgd-async, allreduce, diloco; got 'gossip'",
         ),
+        ({"outer_lr": 0}, "outer_lr must be > 0, got 0"),
+        ({"outer_momentum": 1.0}, r"outer_momentum must be in \[0, 1\), got 1.0"),
+        ({"outer_momentum": -0.1}, r"outer_momentum must be in \[0, 1\), got -0.1"),
+        ({"outer_lr": "0.7"}, "outer_lr must be a finite number, got '0.7'"),
         ({"engine": "ray"}, "engine must be one of local, spark; got 'ray'"),
         ({"lr": -0.1}, "lr must be > 0, got -0.1"),
         ({"strategy": "single", "workers": 2}, "workers must be 1 for strategy 'single', got 2"),

@@ -24,6 +24,7 @@ README_TABLE = {
     "easgd": ("easgd", "bsp", True, True, False),
     "easgd-async": ("easgd", "async", True, False, True),
     "allreduce": ("allreduce", "none", False, True, False),
+    "diloco": ("diloco", "bsp", True, True, False),
 }
 
 
@@ -49,6 +50,10 @@ def test_run_config_answers_through_its_strategy(name: str) -> None:
 
 def test_only_easgd_async_overlaps_its_exchange_with_compute() -> None:
     assert [s.value for s in Strategy if s.overlaps_exchange] == ["easgd-async"]
+
+
+def test_easgd_and_diloco_workers_step_alone_and_exchange_every_tau_steps() -> None:
+    assert [s.value for s in Strategy if s.periodic] == ["easgd", "easgd-async", "diloco"]
 
 
 def test_gradients_travel_under_sgd_and_allreduce_and_the_rest_step_locally() -> None:
@@ -84,7 +89,7 @@ def test_a_strategy_member_given_to_a_run_config_is_kept_as_its_plain_name() -> 
 
 
 def test_unknown_strategy_names_get_the_list_of_valid_ones() -> None:
-    names = "single, bsp, ssp, async, easgd, easgd-async, allreduce"
+    names = "single, bsp, ssp, async, easgd, easgd-async, allreduce, diloco"
     with pytest.raises(ConfigError, match=f"^strategy must be one of {names}; got 'gossip'$"):
         RunConfig(strategy="gossip").validate()
     context = WorkerContext(config=RunConfig(strategy="gossip"), rank=0, world=1)

@@ -6,9 +6,11 @@ Map:
 - make_update_rule -> rules.py: a strategy's server half
 - WorkerContext, CommStats, Algorithm -> base.py: shared context, counters and protocol
 - FlatModel, flatten_parameters, load_flat_parameters -> flat.py: parameters as one buffer
-- SGDRule, EASGDRule -> rules.py: server-side update rules (ps.UpdateRule)
+- SGDRule, EASGDRule, DiLoCoRule -> rules.py: server-side update rules (ps.UpdateRule)
 - ServerSGD -> sgd.py: push gradients / pull parameters (bsp, ssp, async)
 - SyncEASGD, AsyncEASGD -> easgd.py: elastic averaging, the async one with an exchanger thread
+- DiLoCo -> diloco.py: tau inner steps, then the servers' outer Nesterov step (DiLoCo)
+- StreamingDiLoCo -> streaming.py: diloco in fragments synced at staggered steps, overlapped
 - AllReduceSGD -> allreduce.py: gloo all-reduce of gradients (Horovod/DDP baseline)
 - LocalSGD -> local.py: the single-process baseline
 """
@@ -20,7 +22,7 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ember.algorithms.rules import EASGDRule, SGDRule, make_update_rule
+from ember.algorithms.rules import DiLoCoRule, EASGDRule, SGDRule, make_update_rule
 from ember.config import Strategy
 from ember.errors import ConfigError
 
@@ -34,10 +36,12 @@ if TYPE_CHECKING:
         WorkerContext,
         local_optimizer,
     )
+    from ember.algorithms.diloco import DiLoCo
     from ember.algorithms.easgd import AsyncEASGD, SyncEASGD
     from ember.algorithms.flat import FlatModel, flatten_parameters, load_flat_parameters
     from ember.algorithms.local import LocalSGD
     from ember.algorithms.sgd import ServerSGD
+    from ember.algorithms.streaming import StreamingDiLoCo
 
 # The worker side imports torch; the server process needs only rules.py, so these names are
 # imported when first used (PEP 562), never by `import ember.algorithms.rules`.
@@ -49,6 +53,8 @@ _LAZY = {
     "local_optimizer": "base",
     "MomentumSGD": "base",
     "ScheduledOptimizer": "base",
+    "DiLoCo": "diloco",
+    "StreamingDiLoCo": "streaming",
     "AsyncEASGD": "easgd",
     "SyncEASGD": "easgd",
     "FlatModel": "flat",
@@ -70,6 +76,7 @@ def __getattr__(name: str) -> Any:
 @functools.cache  # one registry, built at its first use
 def _algorithms() -> dict[Strategy, Callable[[WorkerContext], Algorithm]]:
     from ember.algorithms.allreduce import AllReduceSGD
+    from ember.algorithms.diloco import make_diloco
     from ember.algorithms.easgd import AsyncEASGD, SyncEASGD
     from ember.algorithms.local import LocalSGD
     from ember.algorithms.sgd import ServerSGD
@@ -82,6 +89,7 @@ def _algorithms() -> dict[Strategy, Callable[[WorkerContext], Algorithm]]:
         Strategy.EASGD: SyncEASGD,
         Strategy.EASGD_ASYNC: AsyncEASGD,
         Strategy.ALLREDUCE: AllReduceSGD,
+        Strategy.DILOCO: make_diloco,
     }
 
 
@@ -102,6 +110,8 @@ __all__ = [
     "AllReduceSGD",
     "AsyncEASGD",
     "CommStats",
+    "DiLoCo",
+    "DiLoCoRule",
     "EASGDRule",
     "FlatModel",
     "LocalSGD",
@@ -109,6 +119,7 @@ __all__ = [
     "SGDRule",
     "ScheduledOptimizer",
     "ServerSGD",
+    "StreamingDiLoCo",
     "SyncEASGD",
     "WorkerContext",
     "flatten_parameters",

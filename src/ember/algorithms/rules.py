@@ -1,5 +1,5 @@
 """Server-side update rules (the ps.UpdateRule protocol): SGD with momentum, Adam and AdamW,
-and EASGD's center.
+EASGD's center, and DiLoCo's outer Nesterov step.
 
 NumPy only: the server process imports this module and never torch (its start-up would
 otherwise be the import of torch). Every operation writes into an existing array (`out=`);
@@ -208,4 +208,69 @@ def make_update_rule(config: RunConfig, steps_per_worker: int = 0) -> UpdateRule
         return SGDRule(config.lr, config.momentum, rescale, decay, schedule)
     if config.algorithm is AlgorithmKind.EASGD:
         return EASGDRule(alpha=config.effective_alpha)
+    if config.algorithm is AlgorithmKind.DILOCO:
+        return DiLoCoRule(lr=config.outer_lr, momentum=config.outer_momentum)
     raise ConfigError(f"strategy {config.strategy!r} uses no parameter server")
+
+
+@dataclass(frozen=True)
+class DiLoCoRule:
+    """DiLoCo's outer optimizer (Douillard et al. 2023): a push carries a worker's
+    pseudo-gradient, the parameters it began its period from minus its parameters now; a
+    synchronous round commits their mean g as one step of Nesterov SGD, torch.optim.SGD's
+    arithmetic with dampening 0: buf = m * buf + g; p -= lr * (g + m * buf). The momentum
+    buffer is per key rule state, so it is copied to the backup and checkpointed with the
+    parameters. Pushes are not answered; a worker pulls the new parameters with its push."""
+
+    lr: float
+    momentum: float = 0.0
+    name: str = "diloco"
+    replies: bool = False
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        return ("momentum",) if self.momentum else ()
+
+    def contribute(
+        self, params: np.ndarray, payload: np.ndarray, out: np.ndarray | None
+    ) -> np.ndarray:
+        return payload
+
+    def commit(
+        self,
+        params: np.ndarray,
+        state: dict[str, np.ndarray],
+        folded: np.ndarray,
+        count: int,
+        scratch: np.ndarray,
+        step: int = 1,
+    ) -> None:
+        mean = np.multiply(folded, np.float32(1 / count), out=scratch)
+        if not self.momentum:
+            np.multiply(mean, np.float32(self.lr), out=scratch)
+            np.subtract(params, scratch, out=params)
+            return
+        buf = state["momentum"]
+        np.multiply(buf, np.float32(self.momentum), out=buf)
+        np.add(buf, mean, out=buf)
+        # lr * (g + m * buf) as two subtractions: one scratch array holds g, then m * buf
+        np.multiply(mean, np.float32(self.lr), out=scratch)
+        np.subtract(params, scratch, out=params)
+        np.multiply(buf, np.float32(self.lr * self.momentum), out=scratch)
+        np.subtract(params, scratch, out=params)
+
+    def commit_buffers(
+        self,
+        buffers: np.ndarray,
+        state: dict[str, np.ndarray],
+        folded: np.ndarray,
+        count: int,
+        scratch: np.ndarray,
+    ) -> None:
+        """The buffer keys (BatchNorm statistics) carry start minus now too, but take a plain
+        mean with no outer step: every worker began the period from the servers' buffers, so
+        subtracting the mean of start - now sets them to the workers' mean. Running statistics
+        are estimates, not parameters to extrapolate with lr and momentum; and changes add up,
+        so error feedback under --compress stays exact."""
+        np.multiply(folded, np.float32(1 / count), out=scratch)
+        np.subtract(buffers, scratch, out=buffers)

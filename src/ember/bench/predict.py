@@ -9,7 +9,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from ember.bench.calibrate import calibrate
-from ember.config import AlgorithmKind, RunConfig, Strategy
+from ember.config import RunConfig, Strategy
 from ember.emulated.netns import BURST_BYTES
 from ember.evaluation import evaluates_after
 from ember.perfmodel import (
@@ -152,12 +152,12 @@ def _as_ember(record: dict[str, Any]) -> dict[str, Any] | None:
 def _period(
     record: dict[str, Any], config: dict[str, Any], c: Calibration, link: Network
 ) -> float | None:
-    """Minibatches between a row's exchanges: its n_push, or easgd's tau. `--tau auto` and
-    `--tau loss` move theirs as the run goes, so the period is the one the row ran at on
-    average, read from the bytes it moved per sample (each exchange moves exchange_bytes for
-    tau minibatches of one worker); before a row has run, `auto`'s is the one the model would
-    pick on the row's link, and `loss`'s is unknown (None)."""
-    if Strategy(config["strategy"]).algorithm is not AlgorithmKind.EASGD:
+    """Minibatches between a row's exchanges: its n_push, or easgd's or diloco's tau. `--tau
+    auto` and `--tau loss` move theirs as the run goes, so the period is the one the row ran
+    at on average, read from the bytes it moved per sample (each exchange moves
+    exchange_bytes for tau minibatches of one worker); before a row has run, `auto`'s is the
+    one the model would pick on the row's link, and `loss`'s is unknown (None)."""
+    if not Strategy(config["strategy"]).periodic:
         return float(config["n_push"])
     policy = config.get("tau_policy") or "fixed"
     moved = record.get("bytes_per_sample")

@@ -21,7 +21,7 @@ from ember._version import __version__
 from ember.bench.measure import TreeSampler
 from ember.bench.mllib import bench_session, jvm_pids
 from ember.bench.rows import BenchSettings, Row, make_tasks, plan_rows
-from ember.config import AlgorithmKind, RunConfig, Strategy
+from ember.config import RunConfig, Strategy
 from ember.data import Dataset
 from ember.metrics import json_text, write_json
 
@@ -192,9 +192,7 @@ def measure(
         "workers": row.config.workers
         if row.config
         else (settings.hosts if row.link else settings.workers),
-        "tau": row.config.tau
-        if row.config and row.config.algorithm is AlgorithmKind.EASGD
-        else None,
+        "tau": row.config.tau if row.config and row.config.mode.periodic else None,
         "sweep": row.sweep,
         "repeat": repeat,
         "status": "ok",

@@ -15,8 +15,13 @@ INT8_CHUNK = 4096  # values sharing one float32 scale in int8 compression
 WIRE_FRACTION = {"none": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": (1 + 4 / INT8_CHUNK) / 4}
 COMPRESSIONS: tuple[str, ...] = CODECS  # RunConfig.compress's choices
 # Strategies without a two-worker calibration run of their own wait like one that has it:
-# SSP with a small bound waits for the slowest about as often as BSP's rounds do.
-_WAITS_LIKE = {Strategy.SSP: Strategy.BSP, Strategy.EASGD: Strategy.BSP}
+# SSP with a small bound waits for the slowest about as often as BSP's rounds do; easgd's and
+# diloco's rounds are BSP's, a push and a pull of every parameter each.
+_WAITS_LIKE = {
+    Strategy.SSP: Strategy.BSP,
+    Strategy.EASGD: Strategy.BSP,
+    Strategy.DILOCO: Strategy.BSP,
+}
 # The tau of easgd-async's two-worker calibration run: an exchange every minibatch, so the
 # exchange's cost under load is most of the period and is measured precisely.
 CALIBRATION_TAU = 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ember.config import AlgorithmKind, ConsistencyKind, Strategy
+from ember.config import ConsistencyKind, Strategy
 from ember.perfmodel.inputs import Calibration
 
 if TYPE_CHECKING:
@@ -14,17 +14,17 @@ if TYPE_CHECKING:
 
 
 def closing_seconds(prediction: Prediction, steps: int | None = None) -> float:
-    """Seconds a worker's loop spends after its last step: easgd's final exchange, owed when
-    the worker stepped since its last one, so the center holds what it learned
-    (algorithms/easgd.py, finish), and before it easgd-async's wait for the exchange in
-    flight. `steps` is a worker's local steps when its period is fixed, which places its last
-    exchange; None for a period that adapts, whose last exchange began at a point spread
-    evenly over the period, so that of an exchange of X seconds in a period of P, X^2 / 2P is
-    left on average. The final exchanges of workers that end together queue on the server's
-    link as exchanges back to back do (the network bound's cycle). The other strategies'
-    last push goes with their last step."""
+    """Seconds a worker's loop spends after its last step: easgd's final exchange (diloco's
+    final push), owed when the worker stepped since its last one, so the servers hold what it
+    learned (algorithms/easgd.py and diloco.py, finish), and before it easgd-async's wait for
+    the exchange in flight. `steps` is a worker's local steps when its period is fixed, which
+    places its last exchange; None for a period that adapts, whose last exchange began at a
+    point spread evenly over the period, so that of an exchange of X seconds in a period of
+    P, X^2 / 2P is left on average. The final exchanges of workers that end together queue on
+    the server's link as exchanges back to back do (the network bound's cycle). The other
+    strategies' last push goes with their last step."""
     mode = Strategy(prediction.strategy)
-    if mode.algorithm is not AlgorithmKind.EASGD:
+    if not mode.periodic:
         return 0.0
     tau = max(1, round(prediction.tau))
     since = None if steps is None else steps % tau  # steps since the last exchange began

@@ -1,0 +1,106 @@
+"""`diloco`: tau inner steps of the local optimizer, then the round's mean pseudo-gradient
+through the servers' outer Nesterov step (Douillard et al. 2023); BSP over periods."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ember.algorithms.base import CommStats, Optimizer, WorkerContext
+from ember.algorithms.flat import FlatModel
+from ember.algorithms.period import make_period
+from ember.algorithms.streaming import StreamingDiLoCo
+from ember.ps import PSClient
+
+
+def make_diloco(context: WorkerContext) -> DiLoCo | StreamingDiLoCo:
+    """Streaming DiLoCo with --fragments above 1, else DiLoCo's whole-model rounds."""
+    return StreamingDiLoCo(context) if context.config.fragments > 1 else DiLoCo(context)
+
+
+class DiLoCo:
+    """Every tau local steps a worker pushes its pseudo-gradient, delta = x_start - x_now (the
+    paper's sign: the outer step subtracts it, as an optimizer subtracts a gradient), and pulls
+    the parameters the round's outer step made, which start its next period. The local
+    optimizer's state stays on the worker across periods, as DiLoCo keeps its inner AdamW's.
+
+    The whole flat vector travels, buffers included: the servers average the buffer keys
+    (rules.py, DiLoCoRule.commit_buffers). With --compress the pseudo-gradient goes the way
+    sgd's gradients go, encoded with error feedback, and the pull as the difference from the
+    parameters this worker last pulled (compress.py)."""
+
+    def __init__(self, context: WorkerContext) -> None:
+        self.context = context
+        self.stats = CommStats()
+        self.client: PSClient | None = None
+        self.flat: FlatModel | None = None
+        self.optimizer: Optimizer | None = None
+        self.period = make_period(context.config)  # fixed: rounds need every worker's phase
+        self.start_params = np.empty(0, np.float32)  # x_start: the period began here
+        self.delta = np.empty(0, np.float32)  # the pseudo-gradient pushed
+        self.steps_done: int | None = None  # local steps taken so far; None before the first
+        self.exchanged_at: int | None = None  # local step of the latest exchange
+
+    @property
+    def center(self) -> np.ndarray | None:
+        """What worker 0 evaluates: the global parameters as of its latest exchange (the
+        model diloco trains; its own trail them by up to tau steps), None before one."""
+        if self.context.rank != 0 or self.exchanged_at is None:
+            return None
+        return self.start_params
+
+    def start(self, flat: FlatModel, optimizer: Optimizer | None) -> int:
+        ctx = self.context
+        self.flat, self.optimizer = flat, optimizer
+        self.client = PSClient(
+            ctx.servers,
+            ctx.secret,
+            worker=ctx.rank,
+            incarnation=ctx.incarnation,
+            timeout=ctx.config.request_timeout,
+            compress=ctx.config.compress,  # pseudo-gradients: error feedback, as gradients
+        )
+        resumed = self.client.register()
+        self.client.pull(flat.params_np)  # a (re)started worker begins from the global ones
+        flat.scatter_buffers()
+        self.start_params = flat.params_np.copy()
+        self.delta = np.empty_like(self.start_params)
+        return resumed["step"]
+
+    def after_backward(self, step: int) -> None:
+        assert self.optimizer is not None
+        self.optimizer.step()
+        self.steps_done = step + 1
+        if self.period.exchange_now(step + 1):
+            self._exchange(step + 1, pull=True)
+
+    def _exchange(self, step: int, pull: bool) -> None:
+        assert self.client is not None and self.flat is not None
+        flat, client = self.flat, self.client
+        started = time.perf_counter()
+        flat.gather_buffers()
+        np.subtract(self.start_params, flat.params_np, out=self.delta)
+        client.step = step
+        if pull:
+            # A compressed pull adds the servers' difference to the parameters as last pulled,
+            # so the vector holds those again before the reply lands in it.
+            np.copyto(flat.params_np, self.start_params)
+            result = client.push(self.delta, flat.params_np, pull=True)
+            flat.scatter_buffers()
+            np.copyto(self.start_params, flat.params_np)
+        else:
+            result = client.push(self.delta)
+        self.stats.record(result, time.perf_counter() - started)
+        self.exchanged_at = step
+
+    def finish(self) -> None:
+        assert self.client is not None
+        # The steps since the last exchange (all of them with fewer than tau) reach the
+        # servers too, in a push without a pull: it waits for no round's result, only to be
+        # folded, which happens once every live worker has reached its clock (a worker that
+        # has left no longer counts), so it cannot deadlock a round.
+        if self.steps_done is not None and self.steps_done != self.exchanged_at:
+            self._exchange(self.steps_done, pull=False)
+        self.client.done()
+        self.client.close()
