@@ -31,7 +31,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPT_FAILED
 HANDSHAKE_SECONDS = 10.0  # from accept to an authenticated session (CURVE, then HMAC)
-MAX_HANDSHAKING = 64  # connections accepted that have sent no message yet
+MAX_HANDSHAKING = 256  # connections accepted that have sent no message yet (64 KiB each)
 PRE_AUTH_BYTES = 64 << 10  # what a connection may send before its first message
 # What zmq may hold of a connection and not yet have handed over: the kernel's receive
 # buffer (twice the 4 MiB asked for), the ROUTER's queue of whole messages (RCVHWM of them,
