@@ -1,7 +1,9 @@
-"""`ember.spark.fit`: train on a Spark DataFrame with the fields of `ember.fit`."""
+"""`ember.spark.fit`: train on a Spark DataFrame with the fields of `ember.fit`; and
+`EmberEstimator`, `EmberModel` (spark_ml/), the same in Spark ML pipelines."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +36,7 @@ def fit(
     fields = {k.replace("-", "_"): v for k, v in fields.items()}
     if fields.setdefault("engine", "spark") != "spark":
         raise ConfigError(f"ember.spark.fit runs on engine 'spark', got {fields['engine']!r}")
-    fields["model"] = _model_spec(model)
+    fields["model"] = model_spec(model)
     if df is None:
         from ember.engines import train
 
@@ -47,7 +49,7 @@ def fit(
     return train_dataframe(config, df, features_col, label_col, test_df, show_progress)
 
 
-def _model_spec(model: str | Callable[..., Any]) -> str:
+def model_spec(model: str | Callable[..., Any]) -> str:
     """A factory function as the "module:name" spec the workers import it by."""
     if isinstance(model, str):
         return model
@@ -60,4 +62,12 @@ def _model_spec(model: str | Callable[..., Any]) -> str:
     )
 
 
-__all__ = ["fit"]
+def __getattr__(name: str) -> Any:
+    # The estimator's classes subclass pyspark's, so their module imports pyspark and this one
+    # cannot: it is loaded when first asked for (PEP 562), as ember loads this module.
+    if name in ("EmberEstimator", "EmberModel"):
+        return getattr(importlib.import_module("ember.spark_ml"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["fit"]  # and EmberEstimator, EmberModel, loaded on first use
