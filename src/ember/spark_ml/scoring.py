@@ -25,8 +25,8 @@ def scorer(
     broadcasts when large); a Python worker that Spark reuses keeps the model it built."""
 
     def score(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
+        # torch's threads: Spark sets OMP_NUM_THREADS to the task's cores (spark.task.cpus)
         module, (shape, _) = _model(described, weights, factory, where)
-        _use_task_cpus()
         for features in batches:
             yield _scores(module, features, shape)
 
@@ -39,16 +39,6 @@ def _model(described: bytes, weights: bytes, factory: str, where: str) -> tuple[
         _cache.clear()
         _cache[key] = load_bytes(described, weights, factory, where)
     return _cache[key]
-
-
-def _use_task_cpus() -> None:
-    """As many torch threads as the task has cores: by default torch takes every core of the
-    machine in each of the executor's concurrent tasks."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    if context is not None:
-        torch.set_num_threads(max(1, context.cpus()))
 
 
 @torch.no_grad()
