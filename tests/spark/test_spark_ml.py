@@ -59,6 +59,13 @@ def accuracy(frame: Any) -> float:
     return float(evaluator.evaluate(frame))
 
 
+def log_loss(frame: Any) -> float:
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+
+    evaluator = MulticlassClassificationEvaluator(labelCol="digit", metricName="logLoss")
+    return float(evaluator.evaluate(frame))
+
+
 @pytest.fixture(scope="module")
 def fitted(frames: tuple[Any, Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
     run = tmp_path_factory.mktemp("pipeline") / "run"
@@ -79,8 +86,10 @@ def test_a_pipeline_trains_and_its_transform_scores_as_the_run_did(fitted, frame
     types = {f.name: f.dataType for f in scored.schema.fields}
     assert types["prediction"].simpleString() == "double"
     assert isinstance(types["probability"], VectorUDT)
-    # the run scored exactly the is_test rows, with the same model: the same accuracy
+    # the run scored exactly the is_test rows, with the same model: the same accuracy, and
+    # Spark's log loss over the probability vectors is the run's mean cross-entropy
     assert abs(accuracy(scored) - summary["test_accuracy"]) <= 1 / test.count()
+    assert log_loss(scored) == pytest.approx(summary["test_loss"], abs=1e-4)
     row = scored.select("prediction", "probability").first()
     assert len(row.probability) == 10 and abs(float(row.probability.toArray().sum()) - 1) < 1e-6
     assert row.prediction == float(np.argmax(row.probability.toArray()))
