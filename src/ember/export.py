@@ -101,9 +101,25 @@ def load_with_shape(path: str | Path, model: ModelSource = None) -> tuple[torch.
 
 
 def _from_export(run_dir: Path, model: ModelSource) -> tuple[torch.nn.Module, Shape]:
-    where = run_dir / MODEL_JSON
-    with open(where, "rb") as f:
+    with open(run_dir / MODEL_JSON, "rb") as f:
         raw = f.read(JSON_LIMIT + 1)
+    return _from_parts(
+        raw, lambda: safetensors.torch.load_file(str(run_dir / MODEL_FILE)), model, run_dir
+    )
+
+
+def load_bytes(
+    described: bytes, weights: bytes, model: ModelSource, where: str | Path
+) -> tuple[torch.nn.Module, Shape]:
+    """load_with_shape of a model.json and a model.safetensors held in memory (a Spark task's
+    copy of a model), `where` naming the folder they came from in errors."""
+    return _from_parts(described, lambda: safetensors.torch.load(weights), model, Path(where))
+
+
+def _from_parts(
+    raw: bytes, state_dict: Callable[[], dict[str, torch.Tensor]], model: ModelSource, folder: Path
+) -> tuple[torch.nn.Module, Shape]:
+    where = folder / MODEL_JSON
     try:
         if len(raw) > JSON_LIMIT:
             raise ValueError(f"larger than {JSON_LIMIT} bytes")
@@ -121,14 +137,14 @@ def _from_export(run_dir: Path, model: ModelSource) -> tuple[torch.nn.Module, Sh
         raise CheckpointError(f"{where}: not an ember model description ({exc})") from None
     module = _build(model, factory, shape, classes, seed, where)
     try:
-        state = safetensors.torch.load_file(str(run_dir / MODEL_FILE))
+        state = state_dict()
     except (OSError, safetensors.SafetensorError) as exc:
-        raise CheckpointError(f"{run_dir / MODEL_FILE}: cannot read ({exc})") from None
+        raise CheckpointError(f"{folder / MODEL_FILE}: cannot read ({exc})") from None
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         raise CheckpointError(
-            f"{run_dir / MODEL_FILE} does not fit the model built for it: {exc}"
+            f"{folder / MODEL_FILE} does not fit the model built for it: {exc}"
         ) from None
     return module.eval(), (shape, classes)
 

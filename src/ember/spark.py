@@ -1,7 +1,9 @@
-"""`ember.spark.fit`: train on a Spark DataFrame with the fields of `ember.fit`."""
+"""`ember.spark.fit`: train on a Spark DataFrame with the fields of `ember.fit`; and
+`EmberEstimator`, `EmberModel` (spark_ml/), the same in Spark ML pipelines."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -50,15 +52,13 @@ def fit(
 
 
 def _model_spec(model: str | Callable[..., Any]) -> str:
-    """A factory function as the "module:name" spec the workers import it by; any other
-    model object (a module, a lambda, a class or function of __main__) by a label, the
-    object itself travelling to the tasks in their closure, as Spark ships code."""
-    if isinstance(model, str):
-        return model
+    """model_spec's name for what the workers can import; any other model object (a module,
+    a lambda, a class or function of __main__) by a label, the object itself travelling to
+    the tasks in their closure, as Spark ships code."""
+    importable = isinstance(model, str) or inspect.isfunction(model) or isinstance(model, type)
     module, name = getattr(model, "__module__", None), getattr(model, "__qualname__", "")
-    importable = inspect.isfunction(model) or isinstance(model, type)
-    if importable and module and module != "__main__" and "<" not in name:
-        return f"{module}:{name}"
+    if importable and (isinstance(model, str) or (module != "__main__" and "<" not in name)):
+        return model_spec(model)
     from ember.models import model_label, register_model
 
     label = model_label(model)
@@ -66,4 +66,26 @@ def _model_spec(model: str | Callable[..., Any]) -> str:
     return label
 
 
-__all__ = ["fit"]
+def model_spec(model: str | Callable[..., Any]) -> str:
+    """A factory function as the "module:name" spec the workers import it by."""
+    if isinstance(model, str):
+        return model
+    module, name = getattr(model, "__module__", None), getattr(model, "__qualname__", "")
+    importable = inspect.isfunction(model) or isinstance(model, type)
+    if importable and module and module != "__main__" and "<" not in name:
+        return f"{module}:{name}"
+    raise ConfigError(
+        "model must be a name, 'package.module:factory' or a module-level function that Spark"
+        f" workers can import (not one defined in __main__ or a lambda); got {model!r}"
+    )
+
+
+def __getattr__(name: str) -> Any:
+    # The estimator's classes subclass pyspark's, so their module imports pyspark and this one
+    # cannot: it is loaded when first asked for (PEP 562), as ember loads this module.
+    if name in ("EmberEstimator", "EmberModel"):
+        return getattr(importlib.import_module("ember.spark_ml"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["fit"]  # and EmberEstimator, EmberModel, loaded on first use

@@ -54,27 +54,16 @@ class FrameFacts:
 def training_frame(df: Any, features_col: str, label_col: str) -> tuple[Any, FrameFacts]:
     """Select `features` (array<float>) and `label` (bigint) from `df` and check every row in one
     Spark job; raise ConfigError naming the column for anything a worker could not train on."""
-    from pyspark.ml.functions import vector_to_array
-    from pyspark.ml.linalg import VectorUDT
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     fields = {f.name: f.dataType for f in df.schema.fields}
-    for role, name in (("features", features_col), ("label", label_col)):
-        if name not in fields:
-            raise ConfigError(
-                f"DataFrame has no {role} column {name!r} (columns: {', '.join(fields)})"
-            )
-    ftype, ltype = fields[features_col], fields[label_col]
-    if isinstance(ftype, VectorUDT):  # dense or sparse, e.g. a VectorAssembler's output
-        features = vector_to_array(F.col(features_col), "float32")
-    elif isinstance(ftype, T.ArrayType) and isinstance(ftype.elementType, T.NumericType):
-        features = F.col(features_col).cast("array<float>")  # half the bytes of double on the wire
-    else:
+    features = features_array(df, features_col)
+    if label_col not in fields:
         raise ConfigError(
-            f"column {features_col!r} must be array<float>, array<double> or a Spark ML vector,"
-            f" got {ftype.simpleString()}"
+            f"DataFrame has no label column {label_col!r} (columns: {', '.join(fields)})"
         )
+    ltype = fields[label_col]
     if not isinstance(ltype, (T.NumericType, T.BooleanType)):
         raise ConfigError(
             f"column {label_col!r} must hold numeric labels, got {ltype.simpleString()}"
@@ -82,6 +71,30 @@ def training_frame(df: Any, features_col: str, label_col: str) -> tuple[Any, Fra
     checked = df.select(features.alias(FEATURES), F.col(label_col).cast("double").alias(LABEL))
     facts = _facts(checked, features_col, label_col)
     return checked.select(FEATURES, F.col(LABEL).cast("bigint").alias(LABEL)), facts
+
+
+def features_array(df: Any, features_col: str) -> Any:
+    """Column `features_col` of `df` as array<float>, from a Spark ML vector (dense or sparse,
+    e.g. a VectorAssembler's output) or a numeric array; ConfigError naming it otherwise."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    fields = {f.name: f.dataType for f in df.schema.fields}
+    if features_col not in fields:
+        raise ConfigError(
+            f"DataFrame has no features column {features_col!r} (columns: {', '.join(fields)})"
+        )
+    ftype = fields[features_col]
+    if isinstance(ftype, VectorUDT):
+        return vector_to_array(F.col(features_col), "float32")
+    if isinstance(ftype, T.ArrayType) and isinstance(ftype.elementType, T.NumericType):
+        return F.col(features_col).cast("array<float>")  # half the bytes of double on the wire
+    raise ConfigError(
+        f"column {features_col!r} must be array<float>, array<double> or a Spark ML vector,"
+        f" got {ftype.simpleString()}"
+    )
 
 
 # per-partition counts computed in the tasks; every field is a long but the largest label

@@ -1,0 +1,64 @@
+"""EmberEstimator: `ember.spark.fit` as a Spark ML Estimator, for Pipelines and tuning."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.ml import Estimator
+from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
+
+from ember.errors import ConfigError
+from ember.spark import fit
+from ember.spark_ml.model import EmberModel
+from ember.spark_ml.params import EmberParams
+
+
+class EmberEstimator(
+    Estimator[EmberModel],
+    EmberParams,
+    DefaultParamsReadable["EmberEstimator"],
+    DefaultParamsWritable,
+):
+    """Trains as `ember.spark.fit` does (one Spark barrier task per worker, parameter servers
+    beside the driver) and returns an EmberModel.
+
+    Params: featuresCol, labelCol, predictionCol, probabilityCol, validationIndicatorCol,
+    model (the factory), strategy, workers, epochs, lr, tau, batchSize, and runFields for any
+    other field of ember.spark.fit: `EmberEstimator(model="mlp", workers=2, tau=4,
+    runFields={"servers": 2})`. Each fit writes a run directory as ember.spark.fit does
+    (runFields' `out`, else runs/<timestamp>-<strategy>-<pid>)."""
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__()
+        self.set_params(params)
+
+    def setParams(self, **params: Any) -> EmberEstimator:
+        self.set_params(params)
+        return self
+
+    def _fit(self, dataset: Any) -> EmberModel:
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import BooleanType
+
+        train, test = dataset, None  # no indicator: ember.spark.fit holds out a seeded tenth
+        if self.isDefined(self.validationIndicatorCol):
+            indicator = self.getValidationIndicatorCol()
+            types = {f.name: f.dataType for f in dataset.schema.fields}
+            if not isinstance(types.get(indicator), BooleanType):
+                got = types[indicator].simpleString() if indicator in types else "no such column"
+                raise ConfigError(
+                    f"validationIndicatorCol {indicator!r} must be a boolean column, got {got}"
+                )
+            marked = F.coalesce(F.col(indicator), F.lit(False))
+            train, test = dataset.filter(~marked), dataset.filter(marked)
+        factory = self.getOrDefault(self.model)
+        result = fit(
+            model=factory,
+            df=train,
+            features_col=self.getFeaturesCol(),
+            label_col=self.getLabelCol(),
+            test_df=test,
+            **self.run_fields(),
+        )
+        model = EmberModel.from_files(result.run_dir, factory, result.summary)
+        return self._copyValues(model)

@@ -1,0 +1,116 @@
+"""The Params an EmberEstimator and its EmberModel share: Spark's column names and the run's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import (
+    HasFeaturesCol,
+    HasLabelCol,
+    HasPredictionCol,
+    HasProbabilityCol,
+    HasValidationIndicatorCol,
+)
+
+from ember.config import RunConfig
+from ember.errors import ConfigError
+from ember.spark import model_spec
+
+# The run fields with a Param of their own, by Param name; the rest go in runFields.
+OWN_FIELDS = {
+    "strategy": "strategy",
+    "workers": "workers",
+    "epochs": "epochs",
+    "lr": "lr",
+    "tau": "tau",
+    "batchSize": "batch_size",
+}
+# Not run fields at all: the estimator decides them.
+_NOT_FIELDS = {"model", "engine", "data"}
+
+
+def _to_fields(value: Any) -> dict[str, Any]:
+    """runFields as a dict of RunConfig field names (dashes taken as underscores)."""
+    if not isinstance(value, dict):
+        raise TypeError(f"runFields must be a dict of run fields, got {value!r}")
+    fields = {str(k).replace("-", "_"): v for k, v in value.items()}
+    known = set(RunConfig.__dataclass_fields__) - _NOT_FIELDS - set(OWN_FIELDS.values())
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        own = {field: name for name, field in OWN_FIELDS.items()}
+        hints = [f"{k} (use the {own[k]} param)" if k in own else k for k in unknown]
+        raise ConfigError(
+            f"runFields: not fields of a run, or set by a param of their own: {', '.join(hints)};"
+            f" allowed: {', '.join(sorted(known))}"
+        )
+    return fields
+
+
+class EmberParams(
+    HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol, HasValidationIndicatorCol
+):
+    """featuresCol (an ML vector or a numeric array), labelCol, predictionCol (the class
+    index, double), probabilityCol (the class probabilities, an ML vector),
+    validationIndicatorCol (true marks the rows the run is scored on; unset: a seeded tenth
+    of the rows), the model factory and the run's fields."""
+
+    model: Param[str] = Param(
+        Params._dummy(),
+        "model",
+        "the model: a built-in name (mlp, logreg, lenet), 'package.module:factory' or a"
+        " module-level factory function the executors can import",
+        # a factory function is kept as the "module:name" its executors import it by, which
+        # is also what ML persistence can write
+        typeConverter=model_spec,
+    )
+    strategy: Param[str] = Param(
+        Params._dummy(), "strategy", "the training strategy", TypeConverters.toString
+    )
+    workers: Param[int] = Param(
+        Params._dummy(), "workers", "workers, one Spark barrier task each", TypeConverters.toInt
+    )
+    epochs: Param[int] = Param(Params._dummy(), "epochs", "passes", TypeConverters.toInt)
+    lr: Param[float] = Param(Params._dummy(), "lr", "learning rate", TypeConverters.toFloat)
+    tau: Param[int] = Param(
+        Params._dummy(), "tau", "easgd: local steps between exchanges", TypeConverters.toInt
+    )
+    batchSize: Param[int] = Param(
+        Params._dummy(), "batchSize", "per-worker minibatch", TypeConverters.toInt
+    )
+    runFields: Param[dict[str, Any]] = Param(
+        Params._dummy(),
+        "runFields",
+        "any other field of ember.spark.fit, as a dict (servers, alpha, optimizer, out, seed,...)",
+        typeConverter=_to_fields,
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        defaults = RunConfig()
+        self._setDefault(
+            featuresCol="features",
+            labelCol="label",
+            predictionCol="prediction",
+            probabilityCol="probability",
+            model=defaults.model,
+            runFields={},
+            **{name: getattr(defaults, field) for name, field in OWN_FIELDS.items()},
+        )
+
+    def set_params(self, params: dict[str, Any]) -> Any:
+        """Set Params by name, refusing one this class does not have with its list."""
+        names = sorted(p.name for p in self.params)
+        unknown = sorted(set(params) - set(names))
+        if unknown:
+            raise ConfigError(
+                f"{type(self).__name__} has no param {', '.join(map(repr, unknown))};"
+                f" its params: {', '.join(names)}"
+            )
+        return self._set(**params)
+
+    def run_fields(self) -> dict[str, Any]:
+        """The fields of ember.spark.fit these Params give, model and columns aside."""
+        own = {field: self.getOrDefault(name) for name, field in OWN_FIELDS.items()}
+        fields: dict[str, Any] = self.getOrDefault("runFields")
+        return {**fields, **own}
