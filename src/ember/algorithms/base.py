@@ -11,7 +11,7 @@ import torch
 from ember.algorithms.flat import FlatModel
 from ember.config import RunConfig
 from ember.errors import ConfigError
-from ember.ps import ExchangeResult
+from ember.ps import ExchangeResult, PSClient
 from ember.training import CONSTANT, Schedule
 
 
@@ -27,6 +27,21 @@ class WorkerContext:
     incarnation: int = 0  # bumped each time this rank is restarted
     rendezvous: str = ""  # torch.distributed init_method for allreduce
     store: Any = None  # or the torch.distributed Store the engine met in (Spark's tasks)
+
+    def client(self, servers: list[str] | None = None, differences: bool = False) -> PSClient:
+        """This worker's client of `servers` (default: all of the run's). `differences`: the
+        payload is parameters, sent as differences from the servers' mirror (easgd); else
+        it is gradient-like (gradients, pseudo-gradients), sent with error feedback."""
+        config = self.config
+        return PSClient(
+            self.servers if servers is None else servers,
+            self.secret,
+            worker=self.rank,
+            incarnation=self.incarnation,
+            timeout=config.request_timeout,
+            compress=config.compress,
+            differences=differences,
+        )
 
 
 @dataclass

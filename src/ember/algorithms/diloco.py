@@ -53,14 +53,7 @@ class DiLoCo:
     def start(self, flat: FlatModel, optimizer: Optimizer | None) -> int:
         ctx = self.context
         self.flat, self.optimizer = flat, optimizer
-        self.client = PSClient(
-            ctx.servers,
-            ctx.secret,
-            worker=ctx.rank,
-            incarnation=ctx.incarnation,
-            timeout=ctx.config.request_timeout,
-            compress=ctx.config.compress,  # pseudo-gradients: error feedback, as gradients
-        )
+        self.client = ctx.client()  # pseudo-gradients: error feedback, as gradients
         resumed = self.client.register()
         self.client.pull(flat.params_np)  # a (re)started worker begins from the global ones
         flat.scatter_buffers()

@@ -49,15 +49,8 @@ class _EASGDBase:
 
     def _client(self) -> PSClient:
         ctx = self.context
-        return PSClient(
-            ctx.servers,
-            ctx.secret,
-            worker=ctx.rank,
-            incarnation=ctx.incarnation,
-            timeout=ctx.config.request_timeout,
-            compress=ctx.config.compress,
-            differences=True,  # x_i travels as its difference from the server's mirror of it
-        )
+        # x_i travels as its difference from the server's mirror of it
+        return ctx.client(differences=True)
 
 
 class SyncEASGD(_EASGDBase):

@@ -214,7 +214,7 @@ def make_update_rule(config: RunConfig, steps_per_worker: int = 0) -> UpdateRule
 
 
 @dataclass(frozen=True)
-class DiLoCoRule:
+class DiLoCoRule(_PushedGradients):
     """DiLoCo's outer optimizer (Douillard et al. 2023): a push carries a worker's
     pseudo-gradient, the parameters it began its period from minus its parameters now; a
     synchronous round commits their mean g as one step of Nesterov SGD, torch.optim.SGD's
@@ -230,11 +230,6 @@ class DiLoCoRule:
     @property
     def state_names(self) -> tuple[str, ...]:
         return ("momentum",) if self.momentum else ()
-
-    def contribute(
-        self, params: np.ndarray, payload: np.ndarray, out: np.ndarray | None
-    ) -> np.ndarray:
-        return payload
 
     def commit(
         self,

@@ -61,14 +61,7 @@ class ServerSGD:
     def start(self, flat: FlatModel, optimizer: Optimizer | None) -> int:
         ctx = self.context
         self.flat = flat
-        self.client = PSClient(
-            ctx.servers,
-            ctx.secret,
-            worker=ctx.rank,
-            incarnation=ctx.incarnation,
-            timeout=ctx.config.request_timeout,
-            compress=ctx.config.compress,
-        )
+        self.client = ctx.client()
         resumed = self.client.register()
         self.client.pull(flat.params_np)  # the first pull is whole, at full precision
         flat.scatter_buffers()

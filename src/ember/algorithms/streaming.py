@@ -76,14 +76,7 @@ class StreamingDiLoCo:
         clients: list[PSClient] = []
         try:
             for fragment in range(self.count):
-                client = PSClient(
-                    ctx.servers[fragment * per : (fragment + 1) * per],
-                    ctx.secret,
-                    worker=ctx.rank,
-                    incarnation=ctx.incarnation,
-                    timeout=ctx.config.request_timeout,
-                    compress=ctx.config.compress,
-                )
+                client = ctx.client(ctx.servers[fragment * per : (fragment + 1) * per])
                 clients.append(client)
                 self.synced_at.append(client.register()["step"])
                 client.pull(self.flat.params_np)  # the fragment's keys only
