@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import signal
 import sys
 from typing import Any
@@ -66,6 +67,17 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def _mapping(text: str) -> dict[str, Any]:
+    """A mapping flag's value: a JSON object, as --optimizer-args '{"betas": [0.9, 0.95]}'."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
 def _on_off(text: str) -> bool:
     if text.lower() in ("on", "off"):
         return text.lower() == "on"
@@ -81,6 +93,8 @@ def _tau(text: str) -> int | str:
 
 
 def _parse_type(annotation: str) -> Any:
+    if annotation.startswith("dict"):
+        return _mapping
     if "int" in annotation and "float" not in annotation:
         return int
     if "float" in annotation:

@@ -27,6 +27,15 @@ HELP = {
     "warmup_steps": "optimizer steps over which the learning rate rises linearly to --lr",
     "precision": "32 | bf16-mixed: the forward pass in float32, or under autocast to bfloat16"
     " with float32 parameters, gradients, exchanges and servers (docs/training.md)",
+    "loss": "cross_entropy (class indices) | mse | l1 | huber (float targets) | bce_with_logits"
+    " | package.module:function taking (output, target) (docs/training.md)",
+    "metrics": "comma-separated held-out metrics: accuracy, rmse, mae, r2 or"
+    " package.module:function (default: accuracy for classes, rmse,r2 for values)",
+    "optimizer_args": "the optimizer's keyword arguments as a JSON object, e.g."
+    ' \'{"betas": [0.9, 0.95], "eps": 1e-8}\'',
+    "data_mode": "auto | memory | stream: hold each worker's shard in memory, or stream it from"
+    " disk in batches (auto streams data too large for memory; docs/data.md)",
+    "shuffle_buffer": "stream: rows mixed in each worker's bounded shuffle buffer",
     "clip_grad_norm": "clip each worker's gradient to this L2 norm before it is used or sent",
     "tau": "easgd, easgd-async, diloco: local steps (minibatches) between a worker's exchanges"
     " with the center (diloco: its pushes of a pseudo-gradient; unset, 200 for diloco); each"

@@ -44,6 +44,18 @@ def check_optimizer(name: str, strategy: str, on_servers: bool) -> None:
         raise ConfigError(f"optimizer must be a torch.optim class name, got {name!r}")
 
 
+def check_optimizer_args(args: object) -> None:
+    """Keyword arguments for the optimizer's constructor: a mapping of names to JSON-able
+    values (they travel in the run's configuration), never the parameters or the lr."""
+    if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
+        raise ConfigError(f"optimizer_args must be a mapping of keyword: value, got {args!r}")
+    for taken in ("params", "lr"):
+        if taken in args:
+            raise ConfigError(
+                f"optimizer_args must not set {taken!r}: the run sets it (use --lr for the rate)"
+            )
+
+
 def check_scheduler(name: str, warmup_steps: int) -> None:
     if name not in SCHEDULERS:
         raise ConfigError(f"scheduler must be one of {', '.join(SCHEDULERS)}; got {name!r}")

@@ -17,7 +17,7 @@ MAX_LINES = 400
 # (leaves <- wire <- ps <- algorithms <- worker <- engines <- bench, cli) cannot be reversed.
 LAYERS: list[set[str]] = [
     {"_version", "errors", "metrics", "userfile"},
-    {"network", "tau", "training", "flags", "strategies", "units"},
+    {"network", "tau", "training", "objective", "flags", "strategies", "units"},
     {"config"},
     {"wire", "data", "models", "checkpoint", "perfmodel", "emulated"},
     {"plan", "spec"},

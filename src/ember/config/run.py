@@ -1,32 +1,29 @@
-"""Validated run configuration: the one place for defaults and error messages. The strategies
-it names, and what each implies, are in ember.strategies (re-exported here)."""
+"""The fields of a run, their defaults and the checks that name the first invalid one."""
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ember.errors import CheckpointError, ConfigError
+from ember.errors import ConfigError
 from ember.network import check_host, port_range
-
-# re-exported: callers import the strategies from here
-from ember.strategies import STRATEGIES as STRATEGIES
-from ember.strategies import AlgorithmKind as AlgorithmKind
-from ember.strategies import ConsistencyKind as ConsistencyKind
-from ember.strategies import Strategy as Strategy
-from ember.tau import check_tau_policy, split_tau
-from ember.training import check_optimizer, check_precision, check_scheduler
+from ember.objective import check_objective
+from ember.strategies import STRATEGIES, AlgorithmKind, ConsistencyKind, Strategy
+from ember.tau import check_tau_policy
+from ember.training import (
+    check_optimizer,
+    check_optimizer_args,
+    check_precision,
+    check_scheduler,
+)
 
 ENGINES = ("local", "spark")
+DATA_MODES = ("auto", "memory", "stream")  # see docs/data.md
 # The most workers a shard's clock table may hold (ps/clockrows.py's MAX_TABLE_ROWS, what a
 # reader of a table accepts): the ceiling of max_workers.
 MAX_WORKERS = 1 << 20
@@ -56,6 +53,12 @@ class RunConfig:
     warmup_steps: int = 0  # optimizer steps of linear learning-rate warm-up
     clip_grad_norm: float | None = None  # clip each worker's gradient to this L2 norm
     precision: str = "32"  # 32 | bf16-mixed: the forward pass's precision (training.py)
+    # cross_entropy | mse | l1 | huber | bce_with_logits | package.module:function (objective.py)
+    loss: str = "cross_entropy"
+    metrics: str | None = None  # comma-separated: accuracy,rmse,mae,r2; None: the loss's own
+    optimizer_args: dict[str, Any] = field(default_factory=dict)  # the optimizer's keywords
+    data_mode: str = "auto"  # auto | memory | stream: hold each worker's shard, or stream it
+    shuffle_buffer: int = 10_000  # stream: rows mixed in the bounded shuffle buffer
     tau: int = 8  # easgd, diloco: local steps between exchanges (auto/loss: the first)
     tau_policy: str = "fixed"  # fixed | auto | loss (easgd-async): how tau is chosen as it runs
     alpha: float | None = None  # easgd moving rate; None means 0.9 / workers (the paper's beta/p)
@@ -160,6 +163,10 @@ class RunConfig:
         check_optimizer(self.optimizer, self.strategy, not self.mode.local_optimizer)
         check_scheduler(self.scheduler, self.warmup_steps)
         check_precision(self.precision)
+        check_objective(self.loss, self.metrics)
+        check_optimizer_args(self.optimizer_args)
+        _one_of("data_mode", self.data_mode, DATA_MODES)
+        _at_least("shuffle_buffer", self.shuffle_buffer, 1)
         if self.weight_decay < 0:
             raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
         if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
@@ -266,133 +273,5 @@ def _at_least(name: str, value: object, low: int) -> None:
 
 
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "extra")
-
-
-def make_config(overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:
-    """Defaults <- YAML file <- overrides (flags win); unknown keys are an error naming them."""
-    return fresh_config(explicit_fields(overrides, config_file))
-
-
-def fresh_config(explicit: dict[str, Any]) -> RunConfig:
-    """The validated configuration of a run that starts afresh from the fields a user set."""
-    # single trains one process: its worker count goes without saying (a different one given
-    # explicitly is still the error validate() names)
-    if explicit.get("strategy") == Strategy.SINGLE.value and "workers" not in explicit:
-        explicit = {**explicit, "workers": 1}
-    if explicit.get("strategy") == Strategy.DILOCO.value and "tau" not in explicit:
-        explicit = {**explicit, "tau": DILOCO_TAU}
-    return RunConfig(**explicit).validate()
-
-
-def explicit_fields(overrides: dict[str, Any], config_file: str | None = None) -> dict[str, Any]:
-    """The fields a user set: the YAML file's, then the overrides that are not None (flags
-    win); unknown keys are an error naming them."""
-    values: dict[str, Any] = {}
-    if config_file is not None:
-        values.update(_read_yaml(config_file))
-    from_file = set(values)
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    split_tau(values)
-    unknown = sorted(set(values) - set(FIELD_NAMES))
-    if unknown:
-        where = f" in config file {config_file}" if from_file.issuperset(unknown) else ""
-        near = did_you_mean(unknown, FIELD_NAMES)
-        raise ConfigError(
-            f"unknown configuration field(s) {', '.join(unknown)}{where}; "
-            + (near or f"allowed: {', '.join(FIELD_NAMES)}")
-        )
-    return values
-
-
-def did_you_mean(wrong: list[str], known: Iterable[str]) -> str | None:
-    """The words offering the nearest of `known` for each name in `wrong` that has one, "did
-    you mean X?" (naming which is for which when there are several); None when none is near."""
-    known = list(known)
-    near = {name: difflib.get_close_matches(name, known, n=1) for name in wrong}
-    offers = [(name, match[0]) for name, match in near.items() if match]
-    if len(offers) == 1 and len(wrong) == 1:
-        return f"did you mean {offers[0][1]}?"
-    if offers:
-        return f"did you mean {', '.join(f'{m} for {n}' for n, m in offers)}?"
-    return None
-
-
-def _read_yaml(path: str) -> dict[str, Any]:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: cannot read ({exc.strerror})") from exc
-    try:
-        loaded = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: not valid YAML ({exc})") from exc
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"config file {path}: expected a mapping of field: value")
-    return {str(k).replace("-", "_"): v for k, v in loaded.items()}
-
-
-# Fields a resumed run may set anew: they change how it runs and is recorded, not what it
-# computes (epochs extends it). out and resume name this invocation and are never inherited.
-RESUME_MAY_CHANGE = (
-    "epochs",
-    "master",
-    "bind_address",
-    "advertise_address",
-    "ports",
-    "threads",
-    "checkpoint_seconds",
-    "checkpoint_steps",
-    "keep_checkpoints",
-    "replicas",
-    "replica_seconds",
-    "max_restarts",
-    "worker_timeout",
-    "max_workers",
-    "request_timeout",
-    "encrypt",
-    "log_every",
-    "eval_every",
-    "eval_deferred",
-    "tensorboard",
-    "out",
-    "resume",
-)
-
-
-def resumed_values(
-    saved: object, explicit: dict[str, Any], where: str
-) -> tuple[dict[str, Any], list[str]]:
-    """The fields of a run resumed from checkpoint `where`: its saved configuration, with the
-    explicit fields over it, and a note "name old -> new" per field that changed. An explicit
-    field outside RESUME_MAY_CHANGE that differs from the saved one is a ConfigError; a saved
-    configuration that is no valid RunConfig (a user's file) is a CheckpointError."""
-    if not isinstance(saved, dict):
-        raise CheckpointError(
-            f"checkpoint {where}: its manifest's config must be a mapping of field: value,"
-            f" got {type(saved).__name__}"
-        )
-    # Fields this version does not know are ignored; any it added since are explicit or default.
-    values = {k: v for k, v in saved.items() if k in FIELD_NAMES and k not in ("out", "resume")}
-    try:
-        RunConfig(**values).validate()
-    except ConfigError as exc:
-        raise CheckpointError(
-            f"checkpoint {where}: its manifest's config is invalid: {exc}"
-        ) from None
-    notes: list[tuple[str, Any, Any]] = []
-    fixed: list[tuple[str, Any, Any]] = []
-    for name, given in explicit.items():
-        if name in values and given != values[name]:
-            (notes if name in RESUME_MAY_CHANGE else fixed).append((name, values[name], given))
-        if name not in values or name in RESUME_MAY_CHANGE:
-            values[name] = given
-    if fixed:
-        was = " and ".join(f"{name} was {old!r}" for name, old, _ in fixed)
-        got = " and ".join(repr(new) for _, _, new in fixed)
-        # tau_policy is set by `--tau auto|loss`, the flag a user types for it
-        names = ["tau" if name == "tau_policy" else name for name, _, _ in fixed]
-        flags = " and ".join("--" + name.replace("_", "-") for name in names)
-        raise ConfigError(f"resume: {was} in {where}, got {got}; drop {flags} or start a new --out")
-    return values, [f"{name} {old!r} -> {new!r}" for name, old, new in notes]
+# Fields that hold a mapping (YAML writes one; a flag takes it as JSON)
+MAPPING_FIELDS = ("optimizer_args",)

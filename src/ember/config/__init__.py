@@ -1,0 +1,33 @@
+"""Validated run configuration: the one place for defaults and error messages. The strategies
+it names, and what each implies, are in ember.strategies (re-exported here)."""
+
+from ember.config.files import did_you_mean, explicit_fields, fresh_config, make_config
+from ember.config.resume import RESUME_MAY_CHANGE, resumed_values
+from ember.config.run import (
+    CODECS,
+    DILOCO_TAU,
+    ENGINES,
+    FIELD_NAMES,
+    MAX_WORKERS,
+    RunConfig,
+)
+from ember.strategies import STRATEGIES, AlgorithmKind, ConsistencyKind, Strategy
+
+__all__ = [
+    "CODECS",
+    "DILOCO_TAU",
+    "ENGINES",
+    "FIELD_NAMES",
+    "MAX_WORKERS",
+    "RESUME_MAY_CHANGE",
+    "STRATEGIES",
+    "AlgorithmKind",
+    "ConsistencyKind",
+    "RunConfig",
+    "Strategy",
+    "did_you_mean",
+    "explicit_fields",
+    "fresh_config",
+    "make_config",
+    "resumed_values",
+]
