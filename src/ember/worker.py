@@ -6,8 +6,7 @@ import contextlib
 import math
 import threading
 import time
-import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,6 @@ from typing import Any
 import numpy as np
 import safetensors.numpy
 import torch
-import torch.nn.functional as F
 
 from ember.algorithms import (
     FlatModel,
@@ -28,6 +26,7 @@ from ember.algorithms.period import Period
 from ember.checkpoint import free_step, save_checkpoint
 from ember.config import RunConfig
 from ember.data import Dataset, shard_indices
+from ember.data.batches import Batch, Inputs, MemoryBatches, ShardBatches
 from ember.evaluation import ends_epoch, evaluate, evaluate_with, evaluates_after
 from ember.metrics import (
     Divergence,
@@ -38,6 +37,7 @@ from ember.metrics import (
     WorkerStart,
 )
 from ember.models import build_model, register_model
+from ember.models.losses import forward, make_loss
 from ember.spec import Layout, WorkerSpec, checkpoint_meta, load_data
 from ember.wire import use_encryption
 
@@ -77,14 +77,15 @@ def run_worker(
     # traceback short enough for the engines' tail of the worker's log to show what it printed.
     worker.start()
     last_step = total_steps
+    batches: Iterator[Batch] = iter(())
     for step in range(first_step, total_steps):
         if stop is not None and stop.is_set():
             last_step = step
             break
         epoch, index = divmod(step, steps_per_epoch)
-        if index == 0 or step == first_step:  # a fresh shuffle per epoch, fixed by the seed
-            worker.shuffle(epoch)
-        worker.step(step, index)
+        if index == 0 or step == first_step:  # a fresh order per epoch, fixed by the seed
+            batches = worker.batches.epoch(epoch, index)
+        worker.step(step, *next(batches))
         if (step + 1) % config.log_every == 0 or step + 1 == total_steps:
             worker.log(step, epoch)
         if spec.rank == 0 and evaluates_after(step, steps_per_epoch, config.eval_every):
@@ -105,13 +106,13 @@ class Worker:
         torch.set_num_threads(config.threads)
         self.spec, self.config, self.report = spec, config, report
         self.dataset = dataset = dataset or load_data(config)
-        self.features, self.labels = _shard(spec, dataset)
-        self.rows = len(self.labels)
-        self.steps_per_epoch = self.rows // config.batch_size
+        self.batches: ShardBatches = shard_batches(spec, dataset)
+        self.steps_per_epoch = self.batches.rows // config.batch_size
         if spec.model_object is not None:
             register_model(config.model, spec.model_object)
         self.model = make_model(config, dataset)
         self.autocast = forward_precision(config.precision)
+        self.loss = make_loss(config.loss)
         self.shape = (tuple(dataset.input_shape), dataset.num_classes)  # saved with checkpoints
         self.flat = flat = FlatModel(self.model, flat_grads=config.mode.ships_gradients)
         if spec.initial is not None:
@@ -142,7 +143,6 @@ class Worker:
         # a period that adapts is fed each step's compute seconds, and the loss if it asks
         self.period = period if period is not None and period.adaptive else None
         self.feeds_loss = self.period is not None and self.period.wants_loss
-        self.order = torch.empty(0, dtype=torch.int64)  # this epoch's shuffle of the shard
         self.t_comp = 0.0  # seconds of compute, without waits on the network
         # each step's loss since the last progress record, kept apart to name a NaN's step
         self.losses, self.logged_steps = torch.zeros(config.log_every), 0
@@ -165,21 +165,14 @@ class Worker:
         )
         self.started = self.last_log = self.last_checkpoint = time.perf_counter()
 
-    def shuffle(self, epoch: int) -> None:
-        rng = np.random.default_rng([self.config.seed, self.spec.rank, epoch])
-        self.order = torch.from_numpy(rng.permutation(self.rows))
-
-    def step(self, step: int, index: int) -> None:
-        """One training step on batch `index` of the epoch's order: the hot path."""
-        algorithm, batch_size = self.algorithm, self.config.batch_size
-        batch = self.order[index * batch_size : (index + 1) * batch_size]
+    def step(self, step: int, inputs: Inputs, targets: torch.Tensor) -> None:
+        """One training step on a batch: the hot path."""
+        algorithm = self.algorithm
         step_started, waited_before = time.perf_counter(), algorithm.stats.t_wait
         self.flat.zero_grad()
-        # index_select copies whole rows: several times faster than advanced indexing here.
-        inputs, targets = self.features.index_select(0, batch), self.labels.index_select(0, batch)
         with self.autocast:  # the loss itself in float32, as autocast leaves it
-            outputs = self.model(inputs)
-        loss = F.cross_entropy(outputs.float(), targets)
+            outputs = forward(self.model, inputs)
+        loss = self.loss(outputs.float(), targets)
         loss.backward()
         if self.feeds_loss:  # the loss trigger decides in after_backward
             self.period.add_loss(loss.item())  # type: ignore[union-attr]
@@ -343,9 +336,9 @@ def forward_precision(precision: str) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
-def _shard(spec: WorkerSpec, dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
-    """This worker's training rows as contiguous tensors, at least one batch of them: its
-    own rows in place (a mapped shard stays mapped, never copied), else a copy of its shard."""
+def shard_batches(spec: WorkerSpec, dataset: Dataset) -> ShardBatches:
+    """This worker's training rows as batches, at least one batch of them: its own rows in
+    place (a mapped shard stays mapped, never copied), else a copy of its shard."""
     x, y = dataset.x_train, dataset.y_train
     if not spec.own_rows:
         rows = shard_indices(len(x), spec.rank, spec.world)
@@ -355,10 +348,7 @@ def _shard(spec: WorkerSpec, dataset: Dataset) -> tuple[torch.Tensor, torch.Tens
             f"worker {spec.rank}: shard of {len(y)} rows is smaller than one "
             f"batch of {spec.config.batch_size}"
         )
-    with warnings.catch_warnings():  # a read-only mapping is read only: nothing writes to it
-        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
-        features = torch.from_numpy(np.ascontiguousarray(x))
-        return features, torch.from_numpy(np.ascontiguousarray(y))
+    return MemoryBatches(x, y, spec.config.batch_size, spec.config.seed, spec.rank)
 
 
 def _save_local(

@@ -19,7 +19,7 @@ from ember.data.host import host_data
 from ember.data.idx import IDX_FILES, MNIST_DIR
 from ember.data.store import ArrayFile, DataFiles, write_files
 from ember.errors import ConfigError
-from ember.worker import WorkerSpec, _shard
+from ember.worker import WorkerSpec, shard_batches
 
 SPLITS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -163,7 +163,8 @@ def test_a_worker_maps_exactly_its_shard_read_only_and_nothing_of_the_others(
     assert not shard.x_train.flags.writeable and not shard.y_train.flags.writeable
     # the worker trains on the mapping itself: no copy of its rows, let alone of others'
     config = RunConfig(strategy="async", workers=world, batch_size=64).validate()
-    features, labels = _shard(WorkerSpec(config, rank, world, own_rows=True), shard)
+    batches = shard_batches(WorkerSpec(config, rank, world, own_rows=True), shard)
+    features, labels = batches.features, batches.targets  # type: ignore[attr-defined]
     assert np.shares_memory(features.numpy(), shard.x_train) and len(features) == len(rows)
     assert np.shares_memory(labels.numpy(), shard.y_train)
     assert torch.equal(features, torch.from_numpy(full.x_train[rows]))
