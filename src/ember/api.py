@@ -29,11 +29,15 @@ def fit(
     from ember.engines import train
 
     fields = {k.replace("-", "_"): v for k, v in fields.items()}
+    engine = fields.get("engine", "local")
+    _label_functions(fields, engine)
     dataset = None
     if not isinstance(fields.get("data", ""), (str, Path)):
         from ember.data.files import arrays_dataset
+        from ember.objective import targets_of
 
-        dataset = arrays_dataset(fields.pop("data"), test_data)
+        targets = targets_of(fields.get("loss", "cross_entropy"))
+        dataset = arrays_dataset(fields.pop("data"), test_data, targets=targets)
         fields["data"] = dataset.name  # what summary.json and checkpoints name
     elif test_data is not None:
         raise ConfigError("test_data goes with data given as arrays; a data path holds its own")
@@ -45,7 +49,7 @@ def fit(
         source = fields.pop("model")
         fields["model"] = model_label(source)
         register_model(fields["model"], source)
-        if fields.get("engine", "local") == "local":
+        if engine == "local":
             _check_picklable(source)
     config = run_config(fields, config_file)
     if config.engine == "local":  # Spark's workers and ember's servers never import __main__
@@ -53,16 +57,40 @@ def fit(
     return train(config, show_progress, dataset)
 
 
-def _check_picklable(source: object) -> None:
-    """The local engine hands a model object to its worker processes as multiprocessing
-    hands any argument: one it cannot is refused here, before anything starts."""
+def _label_functions(fields: dict[str, Any], engine: str) -> None:
+    """A loss given as a callable or nn.Module, and metrics given as callables (or a list of
+    names and callables), become labels in the run's fields; the objects travel as models do."""
+    from ember.models.losses import object_label, register_object
+
+    def label(kind: str, source: object) -> str:
+        if isinstance(source, str):
+            return source
+        if not callable(source):
+            raise ConfigError(f"{kind} must be a name or a callable, got {type(source).__name__}")
+        name = object_label(kind, source)
+        register_object(name, source)
+        if engine == "local":
+            _check_picklable(source, kind)
+        return name
+
+    if "loss" in fields and fields["loss"] is not None:
+        fields["loss"] = label("loss", fields["loss"])
+    metrics = fields.get("metrics")
+    if metrics is not None and not isinstance(metrics, str):
+        listed = list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
+        fields["metrics"] = ",".join(label("metric", m) for m in listed)
+
+
+def _check_picklable(source: object, what: str = "model") -> None:
+    """The local engine hands a model, loss or metric object to its worker processes as
+    multiprocessing hands any argument: one it cannot is refused here, before anything starts."""
     from multiprocessing.reduction import ForkingPickler
 
     try:
         ForkingPickler.dumps(source)
     except Exception as exc:
         raise ConfigError(
-            f"model {source!r} cannot be handed to the local engine's workers ({exc}); define"
+            f"{what} {source!r} cannot be handed to the local engine's workers ({exc}); define"
             " it at the top level of a module (or of the script, under its main guard)"
         ) from None
 
@@ -180,14 +208,13 @@ def evaluate_checkpoint(
     fill_from_checkpoint(network, loaded)
     # a file named here holds new rows: all of it is scored unless it has a test split
     x, y, split = scored_rows(dataset, whole=data is not None)
-    accuracy, loss = evaluate(network, x, y)
+    scores = evaluate(network, x, y, config.loss, config.metrics)
     return {
         "checkpoint": str(loaded.path),
         "data": config.data,
         "model": config.model,
         "rows": len(y),
         "split": split,
-        "test_accuracy": accuracy,
-        "test_loss": loss,
+        **scores,
         "step": loaded.step,
     }

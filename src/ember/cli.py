@@ -14,7 +14,7 @@ from ember.bench.commands import add_bench_parser, add_plan_parser, bench, plan
 from ember.config import FIELD_NAMES, RunConfig, did_you_mean
 from ember.errors import CheckpointError, ConfigError, EmberError, Interrupted, WorkerFailed
 from ember.flags import HELP
-from ember.metrics import json_text
+from ember.metrics import headline, json_text
 from ember.units import positive_int
 
 
@@ -201,8 +201,10 @@ def _train(args: argparse.Namespace) -> int:
     config = run_config(overrides, args.config)
     result = train(config, show_progress=True)
     s = result.summary
+    name, value = headline(s)
+    said = f"test {name} {value:.4f}, " if name != "loss" else ""
     print(
-        f"{s['strategy']} on {s['engine']}: test accuracy {s['test_accuracy']:.4f}, "
+        f"{s['strategy']} on {s['engine']}: {said}"
         f"loss {s['test_loss']:.4f}, {s['samples_per_second']:,.0f} samples/s, "
         f"{s['train_seconds']:.1f}s; run directory {result.run_dir}"
     )

@@ -1,16 +1,19 @@
-"""Evaluation on a held-out set: when worker 0 evaluates, and the accuracy and mean loss of a
+"""Evaluation on a held-out set: when worker 0 evaluates, and the mean loss and metrics of a
 model, or of a flat model with other parameters in place of its own."""
 
 from __future__ import annotations
 
-import warnings
+import math
 from collections.abc import Iterable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ember.algorithms import FlatModel
+from ember.data.batches import as_tensor, model_inputs
+from ember.data.datasets import IGNORED_CLASS
+from ember.models.losses import fit_to_targets, forward, make_loss, resolve_function
+from ember.objective import METRICS, metric_names, targets_of
 
 
 def ends_epoch(step: int, steps_per_epoch: int) -> bool:
@@ -25,24 +28,38 @@ def evaluates_after(step: int, steps_per_epoch: int, eval_every: int) -> bool:
     return ends_epoch(step, steps_per_epoch) or periodic
 
 
+Scores = dict[str, float]  # "test_loss", and "test_<metric>" for each of the run's metrics
+
+
 def evaluate(
-    model: torch.nn.Module, x: np.ndarray, y: np.ndarray, batch: int = 2000
-) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) of `model` on a held-out set."""
+    model: torch.nn.Module,
+    x: np.ndarray,
+    y: np.ndarray,
+    loss: str = "cross_entropy",
+    metrics: str | None = None,
+    batch: int = 2000,
+) -> Scores:
+    """The mean loss and the metrics of `model` on a held-out set."""
     starts = range(0, len(x), batch)
-    return evaluate_batches(model, ((x[s : s + batch], y[s : s + batch]) for s in starts))
+    batches = ((x[s : s + batch], y[s : s + batch]) for s in starts)
+    return evaluate_batches(model, batches, loss, metrics)
 
 
 def evaluate_with(
-    flat: FlatModel, params: np.ndarray, x: np.ndarray, y: np.ndarray
-) -> tuple[float, float]:
+    flat: FlatModel,
+    params: np.ndarray,
+    x: np.ndarray,
+    y: np.ndarray,
+    loss: str = "cross_entropy",
+    metrics: str | None = None,
+) -> Scores:
     """evaluate() of flat's module with `params` in place of its own, which it has back after."""
     flat.gather_buffers()
     own = flat.params_np.copy()
     flat.params_np[:] = params
     flat.scatter_buffers()
     try:
-        return evaluate(flat.module, x, y)
+        return evaluate(flat.module, x, y, loss, metrics)
     finally:
         flat.params_np[:] = own
         flat.scatter_buffers()
@@ -50,19 +67,85 @@ def evaluate_with(
 
 @torch.no_grad()
 def evaluate_batches(
-    model: torch.nn.Module, batches: Iterable[tuple[np.ndarray, np.ndarray]]
-) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) of `model` over (inputs, labels) batches."""
+    model: torch.nn.Module,
+    batches: Iterable[tuple[np.ndarray, np.ndarray]],
+    loss: str = "cross_entropy",
+    metrics: str | None = None,
+) -> Scores:
+    """The mean loss and the metrics of `model` over (inputs, targets) batches."""
     training = model.training  # given back as it was: a loaded model stays in eval mode
     model.eval()
-    correct, loss, count = 0, 0.0, 0
+    tally = Tally(loss, metric_names(loss, metrics))
     for x, y in batches:
-        with warnings.catch_warnings():  # the test set may be a read-only mapping: only read
-            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
-            inputs, labels = torch.from_numpy(x), torch.from_numpy(y)
-        logits = model(inputs)
-        loss += float(F.cross_entropy(logits, labels, reduction="sum"))
-        correct += int((logits.argmax(dim=1) == labels).sum())
-        count += len(y)
+        tally.add(forward(model, model_inputs(x)).float(), as_tensor(y))
     model.train(training)
-    return correct / max(1, count), loss / max(1, count)
+    return tally.scores()
+
+
+class Tally:
+    """Sums over a held-out set's batches from which its loss and metrics follow: the loss
+    and each user metric weighted by the batch's rows, accuracy over the counted targets
+    (a per-token target of -100 is not), RMSE, MAE and R^2 over every target value."""
+
+    def __init__(self, loss: str, metrics: tuple[str, ...]) -> None:
+        self.loss, self.kind, self.metrics = make_loss(loss), targets_of(loss), metrics
+        self.functions = {
+            name: resolve_function(name, "metric") for name in metrics if name not in METRICS
+        }
+        self.sums: dict[str, float] = dict.fromkeys(
+            ("rows", "loss", "correct", "counted", "squares", "absolute", "y", "y2", "values"),
+            0.0,
+        )
+        self.user: dict[str, float] = dict.fromkeys(self.functions, 0.0)
+
+    def add(self, output: torch.Tensor, target: torch.Tensor) -> None:
+        sums, rows = self.sums, len(target)
+        sums["rows"] += rows
+        sums["loss"] += float(self.loss(output, target)) * rows
+        for name, function in self.functions.items():
+            self.user[name] += float(function(output, target)) * rows
+        if "accuracy" in self.metrics:
+            self._add_correct(output, target)
+        if {"rmse", "mae", "r2"} & set(self.metrics):
+            output, target = fit_to_targets("values", output, target)
+            error = (output - target).double()
+            target = target.double()
+            sums["squares"] += float((error * error).sum())
+            sums["absolute"] += float(error.abs().sum())
+            sums["y"] += float(target.sum())
+            sums["y2"] += float((target * target).sum())
+            sums["values"] += target.numel()
+
+    def _add_correct(self, output: torch.Tensor, target: torch.Tensor) -> None:
+        if self.kind == "binary":
+            output, target = fit_to_targets("binary", output, target)
+            right, counted = (
+                (output > 0) == (target > 0.5),
+                torch.ones_like(target, dtype=torch.bool),
+            )
+        else:
+            counted = target != IGNORED_CLASS
+            right = (output.argmax(dim=-1) == target) & counted
+        self.sums["correct"] += int(right.sum())
+        self.sums["counted"] += int(counted.sum())
+
+    def scores(self) -> Scores:
+        sums, rows = self.sums, max(1.0, self.sums["rows"])
+        values = max(1.0, sums["values"])
+        found = {
+            "accuracy": sums["correct"] / max(1.0, sums["counted"]),
+            "rmse": math.sqrt(sums["squares"] / values),
+            "mae": sums["absolute"] / values,
+            # 1 - residual / total sum of squares, the total about the targets' own mean
+            "r2": 1 - sums["squares"] / max(1e-12, sums["y2"] - sums["y"] ** 2 / values),
+        }
+        scores = {
+            metric_key(name): found[name] if name in found else self.user[name] / rows
+            for name in self.metrics
+        }
+        return {**scores, "test_loss": sums["loss"] / rows}
+
+
+def metric_key(name: str) -> str:
+    """The summary's key for a metric: test_rmse, or test_<function> for a user's."""
+    return "test_" + name.replace(":", ".").rsplit(".", 1)[-1]

@@ -220,4 +220,4 @@ def _build(
                 f" (--model {factory}) to import and run it"
             )
         model = factory
-    return build_model(model, shape, classes, seed=seed)
+    return build_model(model, shape, classes, seed=seed, probe=None)

@@ -26,6 +26,14 @@ SCALARS = (
 )
 
 
+def headline(scores: Mapping[str, Any]) -> tuple[str, float]:
+    """The figure a line says of held-out scores: accuracy, else the first metric, else the
+    loss, as ("accuracy", 0.98) or ("rmse", 0.12)."""
+    keys = [k for k in scores if k.startswith("test_") and k != "test_loss"]
+    key = "test_accuracy" if "test_accuracy" in keys else (keys or ["test_loss"])[0]
+    return key.removeprefix("test_"), float(scores[key])
+
+
 class Record:
     """One line of metrics.jsonl: its kind, then its fields in declaration order, with a field
     declared by `_merged()` spread flat into the line, so open-ended fields stay top-level keys."""
@@ -86,8 +94,8 @@ class Evaluation(Record):
     epoch_end: bool  # at the epoch's last step; False: within it (--eval-every)
     seconds: float  # training so far, without evaluations and checkpoints
     samples: int  # every worker's samples so far, counted alike
-    test_accuracy: float  # on the held-out set
-    test_loss: float  # mean cross-entropy on the held-out set
+    # on the held-out set: test_loss (the run's loss, mean per row) and test_<metric> each
+    scores: Mapping[str, float] = _merged(required=True)
     source: str = "worker 0 local parameters"  # whose parameters were evaluated
     test_rows: int = 0  # held-out rows evaluated (Spark's tasks get a subset; 0: not said)
 
@@ -179,8 +187,8 @@ class ServerEvent(Record):
 @dataclass(frozen=True, kw_only=True)
 class RunSummary(Record):
     kind = "summary"
-    test_accuracy: float  # of the final parameters on the held-out set
-    test_loss: float  # mean cross-entropy of the final parameters
+    # of the final parameters on the held-out set: test_loss and test_<metric> each
+    scores: Mapping[str, float] = _merged(required=True)
 
 
 class MetricsLog:
@@ -209,8 +217,10 @@ class MetricsLog:
         if self._writer is not None:
             tag = f"{line.get('kind', 'run')}/{line.get('rank', 'all')}"
             step = int(line.get("step", line.get("epoch", 0)))
-            for key in SCALARS:
-                if isinstance(line.get(key), (int, float)):
+            # the fixed scalars, each held-out metric, and what a user loop reports
+            keys = [*SCALARS, *(k for k in line if k.startswith(("test_", "user_")))]
+            for key in dict.fromkeys(keys):
+                if isinstance(line.get(key), (int, float)) and not isinstance(line[key], bool):
                     self._writer.add_scalar(f"{tag}/{key}", line[key], step)
 
     def close(self) -> None:

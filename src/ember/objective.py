@@ -20,7 +20,9 @@ LOSS_TARGETS = {
 }
 LOSSES = tuple(LOSS_TARGETS)
 METRICS = ("accuracy", "rmse", "mae", "r2")
+VALUE_METRICS = ("rmse", "mae", "r2")  # of targets that are values
 DEFAULT_METRICS = {"classes": ("accuracy",), "binary": ("accuracy",), "values": ("rmse", "r2")}
+APPLIES = {"classes": ("accuracy",), "binary": METRICS, "values": VALUE_METRICS}
 # A loss or metric given as an object through the Python API travels under this label
 OBJECT_PREFIX = "object:"
 
@@ -62,6 +64,15 @@ def check_objective(loss: str, metrics: str | None) -> None:
             raise ConfigError(
                 f"metrics: {name!r} is not a metric; use {', '.join(METRICS)} or"
                 " package.module:function, separated by commas"
+            )
+    kind = targets_of(loss)
+    for name in names:
+        if (name == "accuracy" and kind == "values") or (
+            name in VALUE_METRICS and kind == "classes"
+        ):
+            raise ConfigError(
+                f"metrics: {name!r} does not apply to loss {loss!r}, whose targets are {kind};"
+                f" its metrics are {', '.join(APPLIES[kind])}"
             )
     if len(set(names)) != len(names):
         raise ConfigError(f"metrics names a metric twice: {metrics!r}")

@@ -34,6 +34,7 @@ class WorkerSpec:
     # a model handed to ember.fit as an object (config.model is then its label): it travels
     # as the engine ships code to its own processes, never over ember's wire
     model_object: Any = None
+    functions: dict[str, Any] = field(default_factory=dict)  # loss and metric objects, alike
 
 
 def model_object(config: RunConfig) -> Any:
@@ -42,6 +43,15 @@ def model_object(config: RunConfig) -> Any:
     so a launcher of named models still never imports torch."""
     zoo = sys.modules.get("ember.models.zoo")
     return zoo.registered_model(config.model) if zoo is not None else None
+
+
+def user_functions(config: RunConfig) -> dict[str, Any]:
+    """The loss and metric objects the run's labels name, when ember.fit was handed them."""
+    losses = sys.modules.get("ember.models.losses")
+    if losses is None:
+        return {}
+    names = [config.loss, *(config.metrics or "").split(",")]
+    return losses.registered_objects([name.strip() for name in names])
 
 
 def load_data(config: RunConfig) -> Dataset:

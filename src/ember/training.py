@@ -44,16 +44,29 @@ def check_optimizer(name: str, strategy: str, on_servers: bool) -> None:
         raise ConfigError(f"optimizer must be a torch.optim class name, got {name!r}")
 
 
-def check_optimizer_args(args: object) -> None:
+# What optimizer_args may set for an optimizer the servers run (algorithms/rules.py)
+SERVER_ARGS = {"sgd": (), "adam": ("betas", "eps"), "adamw": ("betas", "eps")}
+
+
+def check_optimizer_args(args: object, optimizer: str, on_servers: bool) -> None:
     """Keyword arguments for the optimizer's constructor: a mapping of names to JSON-able
     values (they travel in the run's configuration), never the parameters or the lr."""
     if not isinstance(args, dict) or not all(isinstance(k, str) for k in args):
         raise ConfigError(f"optimizer_args must be a mapping of keyword: value, got {args!r}")
-    for taken in ("params", "lr"):
+    for taken in ("params", "lr", "weight_decay"):
         if taken in args:
             raise ConfigError(
-                f"optimizer_args must not set {taken!r}: the run sets it (use --lr for the rate)"
+                f"optimizer_args must not set {taken!r}: the run sets it (--lr, --weight-decay)"
             )
+    name = optimizer.lower()
+    allowed = SERVER_ARGS.get(name, ()) if on_servers or name == "sgd" else None
+    extra = sorted(set(args) - set(allowed)) if allowed is not None else []
+    if extra:
+        where = "the servers' " if on_servers else "ember's momentum "
+        raise ConfigError(
+            f"optimizer_args: {where}{name} takes {', '.join(allowed or ()) or 'no arguments'}"
+            f" (momentum and nesterov are fields of their own); got {', '.join(extra)}"
+        )
 
 
 def check_scheduler(name: str, warmup_steps: int) -> None:

@@ -36,8 +36,8 @@ from ember.metrics import (
     WorkerProgress,
     WorkerStart,
 )
-from ember.models import build_model, register_model
-from ember.models.losses import forward, make_loss
+from ember.models import build_model
+from ember.models.losses import forward, make_loss, register_objects
 from ember.spec import Layout, WorkerSpec, checkpoint_meta, load_data
 from ember.wire import use_encryption
 
@@ -45,7 +45,9 @@ Report = Callable[[dict[str, Any]], None]
 
 
 def make_model(config: RunConfig, dataset: Dataset) -> torch.nn.Module:
-    return build_model(config.model, dataset.input_shape, dataset.num_classes, seed=config.seed)
+    return build_model(
+        config.model, dataset.input_shape, dataset.num_classes, config.seed, probe=None
+    )
 
 
 CENTER_SOURCE = "center as of worker 0's latest exchange"
@@ -108,11 +110,11 @@ class Worker:
         self.dataset = dataset = dataset or load_data(config)
         self.batches: ShardBatches = shard_batches(spec, dataset)
         self.steps_per_epoch = self.batches.rows // config.batch_size
-        if spec.model_object is not None:
-            register_model(config.model, spec.model_object)
+        register_objects(config.model, spec.model_object, spec.functions)
         self.model = make_model(config, dataset)
         self.autocast = forward_precision(config.precision)
         self.loss = make_loss(config.loss)
+        self.judged = (config.loss, config.metrics)  # what evaluations measure
         self.shape = (tuple(dataset.input_shape), dataset.num_classes)  # saved with checkpoints
         self.flat = flat = FlatModel(self.model, flat_grads=config.mode.ships_gradients)
         if spec.initial is not None:
@@ -268,23 +270,23 @@ class Worker:
             if len(self.snapshots) * params.nbytes > SNAPSHOT_BYTES:
                 self.evaluate_snapshots()
         else:
-            x, y = self.dataset.x_test, self.dataset.y_test
+            x, y, judged = self.dataset.x_test, self.dataset.y_test, self.judged
             if center is None:
-                self._report_evaluation(point, *evaluate(self.model, x, y))
+                self._report_evaluation(point, evaluate(self.model, x, y, *judged))
             else:
-                self._report_evaluation(point, *evaluate_with(self.flat, center, x, y))
+                self._report_evaluation(point, evaluate_with(self.flat, center, x, y, *judged))
         self.aside += time.perf_counter() - aside_started
 
     def evaluate_snapshots(self) -> None:
         """Evaluate the parameters copied at each evaluation point, in order, and report them."""
         x, y = self.dataset.x_test, self.dataset.y_test
         for snapshot in self.snapshots:
-            accuracy, test_loss = evaluate_with(self.flat, snapshot.params, x, y)
-            self._report_evaluation(snapshot.point, accuracy, test_loss)
+            scores = evaluate_with(self.flat, snapshot.params, x, y, *self.judged)
+            self._report_evaluation(snapshot.point, scores)
         self.snapshots.clear()
 
-    def _report_evaluation(self, point: dict[str, Any], accuracy: float, loss: float) -> None:
-        self.report(Evaluation(**point, test_accuracy=accuracy, test_loss=loss).to_json())
+    def _report_evaluation(self, point: dict[str, Any], scores: dict[str, float]) -> None:
+        self.report(Evaluation(**point, scores=scores).to_json())
 
     def checkpoint_due(self, done: int) -> bool:
         """Whether worker 0 of a strategy without a server saves after `done` steps."""

@@ -54,7 +54,8 @@ def test_arrays_that_cannot_train_are_one_error_naming_them(tmp_path: Path) -> N
     with pytest.raises(ConfigError) as refused:
         ember.fit(data=(x,), out=str(tmp_path / "a"))
     assert str(refused.value) == (
-        "data must be a path, a dataset name or an (x, y) pair of arrays; got tuple"
+        "data must be a path, a dataset name, an (x, y) pair of arrays or a map-style torch"
+        " Dataset; got tuple"
     )
     with pytest.raises(ConfigError, match="data's x has 100 rows but data's y has 99"):
         ember.fit(data=(x, y[:99]), out=str(tmp_path / "b"))

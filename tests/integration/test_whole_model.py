@@ -54,7 +54,8 @@ def test_a_batchnorm_model_ends_with_trained_buffers_under_every_strategy(
     assert result.summary["buffers"] == 2 * (128 + 128 + 1)
     # the summary's figures are an evaluation of exactly this module
     mnist = load_dataset("mnist")
-    accuracy, loss = evaluate(model, mnist.x_test, mnist.y_test)
+    scores = evaluate(model, mnist.x_test, mnist.y_test)
+    accuracy, loss = scores["test_accuracy"], scores["test_loss"]
     assert accuracy == result.summary["test_accuracy"]
     assert loss == pytest.approx(result.summary["test_loss"], rel=1e-6)
 

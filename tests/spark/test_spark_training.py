@@ -223,7 +223,9 @@ def test_allreduce_trains_without_servers_and_rank_0_hands_back_the_parameters(
     assert last.meta["step"] == steps and last.meta["strategy"] == "allreduce"
     model = make_model(RunConfig(model="mlp"), digits)
     load_flat_parameters(model, last.tensors["params"])
-    assert evaluate(model, digits.x_test, digits.y_test)[0] == summary["test_accuracy"]
+    assert (
+        evaluate(model, digits.x_test, digits.y_test)["test_accuracy"] == summary["test_accuracy"]
+    )
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert {r["rank"] for r in records if r.get("kind") == "done"} == {0, 1}
     assert not [r for r in records if r.get("kind") == "state"]  # parameters are no metric
@@ -270,7 +272,7 @@ def test_a_batchnorm_model_trained_on_spark_comes_back_with_its_buffers(
     assert model[2].running_mean.abs().sum() > 0 and model[2].num_batches_tracked.item() > 0
     assert (tmp_path / "run" / "model.safetensors").is_file()
     digits = load_dataset("digits")
-    accuracy, _ = evaluate(model, digits.x_test, digits.y_test)
+    accuracy = evaluate(model, digits.x_test, digits.y_test)["test_accuracy"]
     assert accuracy == result.summary["test_accuracy"] >= 0.9
 
 

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ember.data import DATASET_NAMES, Dataset, load_dataset, read_idx, shard_indices
+from ember.data.datasets import IGNORED_CLASS
 from ember.data.idx import MNIST_DIR, _load_cached, load_idx_folder
 from ember.errors import ConfigError
 
@@ -580,10 +581,19 @@ def test_dataset_refuses_arrays_that_break_its_contract() -> None:
     x, y = np.zeros((4, 2), np.float32), np.array([0, 1, 2, 1])
     with raises("dataset d: y_train has labels outside [0, 2)"):
         Dataset("d", x, y, x, y % 2, 2, (2,))
-    with raises("dataset d: x_test must be C-contiguous float32, got C-contiguous float64"):
+    with raises(
+        "dataset d: x_test must be C-contiguous float32 or int64 (or a structured array), got"
+        " C-contiguous float64"
+    ):
         Dataset("d", x, y, x.astype(np.float64), y, 3, (2,))
     with raises("dataset d: x_train has rows of shape (2,), but input_shape is (3,)"):
         Dataset("d", x, y, x, y, 3, (3,))
+    with raises("dataset d: y_test must be int64 or float32 with 4 rows, got float64 (4,)"):
+        Dataset("d", x, y, x, y.astype(np.float64), 3, (2,))
+    tokens = np.array([[0, 2], [IGNORED_CLASS, 1], [1, 1], [2, 0]])  # -100: a padded token
+    Dataset("d", x, tokens, x, tokens, 3, (2,))  # per-token classes fit
+    with raises("dataset d: y_train has labels outside [0, 2)"):
+        Dataset("d", x, tokens, x, tokens, 2, (2,))
 
 
 # --- shards ------------------------------------------------------------------------------------

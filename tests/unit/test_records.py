@@ -82,8 +82,7 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
             epoch_end=True,
             seconds=1.5,
             samples=2560,
-            test_accuracy=0.9,
-            test_loss=0.3,
+            scores={"test_accuracy": 0.9, "test_loss": 0.3},
         ),
         {
             "kind": "eval",
@@ -176,7 +175,7 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
     ),
     (ServerEvent(details=SERVER_EVENT), {"kind": "server", **SERVER_EVENT}),
     (
-        RunSummary(test_accuracy=0.98, test_loss=0.06),
+        RunSummary(scores={"test_accuracy": 0.98, "test_loss": 0.06}),
         {"kind": "summary", "test_accuracy": 0.98, "test_loss": 0.06},
     ),
     (
@@ -222,7 +221,7 @@ def test_every_record_type_has_a_shape_pinned() -> None:
 
 
 def test_records_are_frozen() -> None:
-    record = RunSummary(test_accuracy=0.98, test_loss=0.06)
+    record = RunSummary(scores={"test_accuracy": 0.98, "test_loss": 0.06})
     with pytest.raises(AttributeError):
         record.test_accuracy = 0.5  # type: ignore[misc]
 
@@ -253,7 +252,7 @@ def test_json_files_hold_null_for_a_float_that_is_not_finite(tmp_path: Path) -> 
         "nested": {"y": None},
     }
     log = MetricsLog(tmp_path / "metrics.jsonl")
-    log.write(RunSummary(test_accuracy=0.1, test_loss=float("nan")))
+    log.write(RunSummary(scores={"test_accuracy": 0.1, "test_loss": float("nan")}))
     log.close()
     line = json.loads((tmp_path / "metrics.jsonl").read_text(), parse_constant=refuse)
     assert (line["test_accuracy"], line["test_loss"]) == (0.1, None)

@@ -185,7 +185,10 @@ def local_optimizer(flat: FlatModel, config: RunConfig, total_steps: int = 0) ->
             raise ConfigError(
                 f"optimizer must be sgd or a torch.optim class ({known}); got {name!r}"
             )
-        optimizer = classes[name](params, lr=lr, weight_decay=decay)
+        try:
+            optimizer = classes[name](params, lr=lr, weight_decay=decay, **config.optimizer_args)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"optimizer {config.optimizer!r}: {exc}") from exc
     schedule = Schedule(config.scheduler, total_steps, config.warmup_steps)
     if schedule == CONSTANT and config.clip_grad_norm is None:
         return optimizer  # nothing to add around it: today's hot path as it was

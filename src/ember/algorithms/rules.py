@@ -204,7 +204,11 @@ def make_update_rule(config: RunConfig, steps_per_worker: int = 0) -> UpdateRule
         decay = config.weight_decay
         optimizer = config.optimizer.lower()
         if optimizer in ("adam", "adamw"):
-            return AdamRule(config.lr, optimizer == "adamw", rescale, decay, schedule)
+            args = config.optimizer_args
+            betas = tuple(float(b) for b in args.get("betas", (0.9, 0.999)))
+            eps = float(args.get("eps", 1e-8))
+            decoupled = optimizer == "adamw"
+            return AdamRule(config.lr, decoupled, rescale, decay, schedule, betas, eps)  # type: ignore[arg-type]
         return SGDRule(config.lr, config.momentum, rescale, decay, schedule)
     if config.algorithm is AlgorithmKind.EASGD:
         return EASGDRule(alpha=config.effective_alpha)

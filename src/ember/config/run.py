@@ -164,7 +164,7 @@ class RunConfig:
         check_scheduler(self.scheduler, self.warmup_steps)
         check_precision(self.precision)
         check_objective(self.loss, self.metrics)
-        check_optimizer_args(self.optimizer_args)
+        check_optimizer_args(self.optimizer_args, self.optimizer, not self.mode.local_optimizer)
         _one_of("data_mode", self.data_mode, DATA_MODES)
         _at_least("shuffle_buffer", self.shuffle_buffer, 1)
         if self.weight_decay < 0:

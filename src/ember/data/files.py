@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ember.data.datasets import Dataset
+from ember.data.datasets import IGNORED_CLASS, Dataset, output_width
 from ember.errors import ConfigError
 
 NPZ_SPLIT = ("x_train", "y_train", "x_test", "y_test")  # an .npz with its own test split
@@ -47,25 +47,72 @@ def load_npz(path: Path) -> Dataset:
 
 
 def arrays_dataset(
-    train: tuple[object, object], test: tuple[object, object] | None, name: str = "arrays"
+    train: object,
+    test: object | None,
+    name: str = "arrays",
+    targets: str | None = "classes",
 ) -> Dataset:
     """A Dataset of in-memory (features, labels) pairs, NumPy arrays or anything
     `np.asarray` takes (torch tensors on the CPU); without `test`, the last tenth of the
-    training pair is held out. Checked as a file's arrays are."""
+    training pair is held out. Checked as a file's arrays are; int64 inputs stay token ids,
+    a dict of arrays becomes one structured array (the model's keyword arguments) and a
+    map-style torch Dataset of (x, y) items is stacked."""
     where = f"data {name}"
     pairs = [("data", train)] + ([("test_data", test)] if test is not None else [])
     checked = []
     for what, pair in pairs:
-        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise ConfigError(
-                f"{what} must be a path, a dataset name or an (x, y) pair of arrays; got"
-                f" {type(pair).__name__}"
-            )
-        x, y = (np.asarray(_cpu(part)) for part in pair)
-        checked.append(_validated(where, x, y, f"{what}'s x", f"{what}'s y"))
+        x, y = _pair(what, pair)
+        checked.append(_validated(where, x, y, f"{what}'s x", f"{what}'s y", targets, ids=True))
     if test is None:
         return _make(name, where, *_hold_out(where, *checked[0]), held_out=True)
     return _make(name, where, *checked[0], *checked[1])
+
+
+def _pair(what: str, given: object) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets) of an (x, y) pair, x a dict of arrays or not, or a torch Dataset."""
+    if (
+        hasattr(given, "__getitem__")
+        and hasattr(given, "__len__")
+        and not isinstance(given, (tuple, list))
+    ):
+        given = _stacked(what, given)
+    if not isinstance(given, (tuple, list)) or len(given) != 2:
+        raise ConfigError(
+            f"{what} must be a path, a dataset name, an (x, y) pair of arrays or a map-style"
+            f" torch Dataset; got {type(given).__name__}"
+        )
+    x, y = given
+    if isinstance(x, dict):
+        return _structured(what, {str(k): np.asarray(_cpu(v)) for k, v in x.items()}), np.asarray(
+            _cpu(y)
+        )
+    return np.asarray(_cpu(x)), np.asarray(_cpu(y))
+
+
+def _stacked(what: str, dataset: Any) -> tuple[object, object]:
+    """A map-style dataset's (x, y) items stacked into two arrays (dicts field by field)."""
+    items = [dataset[i] for i in range(len(dataset))]
+    if not items or not all(isinstance(i, (tuple, list)) and len(i) == 2 for i in items):
+        raise ConfigError(f"{what}: a torch Dataset's items must be (x, y) pairs")
+    xs, ys = [i[0] for i in items], np.stack([np.asarray(_cpu(i[1])) for i in items])
+    if isinstance(xs[0], dict):
+        return {k: np.stack([np.asarray(_cpu(x[k])) for x in xs]) for k in xs[0]}, ys
+    return np.stack([np.asarray(_cpu(x)) for x in xs]), ys
+
+
+def _structured(what: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """Several named inputs of equal rows as one structured array, a field each."""
+    rows = {len(v) for v in inputs.values()}
+    if len(rows) != 1:
+        raise ConfigError(f"{what}: the arrays of its x dict have different row counts {rows}")
+    fields = []
+    for key, value in inputs.items():
+        kind = np.int64 if value.dtype.kind in "iu" and value.dtype.itemsize >= 4 else np.float32
+        fields.append((key, kind, value.shape[1:]))
+    packed = np.zeros(rows.pop(), dtype=fields)
+    for key, value in inputs.items():
+        packed[key] = value
+    return packed
 
 
 def _cpu(value: object) -> object:
@@ -186,27 +233,59 @@ def _make(
             f"{where}: training rows have shape {x_train.shape[1:]} but test rows have shape"
             f" {x_test.shape[1:]}"
         )
-    num_classes = max(2, int(max(y_train.max(), y_test.max())) + 1)
+    num_classes = output_width(y_train, y_test)
     input_shape = tuple(int(d) for d in x_train.shape[1:])
     return Dataset(name, x_train, y_train, x_test, y_test, num_classes, input_shape, held_out)
 
 
 def _validated(
-    where: str, x: np.ndarray, y: np.ndarray, x_what: str, y_what: str
+    where: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    x_what: str,
+    y_what: str,
+    targets: str | None = "classes",
+    ids: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Check one feature/label pair and convert it to C-contiguous float32 and int64."""
-    if x.dtype.kind not in "biuf":
+    """Check one input/target pair and convert it: inputs to C-contiguous float32 (int64 kept
+    as token ids when `ids`; a structured array kept), targets as the loss's `targets` kind
+    takes them (objective.py): int64 classes, float32 values, or as they are (None)."""
+    if x.dtype.kind not in "biuf" and x.dtype.names is None:
         raise ConfigError(f"{where}: {x_what} must be numeric, got dtype {x.dtype}")
-    if x.ndim < 2:
+    if x.ndim < 2 and x.dtype.names is None:
         raise ConfigError(f"{where}: {x_what} must have shape (rows, features...), got {x.shape}")
     if y.dtype.kind not in "biuf":
-        raise ConfigError(f"{where}: {y_what} must hold integer labels, got dtype {y.dtype}")
-    if y.ndim != 1:
+        wanted = "integer labels" if targets == "classes" else "numbers"
+        raise ConfigError(f"{where}: {y_what} must hold {wanted}, got dtype {y.dtype}")
+    if y.ndim < 1 or (targets == "classes" and y.ndim != 1 and y.dtype.kind == "f"):
         raise ConfigError(f"{where}: {y_what} must be 1-D (one label per row), got shape {y.shape}")
     if len(x) != len(y):
         raise ConfigError(f"{where}: {x_what} has {len(x)} rows but {y_what} has {len(y)}")
     if len(x) == 0:
         raise ConfigError(f"{where}: {x_what} has no rows")
+    x = _inputs(where, x, x_what, ids)
+    if targets in ("values", "binary") or (targets is None and y.dtype.kind == "f"):
+        y = np.ascontiguousarray(y, dtype=np.float32)
+        finite = np.isfinite(y).reshape(len(y), -1).all(axis=1)
+        if not finite.all():
+            raise ConfigError(f"{where}: {y_what} has NaN or Inf in row {int(np.argmin(finite))}")
+        return x, y
+    bad = (y < 0) & (y != IGNORED_CLASS) if y.ndim > 1 else y < 0
+    if y.dtype.kind == "f":
+        bad |= ~np.isfinite(y) | (y != np.floor(y))
+    if bad.any():
+        row = int(np.argmax(bad.reshape(len(y), -1).any(axis=1)))
+        raise ConfigError(
+            f"{where}: {y_what} has label {y[row]} in row {row}; labels must be integers >= 0"
+        )
+    return x, np.ascontiguousarray(y, dtype=np.int64)
+
+
+def _inputs(where: str, x: np.ndarray, x_what: str, ids: bool) -> np.ndarray:
+    """Inputs as a Dataset holds them; float inputs checked finite, by row."""
+    if x.dtype.names is not None or (ids and x.dtype.kind in "iu" and x.dtype.itemsize >= 4):
+        x = np.ascontiguousarray(x if x.dtype.names is not None else x.astype(np.int64))
+        return x if x.flags.writeable else x.copy()
     with np.errstate(over="ignore"):  # overflow to Inf is reported just below, by row
         x = np.ascontiguousarray(x, dtype=np.float32)
     if not x.flags.writeable:
@@ -216,12 +295,4 @@ def _validated(
     if not finite.all():
         row = int(np.argmin(finite))
         raise ConfigError(f"{where}: {x_what} has NaN or Inf in row {row}")
-    bad = y < 0
-    if y.dtype.kind == "f":
-        bad |= ~np.isfinite(y) | (y != np.floor(y))
-    if bad.any():
-        row = int(np.argmax(bad))
-        raise ConfigError(
-            f"{where}: {y_what} has label {y[row]} in row {row}; labels must be integers >= 0"
-        )
-    return x, y.astype(np.int64)
+    return x

@@ -206,13 +206,24 @@ def dataframe_dataset(
 
 
 def frame_from_arrays(spark: Any, x: np.ndarray, y: np.ndarray, partitions: int) -> Any:
-    """A DataFrame of `features` array<float> and `label` bigint rows, handed to Spark as Arrow
-    record batches (no Python objects per row), in about `partitions` even partitions."""
+    """A DataFrame of `features` (array<float>, or array<bigint> of token ids) and `label`
+    (bigint classes, or an array of a row's targets) rows, handed to Spark as Arrow record
+    batches (no Python objects per row), in about `partitions` even partitions."""
+    if x.dtype.names is not None:
+        raise ConfigError(
+            "data with several named inputs (a dict of arrays) trains on the local engine;"
+            " on Spark pass one array of inputs"
+        )
+    dtype = np.int64 if x.dtype == np.int64 else np.float32
+    return _arrow_frame(spark, _row_lists(x.astype(dtype, copy=False)), y, partitions)
+
+
+def _row_lists(values: np.ndarray) -> Any:
+    """Each row of `values` as one fixed-size list, its values flat, no copy."""
     import pyarrow as pa
 
-    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(len(x), -1)
-    features = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
-    return _arrow_frame(spark, features, y, partitions)
+    flat = np.ascontiguousarray(values).reshape(len(values), -1)
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
 
 
 def frame_from_pixels(spark: Any, pixels: np.ndarray, y: np.ndarray, partitions: int) -> Any:
@@ -238,7 +249,8 @@ def pixel_column(pixels: np.ndarray) -> Any:
 def _arrow_frame(spark: Any, features: Any, y: np.ndarray, partitions: int) -> Any:
     import pyarrow as pa
 
-    table = pa.table({FEATURES: features, LABEL: pa.array(y)})
+    label = pa.array(y) if y.ndim == 1 else _row_lists(y)
+    table = pa.table({FEATURES: features, LABEL: label})
     # Set for this call alone. With no local-relation threshold Spark keeps the Arrow batches
     # as they are, one partition each, and the tasks read them; below its threshold (48 MB,
     # which MNIST's images just fit) the driver would convert every row first and the tasks
@@ -259,31 +271,48 @@ def _arrow_frame(spark: Any, features: Any, y: np.ndarray, partitions: int) -> A
 
 
 def partition_arrays(
-    batches: Iterable[Any], input_shape: tuple[int, ...]
+    batches: Iterable[Any], input_shape: tuple[int, ...], like: Dataset | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """In a task: its partition's Arrow record batches as (rows, *input_shape) float32 and int64."""
+    """In a task: its partition's Arrow record batches as (rows, *input_shape) inputs and their
+    targets, of the dtypes and target shape of `like`'s test rows (float32 and int64
+    classes without it)."""
     import pyarrow as pa
 
     batches = list(batches)
     if not batches:
-        return np.empty((0, *input_shape), np.float32), np.empty(0, np.int64)
-    return table_arrays(pa.Table.from_batches(batches), input_shape)
+        x_dtype, y_dtype, y_shape = _kinds(like)
+        return np.empty((0, *input_shape), x_dtype), np.empty((0, *y_shape), y_dtype)
+    return table_arrays(pa.Table.from_batches(batches), input_shape, like)
 
 
-def table_arrays(table: Any, input_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """A checked frame's Arrow table as (rows, *input_shape) float32 and int64 arrays."""
+def _kinds(like: Dataset | None) -> tuple[np.dtype, np.dtype, tuple[int, ...]]:
+    if like is None:
+        return np.dtype(np.float32), np.dtype(np.int64), ()
+    return like.x_test.dtype, like.y_test.dtype, tuple(like.y_test.shape[1:])
+
+
+def table_arrays(
+    table: Any, input_shape: tuple[int, ...], like: Dataset | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """A checked frame's Arrow table as (rows, *input_shape) inputs and their targets."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    x_dtype, y_dtype, y_shape = _kinds(like)
     column = table.column(FEATURES)
     if pa.types.is_binary(column.type):  # IDX images from frame_from_pixels
         x = normalize_images(_pixel_rows(column, input_shape))
     else:
         # list_flatten honours each chunk's offsets; to_numpy concatenates chunks in one copy
         x = pc.list_flatten(column).to_numpy()
-        x = np.ascontiguousarray(x, dtype=np.float32).reshape(table.num_rows, *input_shape)
-    y = table.column(LABEL).to_numpy().astype(np.int64)
-    return (x if x.flags.writeable else x.copy()), y
+        x = np.ascontiguousarray(x, dtype=x_dtype).reshape(table.num_rows, *input_shape)
+    label = table.column(LABEL)
+    if y_shape or not (pa.types.is_integer(label.type) or pa.types.is_floating(label.type)):
+        y = pc.list_flatten(label).to_numpy().reshape(table.num_rows, *y_shape)
+    else:
+        y = label.to_numpy()
+    y = np.ascontiguousarray(y, dtype=y_dtype)
+    return (x if x.flags.writeable else x.copy()), (y if y.flags.writeable else y.copy())
 
 
 def _pixel_rows(column: Any, input_shape: tuple[int, ...]) -> np.ndarray:

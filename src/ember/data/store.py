@@ -9,7 +9,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
@@ -26,7 +26,7 @@ class ArrayFile:
     """A C-order .npy file by its header: where its rows start and what they hold."""
 
     path: str
-    dtype: str
+    descr: Any  # the header's dtype description: a string, or a list for a structured array
     shape: tuple[int, ...]
     offset: int  # bytes of header before the first row
 
@@ -52,11 +52,16 @@ class ArrayFile:
         expected = offset + math.prod(shape) * dtype.itemsize
         if size != expected:
             raise ConfigError(f"array file {path}: has {size} bytes, its header says {expected}")
-        return cls(str(path), dtype.str, tuple(int(d) for d in shape), offset)
+        descr = np.lib.format.dtype_to_descr(dtype)
+        return cls(str(path), descr, tuple(int(d) for d in shape), offset)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.lib.format.descr_to_dtype(self.descr)
 
     @property
     def row_bytes(self) -> int:
-        return math.prod(self.shape[1:]) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape[1:]) * self.dtype.itemsize
 
     def rows(self, start: int, stop: int, mode: Mode = "r") -> np.ndarray:
         """Rows [start, stop) mapped from the file, and nothing else of it: "r" read-only,
@@ -65,7 +70,7 @@ class ArrayFile:
             raise ConfigError(f"array file {self.path}: rows [{start}, {stop}) out of range")
         return np.memmap(
             self.path,
-            dtype=np.dtype(self.dtype),
+            dtype=self.dtype,
             mode=mode,
             offset=self.offset + start * self.row_bytes,
             shape=(stop - start, *self.shape[1:]),
@@ -78,7 +83,7 @@ class ArrayFile:
             raise ConfigError(f"array file {self.path}: rows [{start}, {stop}) out of range")
         count = (stop - start) * math.prod(self.shape[1:])
         offset = self.offset + start * self.row_bytes
-        rows = np.fromfile(self.path, dtype=np.dtype(self.dtype), count=count, offset=offset)
+        rows = np.fromfile(self.path, dtype=self.dtype, count=count, offset=offset)
         return rows.reshape(stop - start, *self.shape[1:])
 
 

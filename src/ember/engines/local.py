@@ -29,7 +29,7 @@ from ember.engines.rundir import RunResult, RunSetup, prepare_run
 from ember.engines.servers import spare_servers
 from ember.errors import same_every_time
 from ember.metrics import WorkerError, WorkerFailure, WorkerRestart, write_json
-from ember.spec import WorkerSpec, model_object
+from ember.spec import WorkerSpec, model_object, user_functions
 
 
 def train_local(
@@ -103,6 +103,7 @@ def _train(
                 initial_step=setup.resumed_step,
                 own_rows=True,  # each is handed its shard alone
                 model_object=model_object(config),
+                functions=user_functions(config),
             )
             progress.phase("starting workers")
             timeline.mark("workers")

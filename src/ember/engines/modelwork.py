@@ -25,7 +25,7 @@ from ember.data.store import DataFiles
 from ember.engines.phases import PeakMemory, vm_hwm
 from ember.engines.process import _die_with_parent, reap
 from ember.errors import EmberError
-from ember.spec import model_object
+from ember.spec import model_object, user_functions
 
 if TYPE_CHECKING:
     import torch
@@ -44,8 +44,8 @@ class ModelWork(Protocol):
 
     def evaluate(
         self, config: RunConfig, dataset: Dataset, params: np.ndarray, export: Path | None
-    ) -> tuple[float, float]:
-        """(accuracy, mean cross-entropy) of the model holding `params` on the dataset's
+    ) -> dict[str, float]:
+        """The held-out scores (evaluation.Scores) of the model holding `params` on the dataset's
         test rows; with `export`, that module is first written there (export.py), so the
         figures are those of the model a user loads."""
         ...
@@ -54,20 +54,24 @@ class ModelWork(Protocol):
 def fresh_model(
     config: RunConfig, input_shape: tuple[int, ...], num_classes: int
 ) -> torch.nn.Module:
-    """The configured model as config.seed initializes it."""
+    """The configured model as config.seed initializes it (already tried on the run's data)."""
     from ember.models import build_model
 
-    return build_model(config.model, input_shape, num_classes, seed=config.seed)
+    return build_model(config.model, input_shape, num_classes, seed=config.seed, probe=None)
 
 
-def fresh_parameters(
-    config: RunConfig, input_shape: tuple[int, ...], num_classes: int
-) -> tuple[np.ndarray, int]:
+def fresh_parameters(config: RunConfig, dataset: Dataset) -> tuple[np.ndarray, int]:
     """The configured model's starting state, flat (FlatModel's order), and how many of its
-    keys are parameters (the rest are buffers)."""
+    keys are parameters (the rest are buffers); the model and the loss are first tried on the
+    dataset's first rows, so a misfit is one error before anything starts."""
     from ember.algorithms.flat import flat_layout, flatten_parameters
+    from ember.models import build_model
+    from ember.models.losses import check_fit, data_probe
 
-    model = fresh_model(config, input_shape, num_classes)
+    x, y, width = dataset.x_train[:2], dataset.y_train[:2], dataset.num_classes
+    probe = data_probe(config.loss, x, y, width)
+    model = build_model(config.model, dataset.input_shape, width, config.seed, probe)
+    check_fit(model, config.loss, x, y)
     return flatten_parameters(model), flat_layout(model)[0]
 
 
@@ -98,16 +102,16 @@ class InProcess:
     """Torch work in this process (it imports torch the first time)."""
 
     def initial(self, config: RunConfig, dataset: Dataset) -> tuple[np.ndarray, int]:
-        return fresh_parameters(config, dataset.input_shape, dataset.num_classes)
+        return fresh_parameters(config, dataset)
 
     def evaluate(
         self, config: RunConfig, dataset: Dataset, params: np.ndarray, export: Path | None
-    ) -> tuple[float, float]:
+    ) -> dict[str, float]:
         from ember.evaluation import evaluate
 
         shape = (tuple(dataset.input_shape), dataset.num_classes)
         model = exported_model(config, shape, params, export)
-        return evaluate(model, dataset.x_test, dataset.y_test)
+        return evaluate(model, dataset.x_test, dataset.y_test, config.loss, config.metrics)
 
 
 @dataclass
@@ -126,11 +130,11 @@ class Forked:
 
     def evaluate(
         self, config: RunConfig, dataset: Dataset, params: np.ndarray, export: Path | None
-    ) -> tuple[float, float]:
+    ) -> dict[str, float]:
         payload = np.ascontiguousarray(params, dtype=np.float32)  # sent as its buffer: no copy
         answer = self._ask("evaluate", config, dataset, payload, export)
-        accuracy, loss = msgpack.unpackb(answer)
-        return float(accuracy), float(loss)
+        scores = msgpack.unpackb(answer)
+        return {str(k): float(v) for k, v in scores.items()}
 
     def _ask(
         self,
@@ -154,7 +158,7 @@ class Forked:
                 shape,
                 theirs,
                 None if export is None else str(export),
-                model_object(config),
+                (model_object(config), user_functions(config)),
             ),
             name=f"ember-{kind}",
             daemon=True,
@@ -229,19 +233,18 @@ def _answer(
     shape: tuple[Any, int],
     conn: Any,
     export: str | None,
-    model_object: Any,
+    objects: tuple[Any, dict[str, Any]],
 ) -> None:
     """The child: build the model, answer, exit. Ctrl-C is the launcher's to handle."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        if model_object is not None:
-            from ember.models import register_model
+        from ember.models.losses import register_objects
 
-            register_model(config.model, model_object)
+        register_objects(config.model, *objects)
         input_shape, num_classes = tuple(shape[0]), int(shape[1])
         if kind == "initial":
-            values, parameters = fresh_parameters(config, input_shape, num_classes)
+            values, parameters = fresh_parameters(config, files.dataset())
             body: Any = parameters.to_bytes(8, "little") + values.tobytes()
         else:
             params = np.frombuffer(conn.recv_bytes(), dtype=np.float32).copy()  # writable
@@ -250,7 +253,8 @@ def _answer(
             where = None if export is None else Path(export)
             model = exported_model(config, (input_shape, num_classes), params, where)
             # read a window at a time, not mapped: this fork holds no copy of the test set
-            body = msgpack.packb(list(evaluate_batches(model, files.test_batches(2000))))
+            batches = files.test_batches(2000)
+            body = msgpack.packb(evaluate_batches(model, batches, config.loss, config.metrics))
     except Exception as exc:
         failure = {"type": type(exc).__name__, "message": str(exc)}
         conn.send_bytes(msgpack.packb({"ok": False, **failure, "trace": traceback.format_exc()}))

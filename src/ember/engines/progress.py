@@ -8,6 +8,8 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
+from ember.metrics import headline
+
 # tqdm's own rate and remaining time are left out: its rate, smoothed over the start-up, is
 # not the workers' speed. The one speed shown is the workers' summed samples/s, in the postfix.
 PHASE_FORMAT = "{desc}"
@@ -39,7 +41,7 @@ class Progress:
         self.seen: dict[int, int] = {}  # samples per rank, from each worker's step count
         self.speed: dict[int, float] = {}
         self.loss: dict[int, float] = {}
-        self.epoch, self.accuracy = 0, float("nan")
+        self.epoch, self.score = 0, ("accuracy", float("nan"))  # worker 0's latest headline
         self._said_epoch = 0  # the last epoch a line was printed for
         self.diverged: set[int] = set()  # ranks whose NaN loss was said (once each)
         self._phase_began = time.monotonic()
@@ -87,7 +89,7 @@ class Progress:
                 self.training = True
             self._bar.n = min(self._bar.total or 0, sum(self.seen.values()))
         elif kind == "eval":
-            self.accuracy = record["test_accuracy"]
+            self.score = headline(record)
             whose = "center" if record.get("source", "").startswith("center") else "worker 0"
             if record.get("test_set", "").startswith("subset"):
                 whose = f"{whose}, {record['test_set']}"
@@ -96,7 +98,7 @@ class Progress:
             if record.get("epoch_end") and record["epoch"] > self._said_epoch:
                 self._said_epoch = record["epoch"]
                 self.note(
-                    f"epoch {record['epoch']}: test accuracy {self.accuracy:.4f} "
+                    f"epoch {record['epoch']}: test {self.score[0]} {self.score[1]:.4f} "
                     f"({whose}), {self.samples_per_second:,.0f} samples/s"
                 )
         elif kind == "diverged" and rank not in self.diverged:
@@ -119,8 +121,9 @@ class Progress:
             left = max(0, self._bar.total - self._bar.n) / self.samples_per_second
             parts.append(f"{tqdm.format_interval(left)} left")
         parts += [f"epoch {self.epoch}", f"loss {loss:.4f}"]
-        if self.accuracy == self.accuracy:  # not NaN: worker 0 has evaluated
-            parts.append(f"acc {self.accuracy:.4f}")
+        name, value = self.score
+        if value == value:  # not NaN: worker 0 has evaluated
+            parts.append(f"{'acc' if name == 'accuracy' else name} {value:.4f}")
         return ", ".join(parts)
 
     def set_completed(self, samples: int) -> None:

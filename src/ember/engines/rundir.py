@@ -53,7 +53,7 @@ class RunResult:
         from ember.models import build_model
 
         config = self.config  # a name, a factory or an object ember.fit was handed
-        return load_model(self.run_dir, build_model(config.model, *self.shape, config.seed))
+        return load_model(self.run_dir, build_model(config.model, *self.shape, config.seed, None))
 
 
 @dataclass
@@ -150,7 +150,7 @@ def finish_run(
     from ember.metrics import summarize_workers
 
     config, dataset = setup.config, setup.dataset
-    accuracy, loss = setup.work.evaluate(config, dataset, params, setup.run_dir)
+    scores = setup.work.evaluate(config, dataset, params, setup.run_dir)
     summary = {
         "strategy": config.strategy,
         "engine": config.engine,
@@ -162,8 +162,8 @@ def finish_run(
         "parameters": setup.layout.parameters,
         "buffers": setup.layout.buffers,  # values of BatchNorm statistics and other buffers
         "model_file": "model.safetensors",
-        "test_accuracy": accuracy,
-        "test_loss": loss,
+        "loss": config.loss,
+        **scores,  # test_loss and test_<metric> each
         **summarize_workers(workers, seconds),
         "resumed_from": str(setup.resume.path) if setup.resume else None,
         "ember_version": __version__,
@@ -171,7 +171,7 @@ def finish_run(
         "config": config.to_dict(),
     }
     write_json(setup.run_dir / "summary.json", summary)
-    setup.metrics.write(RunSummary(test_accuracy=accuracy, test_loss=loss))
+    setup.metrics.write(RunSummary(scores=scores))
     setup.metrics.close()
     # not the dataset: a local run's is a mapping of files the run removes, kept alive by it
     shape = (tuple(dataset.input_shape), dataset.num_classes)

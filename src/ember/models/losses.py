@@ -9,10 +9,12 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ember.errors import ConfigError
+from ember.models.zoo import Probe
 from ember.objective import OBJECT_PREFIX, targets_of
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -23,7 +25,6 @@ NAMED: dict[str, LossFunction] = {
     "huber": F.huber_loss,
     "bce_with_logits": F.binary_cross_entropy_with_logits,
 }
-IGNORE_INDEX = -100  # cross-entropy's: a class target of this value is not counted
 _OBJECTS: dict[str, Any] = {}  # losses and metrics handed over as objects, by label
 
 
@@ -35,6 +36,16 @@ def object_label(kind: str, source: object) -> str:
 
 def register_object(label: str, source: object) -> None:
     _OBJECTS[label] = source
+
+
+def register_objects(model_label: str, model: Any, functions: dict[str, Any]) -> None:
+    """Make this process build the run's model, loss and metrics from the objects handed to
+    it by its engine (the model under `model_label`, the functions under theirs)."""
+    from ember.models.zoo import register_model
+
+    if model is not None:
+        register_model(model_label, model)
+    _OBJECTS.update(functions)
 
 
 def registered_objects(labels: list[str]) -> dict[str, Any]:
@@ -100,3 +111,43 @@ def forward(model: torch.nn.Module, inputs: Any) -> torch.Tensor:
     if isinstance(inputs, dict):
         return model(**inputs)
     return model(inputs)
+
+
+def data_probe(loss: str, x: np.ndarray, y: np.ndarray, num_classes: int) -> Probe:
+    """How a model for these inputs and targets is tried (zoo.Probe): the output each row
+    must have for `loss`, which a user's loss decides alone."""
+    kind = targets_of(loss)
+    dtype = np.dtype(x.dtype)
+    if kind == "classes":
+        return Probe(dtype, (*y.shape[1:], num_classes))
+    if kind is not None:
+        return Probe(dtype, tuple(y.shape[1:]), classes=False)
+    return Probe(dtype, None)
+
+
+def check_fit(model: torch.nn.Module, loss: str, x: np.ndarray, y: np.ndarray) -> None:
+    """One clear error, before anything starts, when the loss cannot take the model's output
+    on the first rows and their targets, or does not give one number."""
+    from ember.data.batches import as_tensor, model_inputs
+
+    function = make_loss(loss)
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()  # batch-norm statistics stay as they were
+    try:
+        with torch.no_grad():
+            output = forward(model, model_inputs(x))
+            targets = as_tensor(y)
+            try:
+                value = function(output.float(), targets)
+            except Exception as exc:
+                raise ConfigError(
+                    f"loss {loss!r} does not fit the model's output and the targets: output of"
+                    f" shape {tuple(output.shape)}, targets of shape {tuple(targets.shape)}"
+                    f" ({targets.dtype}): {type(exc).__name__}: {exc}"
+                ) from exc
+    finally:
+        for module, training in modes:
+            module.training = training
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ConfigError(f"loss {loss!r} must return one number (a scalar tensor), got {shape}")

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib
 import inspect
 import math
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -42,23 +45,46 @@ def registered_model(label: str) -> object | None:
     return _OBJECTS.get(label)
 
 
+@dataclass(frozen=True)
+class Probe:
+    """How a freshly built user model is tried before anything starts: on two rows of zeros of
+    the data's dtype (a structured dtype: several inputs), and the shape each output row
+    must have (objective.expected_output; None: the loss alone decides)."""
+
+    dtype: np.dtype
+    output: tuple[int, ...] | None
+    classes: bool = True  # the last output dimension holds logits: at least that many
+
+
+LOGITS = "logits"  # the probe of float inputs and (num_classes,) logits per row
+
+
 def build_model(
-    spec: str, input_shape: tuple[int, ...], num_classes: int, seed: int = 0
+    spec: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    seed: int = 0,
+    probe: Probe | str | None = LOGITS,
 ) -> nn.Module:
-    """Build model `spec` for inputs of `input_shape`, outputting (batch, num_classes) logits.
+    """Build model `spec` for inputs of `input_shape` and `num_classes` outputs per row.
 
     `spec` is a name in MODEL_NAMES or a factory "package.module:function", called with
     input_shape= and num_classes= when its signature takes them. Parameters are initialized from
-    `seed` without touching torch's global RNG, so equal seeds give equal parameters.
+    `seed` without touching torch's global RNG, so equal seeds give equal parameters. A user's
+    model is tried on `probe`'s rows (None: not tried, for a model rebuilt from a run).
     """
     input_shape = tuple(int(d) for d in input_shape)
-    if not input_shape or min(input_shape) < 1:
+    if probe == LOGITS:
+        probe = Probe(np.dtype(np.float32), (num_classes,))
+    if isinstance(probe, Probe):
+        probe = dataclasses.replace(probe, dtype=np.dtype((probe.dtype, input_shape)))
+    if (not input_shape and spec in _BUILTINS) or (input_shape and min(input_shape) < 1):
         raise ConfigError(f"input_shape must be one or more sizes >= 1, got {input_shape}")
     if num_classes < 1:
         raise ConfigError(f"num_classes must be >= 1, got {num_classes}")
     source = _OBJECTS.get(spec)
     if source is not None:
-        return _from_object(spec, source, input_shape, num_classes, seed)
+        return _probed(spec, _from_object(spec, source, input_shape, num_classes, seed), probe)
     if spec.startswith(OBJECT_PREFIX):
         raise ConfigError(
             f"model {spec!r} was a Python object, which this process was not handed: pass the"
@@ -75,7 +101,13 @@ def build_model(
         torch.manual_seed(seed)
         if builtin is not None:
             return builtin(input_shape, num_classes)
-        return _from_factory(spec, input_shape, num_classes)
+        return _probed(spec, _from_factory(spec, input_shape, num_classes), probe)
+
+
+def _probed(spec: str, model: nn.Module, probe: Probe | str | None) -> nn.Module:
+    if isinstance(probe, Probe):
+        _check_output(spec, model, probe)
+    return model
 
 
 def _mlp(input_shape: Shape, num_classes: int) -> nn.Module:
@@ -154,7 +186,6 @@ def _from_object(
             )
     else:
         raise ConfigError(f"model {label!r} is neither an nn.Module nor callable")
-    _check_logits(label, model, input_shape, num_classes)
     return model
 
 
@@ -197,7 +228,6 @@ def _from_factory(spec: str, input_shape: Shape, num_classes: int) -> nn.Module:
         raise ConfigError(
             f"model factory {spec!r} must return a torch.nn.Module, got {type(model).__name__}"
         )
-    _check_logits(spec, model, input_shape, num_classes)
     return model
 
 
@@ -232,28 +262,50 @@ def _accepted_kwargs(
     return {k: v for k, v in offered.items() if k in params and params[k].kind in by_name}
 
 
-def _check_logits(spec: str, model: nn.Module, input_shape: Shape, num_classes: int) -> None:
-    """Fail now, naming the factory, rather than inside cross-entropy on a worker later."""
+def _check_output(spec: str, model: nn.Module, probe: Probe) -> None:
+    """Fail now, naming the factory, rather than inside the loss on a worker later."""
+    from ember.data.batches import model_inputs
+    from ember.models.losses import forward
+
+    rows = np.zeros(2, dtype=probe.dtype)  # (2, *input_shape), or structured
+    inputs = model_inputs(rows)
+    shown = (2, *probe.dtype.shape) if probe.dtype.names is None else probe.dtype.names
     first = next(model.parameters(), None)
-    device = first.device if first is not None else torch.device("cpu")
-    dtype = first.dtype if first is not None and first.is_floating_point() else torch.float32
+    if first is not None and first.is_floating_point() and probe.dtype.kind == "f":
+        inputs = inputs.to(first.dtype)  # type: ignore[union-attr]
     # eval mode so batch-norm running statistics are not moved by the probe; modes restored after
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
         with torch.no_grad():
-            out = model(torch.zeros(2, *input_shape, device=device, dtype=dtype))
+            out = forward(model, inputs)
     except Exception as exc:
         raise ConfigError(
-            f"model factory {spec!r} fails on input of shape {(2, *input_shape)}:"
-            f" {type(exc).__name__}: {exc}"
+            f"model factory {spec!r} fails on input of shape {shown}: {type(exc).__name__}: {exc}"
         ) from exc
     finally:
         for module, training in modes:
             module.training = training
     shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-    if shape != (2, num_classes):
+    if probe.output is not None and not fits(shape, probe.output, probe.classes):
+        what = "logits" if probe.classes else "values"
         raise ConfigError(
-            f"model factory {spec!r} must output logits of shape (batch, {num_classes});"
-            f" got {shape} for input of shape {(2, *input_shape)}"
+            f"model factory {spec!r} must output {what} of shape (batch, {_dims(probe.output)});"
+            f" got {shape} for input of shape {shown}"
         )
+
+
+def fits(shape: object, expected: tuple[int, ...], classes: bool) -> bool:
+    """Whether a probe's output shape is (2, *expected): logits of at least the classes the
+    targets hold (a model may know more), or a one-wide output for one value per row."""
+    if not isinstance(shape, tuple) or not shape or shape[0] != 2:
+        return False
+    if classes:
+        return len(shape) == len(expected) + 1 and (
+            shape[1:-1] == expected[:-1] and shape[-1] >= expected[-1]
+        )
+    return shape[1:] == expected or (expected == () and shape[1:] == (1,))
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return ", ".join(str(d) for d in shape) if shape else "1"

@@ -37,7 +37,7 @@ from ember.engines.spark.task import UNREACHABLE, train_partition
 from ember.errors import WorkerFailed
 from ember.metrics import JobFailure, RunEvent
 from ember.ps import fetch_state
-from ember.spec import WorkerSpec, checkpoint_meta, load_data, model_object
+from ember.spec import WorkerSpec, checkpoint_meta, load_data, model_object, user_functions
 
 EVAL_ROWS = 1000  # test rows shipped to each task for worker 0's evaluations on the spot
 
@@ -150,6 +150,7 @@ def _train(
                 # allreduce starts from these, on executors that cannot read the driver's files
                 initial=setup.initial if setup.resume and run.servers is None else None,
                 model_object=model_object(config),
+                functions=user_functions(config),
             )
             # deferred evaluations cost the loop nothing: they get the whole test set
             shipped = None if config.eval_deferred else EVAL_ROWS

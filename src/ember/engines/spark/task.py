@@ -55,7 +55,7 @@ def train_partition(
     if world != spec.world:
         raise EmberError(f"the barrier stage has {world} tasks for {spec.world} workers")
     use_encryption(spec.config.encrypt)  # before the probe's and the record sender's sockets
-    x, y = partition_arrays(batches, probe.input_shape)
+    x, y = partition_arrays(batches, probe.input_shape, like=probe)
     rank = context.partitionId()
     # allreduce has no server: rank 0 opens the rendezvous, and the others probe it instead
     meeting = meet(context, spec.config, local) if not spec.config.uses_server else None
