@@ -3,6 +3,9 @@ schedule on the servers (bsp, state per shard) and on a worker, step for step.""
 
 from __future__ import annotations
 
+import multiprocessing as mp
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +13,7 @@ import torch.nn.functional as F
 
 from ember.algorithms import FlatModel, ServerSGD, local_optimizer, make_update_rule
 from ember.config import RunConfig
+from ember.engines.process import free_port
 from ember.errors import ConfigError
 from ember.ps import fetch_state
 from tests.conftest import SECRET, running_servers
@@ -99,6 +103,42 @@ def test_a_workers_adamw_with_warm_up_clipping_and_schedule_equals_pytorch() -> 
         torch_optimizer.step()
         cosine.step()
     np.testing.assert_allclose(_flat(flat.module), _flat(reference), rtol=1e-6, atol=1e-7)
+
+
+def test_allreduce_with_adamw_and_a_cosine_schedule_equals_pytorch_on_the_whole_batch(
+    tmp_path: Path,
+) -> None:
+    """Two processes in a gloo group: the mean gradient, then each one's AdamW, as DDP."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    spawn = mp.get_context("spawn")
+    ranks = [spawn.Process(target=_allreduce_worker, args=(r, address, tmp_path)) for r in (0, 1)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(90)
+    assert [p.exitcode for p in ranks] == [0, 0]
+    expected = _flat(_reference(2))
+    for rank in (0, 1):
+        np.testing.assert_allclose(np.load(tmp_path / f"rank{rank}.npy"), expected, 2e-5, 2e-6)
+
+
+def _allreduce_worker(rank: int, address: str, out: Path) -> None:
+    from ember.algorithms import WorkerContext, make_algorithm
+
+    torch.set_num_threads(1)
+    config = RunConfig(strategy="allreduce", workers=2, **ADAMW).validate()
+    x, y = _data(STEPS)
+    flat = FlatModel(_model(), flat_grads=config.mode.ships_gradients)
+    optimizer = local_optimizer(flat, config, total_steps=STEPS)
+    algorithm = make_algorithm(WorkerContext(config, rank, 2, rendezvous=address))
+    algorithm.start(flat, optimizer)
+    for step in range(STEPS):
+        flat.zero_grad()
+        inputs, labels = _batch(x, y, step, rank)
+        F.cross_entropy(flat.module(inputs), labels).backward()
+        algorithm.after_backward(step)
+    algorithm.finish()
+    np.save(out / f"rank{rank}.npy", _flat(flat.module))
 
 
 def test_an_optimizer_a_shard_cannot_run_is_refused_before_anything_starts() -> None:
