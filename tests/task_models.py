@@ -68,3 +68,13 @@ def bn_cnn(num_classes: int = 10) -> nn.Module:
 def per_token_accuracy(output: torch.Tensor, target: torch.Tensor) -> float:
     """A user's metric: the share of sequences with every token right."""
     return float((output.argmax(dim=-1) == target).all(dim=-1).float().mean())
+
+
+def rmsprop(params: object) -> torch.optim.Optimizer:
+    """A user's optimizer, built from the parameters as ember.fit(optimizer=...) calls it."""
+    return torch.optim.RMSprop(params, lr=2e-3, alpha=0.95)  # type: ignore[arg-type]
+
+
+def halve_every_100(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+    """A user's schedule, built from the optimizer."""
+    return torch.optim.lr_scheduler.StepLR(optimizer, step_size=100, gamma=0.5)

@@ -58,8 +58,10 @@ def fit(
 
 
 def _label_functions(fields: dict[str, Any], engine: str) -> None:
-    """A loss given as a callable or nn.Module, and metrics given as callables (or a list of
-    names and callables), become labels in the run's fields; the objects travel as models do."""
+    """A loss given as a callable or nn.Module, metrics given as callables (or a list of names
+    and callables), an optimizer as a torch.optim class or a callable building one from the
+    parameters, and a schedule as a callable building one from the optimizer, become names
+    and labels in the run's fields; the objects travel as models do."""
     from ember.models.losses import object_label, register_object
 
     def label(kind: str, source: object) -> str:
@@ -75,6 +77,13 @@ def _label_functions(fields: dict[str, Any], engine: str) -> None:
 
     if "loss" in fields and fields["loss"] is not None:
         fields["loss"] = label("loss", fields["loss"])
+    optimizer = fields.get("optimizer")
+    if isinstance(optimizer, type):  # a torch.optim class: by its name, as the CLI gives it
+        fields["optimizer"] = optimizer.__name__.lower()
+    elif optimizer is not None:
+        fields["optimizer"] = label("optimizer", optimizer)  # params -> torch.optim.Optimizer
+    if fields.get("scheduler") is not None:
+        fields["scheduler"] = label("scheduler", fields["scheduler"])  # optimizer -> LRScheduler
     metrics = fields.get("metrics")
     if metrics is not None and not isinstance(metrics, str):
         listed = list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]

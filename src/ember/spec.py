@@ -46,11 +46,12 @@ def model_object(config: RunConfig) -> Any:
 
 
 def user_functions(config: RunConfig) -> dict[str, Any]:
-    """The loss and metric objects the run's labels name, when ember.fit was handed them."""
+    """The loss, metric, optimizer and schedule objects the run's labels name, when ember.fit
+    was handed them."""
     losses = sys.modules.get("ember.models.losses")
     if losses is None:
         return {}
-    names = [config.loss, *(config.metrics or "").split(",")]
+    names = [config.loss, config.optimizer, config.scheduler, *(config.metrics or "").split(",")]
     return losses.registered_objects([name.strip() for name in names])
 
 

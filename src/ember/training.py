@@ -26,8 +26,20 @@ ONECYCLE_PCT, ONECYCLE_DIV, ONECYCLE_FINAL_DIV = 0.3, 25.0, 1e4  # torch's OneCy
 STEP_GAMMA, STEP_COUNT = 0.1, 3  # "step": lr x 0.1 at each third of training
 
 
+OBJECT_PREFIX = "object:"  # an optimizer or schedule handed to ember.fit as a Python object
+WORKER_STRATEGIES = "single, easgd, easgd-async, allreduce and diloco"
+
+
 def check_optimizer(name: str, strategy: str, on_servers: bool) -> None:
     """One clear error, before anything starts, for an optimizer the strategy cannot run."""
+    if name.startswith(OBJECT_PREFIX):
+        if on_servers:
+            raise ConfigError(
+                f"an optimizer object runs on the workers, and strategy {strategy!r} runs its"
+                f" optimizer on the parameter servers, which take {', '.join(SERVER_OPTIMIZERS)}"
+                f" by name; strategies {WORKER_STRATEGIES} take any"
+            )
+        return
     lowered = name.lower()
     if on_servers and lowered not in SERVER_OPTIMIZERS:
         why = (
@@ -59,6 +71,8 @@ def check_optimizer_args(args: object, optimizer: str, on_servers: bool) -> None
                 f"optimizer_args must not set {taken!r}: the run sets it (--lr, --weight-decay)"
             )
     name = optimizer.lower()
+    if name.startswith(OBJECT_PREFIX) and args:
+        raise ConfigError("optimizer_args go with an optimizer by name; an object has its own")
     allowed = SERVER_ARGS.get(name, ()) if on_servers or name == "sgd" else None
     extra = sorted(set(args) - set(allowed)) if allowed is not None else []
     if extra:
@@ -69,8 +83,14 @@ def check_optimizer_args(args: object, optimizer: str, on_servers: bool) -> None
         )
 
 
-def check_scheduler(name: str, warmup_steps: int) -> None:
-    if name not in SCHEDULERS:
+def check_scheduler(name: str, warmup_steps: int, on_servers: bool = False) -> None:
+    if name.startswith(OBJECT_PREFIX):
+        if on_servers:
+            raise ConfigError(
+                "a schedule object steps a torch optimizer on the workers; the parameter servers"
+                f" take the schedules {', '.join(SCHEDULERS)} by name"
+            )
+    elif name not in SCHEDULERS:
         raise ConfigError(f"scheduler must be one of {', '.join(SCHEDULERS)}; got {name!r}")
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
         raise ConfigError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")

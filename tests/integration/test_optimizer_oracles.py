@@ -141,6 +141,32 @@ def _allreduce_worker(rank: int, address: str, out: Path) -> None:
     np.save(out / f"rank{rank}.npy", _flat(flat.module))
 
 
+def test_an_optimizer_and_a_schedule_handed_over_as_objects_step_as_pytorch() -> None:
+    from ember.models.losses import object_label, register_object
+    from tests.task_models import halve_every_100, rmsprop
+
+    labels = [object_label(kind, f) for kind, f in (("o", rmsprop), ("s", halve_every_100))]
+    for label, function in zip(labels, (rmsprop, halve_every_100), strict=True):
+        register_object(label, function)
+    config = RunConfig(strategy="single", workers=1, optimizer=labels[0], scheduler=labels[1])
+    x, y = _data(STEPS * 30)
+    flat = FlatModel(_model(), flat_grads=False)
+    optimizer = local_optimizer(flat, config.validate(), total_steps=STEPS * 30)
+    reference = _model()
+    torch_optimizer = rmsprop(reference.parameters())
+    schedule = halve_every_100(torch_optimizer)
+    for step in range(STEPS * 30):  # past two of the schedule's steps
+        inputs, labels_ = _batch(x, y, step, 0)
+        for model in (flat.module, reference):
+            model.zero_grad()
+            F.cross_entropy(model(inputs), labels_).backward()
+        optimizer.step()
+        torch_optimizer.step()
+        schedule.step()
+    assert torch_optimizer.param_groups[0]["lr"] == pytest.approx(2e-3 / 8)
+    np.testing.assert_allclose(_flat(flat.module), _flat(reference), rtol=1e-6, atol=1e-7)
+
+
 def test_an_optimizer_a_shard_cannot_run_is_refused_before_anything_starts() -> None:
     with pytest.raises(ConfigError) as refused:
         RunConfig(strategy="bsp", optimizer="lamb").validate()

@@ -17,10 +17,12 @@ from tests.task_models import (
     LENGTH,
     TinyEncoder,
     bn_cnn,
+    halve_every_100,
     per_token_accuracy,
     regression_data,
     regression_net,
     reversal_data,
+    rmsprop,
 )
 
 pytestmark = pytest.mark.timeout(300)
@@ -146,6 +148,37 @@ def test_a_torch_dataset_is_taken_as_data(tmp_path: Path) -> None:
     assert result.summary["test_r2"] >= 0.6, result.summary
 
 
+@pytest.mark.parametrize("strategy", ["single", "easgd-async"])
+def test_an_optimizer_and_a_schedule_given_as_callables(tmp_path: Path, strategy: str) -> None:
+    result = _fit(
+        tmp_path / "run",
+        strategy,
+        model=regression_net(),
+        data=regression_data(4000),
+        loss="mse",
+        optimizer=rmsprop,
+        scheduler=halve_every_100,
+        epochs=4,
+    )
+    assert result.summary["config"]["optimizer"].startswith("object:optimizer:")
+    assert result.summary["test_r2"] >= 0.7, result.summary
+
+
+def test_a_torch_optim_class_is_taken_by_its_name(tmp_path: Path) -> None:
+    result = _fit(
+        tmp_path / "run",
+        "bsp",
+        model=regression_net(),
+        data=regression_data(4000),
+        loss="mse",
+        optimizer=torch.optim.AdamW,
+        lr=3e-3,
+        epochs=3,
+    )
+    assert result.summary["config"]["optimizer"] == "adamw"
+    assert result.summary["test_r2"] >= 0.7, result.summary
+
+
 def _wrong_width_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ((output - target[:, :1]) ** 2).sum(dim=0)  # one value per column, not a scalar
 
@@ -166,6 +199,11 @@ MISFITS = {
     "a server strategy with rmsprop": (
         dict(loss="mse", data=regression_data(100), strategy="bsp", optimizer="rmsprop"),
         "optimizer 'rmsprop' cannot run on the parameter servers of strategy 'bsp'",
+    ),
+    "an optimizer object on the servers": (
+        dict(loss="mse", data=regression_data(100), strategy="ssp", optimizer=rmsprop),
+        "an optimizer object runs on the workers, and strategy 'ssp' runs its optimizer on the"
+        " parameter servers",
     ),
     "accuracy of values": (
         dict(loss="mse", data=regression_data(100), metrics="accuracy"),

@@ -11,8 +11,9 @@ import torch
 from ember.algorithms.flat import FlatModel
 from ember.config import RunConfig
 from ember.errors import ConfigError
+from ember.models.losses import resolve_function
 from ember.ps import ExchangeResult, PSClient
-from ember.training import CONSTANT, Schedule
+from ember.training import CONSTANT, OBJECT_PREFIX, Schedule
 
 
 @dataclass
@@ -141,38 +142,46 @@ class MomentumSGD:
 
 class ScheduledOptimizer:
     """A worker's optimizer as the run configures it: the gradient clipped to clip_grad_norm,
-    the learning rate set from the schedule, then the optimizer's own step. `steps` is the
+    each group's learning rate set from the schedule (a factor of the group's own starting
+    rate), then the optimizer's own step, then a user's schedule object's. `steps` is the
     local steps taken so far (a resumed worker's start)."""
 
     def __init__(
         self,
         optimizer: Any,
         params: list[torch.nn.Parameter],
-        lr: float,
         schedule: Schedule,
         clip_grad_norm: float | None,
+        scheduler: Any = None,
     ) -> None:
-        self.optimizer, self.params, self.lr = optimizer, params, lr
-        self.schedule, self.clip = schedule, clip_grad_norm
+        self.optimizer, self.params = optimizer, params
+        self.schedule, self.clip, self.scheduler = schedule, clip_grad_norm, scheduler
+        self.rates = [group["lr"] for group in optimizer.param_groups]
         self.steps = 0
 
     def step(self) -> None:
         if self.clip is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip)
-        lr = self.lr * self.schedule.factor(self.steps)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        if self.scheduler is None:
+            factor = self.schedule.factor(self.steps)
+            for group, rate in zip(self.optimizer.param_groups, self.rates, strict=True):
+                group["lr"] = rate * factor
         self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         self.steps += 1
 
 
 def local_optimizer(flat: FlatModel, config: RunConfig, total_steps: int = 0) -> Optimizer:
-    """The worker's optimizer: momentum SGD ("sgd"), or the torch.optim class the run names
-    (case-insensitively), with the run's weight decay, schedule and clipping."""
+    """The worker's optimizer: momentum SGD ("sgd"), the torch.optim class the run names
+    (case-insensitively), or what an optimizer object handed to ember.fit builds from the
+    parameters; with the run's weight decay, schedule (or schedule object) and clipping."""
     params = [p for p in flat.module.parameters() if p.requires_grad]
     name, lr, decay = config.optimizer.lower(), config.lr, config.weight_decay
     optimizer: Any
-    if name == "sgd":
+    if name.startswith(OBJECT_PREFIX):
+        optimizer = resolve_function(config.optimizer, "optimizer")(params)
+    elif name == "sgd":
         optimizer = MomentumSGD(params, lr, config.momentum, config.nesterov, decay)
     else:
         classes: dict[str, Any] = {
@@ -189,7 +198,12 @@ def local_optimizer(flat: FlatModel, config: RunConfig, total_steps: int = 0) ->
             optimizer = classes[name](params, lr=lr, weight_decay=decay, **config.optimizer_args)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"optimizer {config.optimizer!r}: {exc}") from exc
-    schedule = Schedule(config.scheduler, total_steps, config.warmup_steps)
-    if schedule == CONSTANT and config.clip_grad_norm is None:
+    scheduler = None
+    if config.scheduler.startswith(OBJECT_PREFIX):
+        scheduler = resolve_function(config.scheduler, "scheduler")(optimizer)
+    schedule = (
+        Schedule(config.scheduler, total_steps, config.warmup_steps) if not scheduler else CONSTANT
+    )
+    if schedule == CONSTANT and config.clip_grad_norm is None and scheduler is None:
         return optimizer  # nothing to add around it: today's hot path as it was
-    return ScheduledOptimizer(optimizer, params, lr, schedule, config.clip_grad_norm)
+    return ScheduledOptimizer(optimizer, params, schedule, config.clip_grad_norm, scheduler)

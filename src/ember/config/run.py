@@ -161,7 +161,7 @@ class RunConfig:
         if not 0 <= self.momentum < 1:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum!r}")
         check_optimizer(self.optimizer, self.strategy, not self.mode.local_optimizer)
-        check_scheduler(self.scheduler, self.warmup_steps)
+        check_scheduler(self.scheduler, self.warmup_steps, not self.mode.local_optimizer)
         check_precision(self.precision)
         check_objective(self.loss, self.metrics)
         check_optimizer_args(self.optimizer_args, self.optimizer, not self.mode.local_optimizer)
