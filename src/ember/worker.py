@@ -37,7 +37,7 @@ from ember.metrics import (
     WorkerStart,
 )
 from ember.models import build_model
-from ember.models.losses import forward, make_loss, register_objects
+from ember.models.losses import make_loss, register_objects
 from ember.spec import Layout, WorkerSpec, checkpoint_meta, load_data
 from ember.wire import use_encryption
 
@@ -173,7 +173,8 @@ class Worker:
         step_started, waited_before = time.perf_counter(), algorithm.stats.t_wait
         self.flat.zero_grad()
         with self.autocast:  # the loss itself in float32, as autocast leaves it
-            outputs = forward(self.model, inputs)
+            # called here, not through losses.forward: one frame less under a model that raises
+            outputs = self.model(**inputs) if isinstance(inputs, dict) else self.model(inputs)
         loss = self.loss(outputs.float(), targets)
         loss.backward()
         if self.feeds_loss:  # the loss trigger decides in after_backward

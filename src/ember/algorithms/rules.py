@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ember.config import AlgorithmKind, ConsistencyKind, RunConfig
+from ember.config import AlgorithmKind, ConsistencyKind, RunConfig, ServerSettings
 from ember.errors import ConfigError
 from ember.ps.shard import UpdateRule
 from ember.training import CONSTANT, Schedule
@@ -193,7 +193,7 @@ class EASGDRule:
     commit_buffers = commit
 
 
-def make_update_rule(config: RunConfig, steps_per_worker: int = 0) -> UpdateRule:
+def make_update_rule(config: RunConfig | ServerSettings, steps_per_worker: int = 0) -> UpdateRule:
     """The server's half of a strategy; only server strategies have one. Its schedule runs
     over the server's commits: one a round under BSP, one a push (workers a round) else."""
     if config.algorithm is AlgorithmKind.SGD:

@@ -2,6 +2,7 @@
 it names, and what each implies, are in ember.strategies (re-exported here)."""
 
 from ember.config.files import did_you_mean, explicit_fields, fresh_config, make_config
+from ember.config.parts import PARTS, ServerSettings, part_of
 from ember.config.resume import RESUME_MAY_CHANGE, resumed_values
 from ember.config.run import (
     CODECS,
@@ -19,15 +20,18 @@ __all__ = [
     "ENGINES",
     "FIELD_NAMES",
     "MAX_WORKERS",
+    "PARTS",
     "RESUME_MAY_CHANGE",
     "STRATEGIES",
     "AlgorithmKind",
     "ConsistencyKind",
     "RunConfig",
+    "ServerSettings",
     "Strategy",
     "did_you_mean",
     "explicit_fields",
     "fresh_config",
     "make_config",
+    "part_of",
     "resumed_values",
 ]

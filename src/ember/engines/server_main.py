@@ -19,7 +19,7 @@ import msgpack
 import safetensors
 
 from ember.algorithms.rules import make_update_rule
-from ember.config import RunConfig
+from ember.config import ServerSettings
 from ember.engines.addresses import bind_first
 from ember.engines.process import _die_with_parent
 from ember.ps import ParameterServer, ShardSpec, make_consistency
@@ -49,7 +49,7 @@ def main() -> None:
 
 
 def serve(message: dict[str, Any], tell: Callable[[str], None]) -> None:
-    config = RunConfig(**message["config"]).validate()
+    config = ServerSettings.from_dict(message["settings"])  # the run's servers' part alone
     use_encryption(config.encrypt)  # every socket of this process, before the first opens
     shard, role = ShardSpec(**message["shard"]), message["role"]
     # rebuilt here: ps never imports the algorithms

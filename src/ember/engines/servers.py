@@ -28,7 +28,7 @@ from ember.checkpoint import (
     verify_run_state,
     with_buffers,
 )
-from ember.config import RunConfig
+from ember.config import RunConfig, ServerSettings
 from ember.engines.addresses import Placement, local_address, placement, port_of
 from ember.engines.process import Interpreter, reap, tail
 from ember.errors import CheckpointError, EmberError, ServerUnavailable
@@ -134,7 +134,7 @@ class ServerGroup:
             first = slot.shard.index * self.config.replicas + slot.replica
             message = {
                 "parent": os.getpid(),
-                "config": self.config.to_dict(),
+                "settings": ServerSettings.of(self.config).to_dict(),  # their part alone
                 "secret": self.secret,
                 "shard": asdict(slot.shard),
                 "role": role,

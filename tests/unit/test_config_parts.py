@@ -1,0 +1,32 @@
+"""The configuration's parts: every field in exactly one, and the servers handed theirs alone."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from ember.algorithms import make_update_rule
+from ember.config import FIELD_NAMES, PARTS, RunConfig, ServerSettings, part_of
+
+
+def test_every_field_belongs_to_exactly_one_part() -> None:
+    counted = Counter(name for names in PARTS.values() for name in names)
+    assert sorted(counted) == sorted(FIELD_NAMES)
+    assert [name for name, times in counted.items() if times > 1] == []
+    assert part_of("loss") == "training" and part_of("replicas") == "servers"
+
+
+def test_the_servers_settings_hold_no_model_loss_data_or_addresses() -> None:
+    config = RunConfig(
+        strategy="bsp", workers=3, optimizer="adamw", optimizer_args={"betas": [0.8, 0.9]}
+    ).validate()
+    settings = ServerSettings.of(config)
+    names = {f.name for f in dataclasses.fields(settings)}
+    assert not names & {"model", "loss", "metrics", "data", "out", "master", "bind_address"}
+    again = ServerSettings.from_dict(settings.to_dict())
+    assert again == settings and again.consistency is config.consistency
+    # the servers build the same rule from their part as the launcher from the whole
+    assert make_update_rule(again, 10) == make_update_rule(config, 10)
+    assert make_update_rule(again).betas == (0.8, 0.9)  # type: ignore[attr-defined]
+    easgd = RunConfig(strategy="easgd-async", workers=4).validate()
+    assert ServerSettings.of(easgd).effective_alpha == easgd.effective_alpha == 0.9 / 4
