@@ -12,6 +12,7 @@ import numpy as np
 
 from ember.config import RunConfig
 from ember.data import Dataset, load_dataset
+from ember.objective import targets_of
 
 
 @dataclass
@@ -58,6 +59,7 @@ def user_functions(config: RunConfig) -> dict[str, Any]:
 def load_data(config: RunConfig) -> Dataset:
     return load_dataset(
         config.data,
+        targets=targets_of(config.loss),
         seed=config.seed,
         synthetic_samples=config.synthetic_samples,
         synthetic_features=config.synthetic_features,

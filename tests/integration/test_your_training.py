@@ -226,3 +226,25 @@ def _escaped(message: str) -> str:
     import re
 
     return re.escape(message)
+
+
+def test_regression_files_train_by_name_as_the_command_line_names_them(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    x, y = regression_data(3000)
+    np.savez(tmp_path / "values.npz", x=x, y=y)
+    rows = pa.table({"features": list(x), "label": list(y)})  # label: a list of two per row
+    pq.write_table(rows, tmp_path / "values.parquet")
+    for name in ("values.npz", "values.parquet"):
+        result = ember.fit(
+            data=str(tmp_path / name),
+            model="tests.task_models:regression_net",
+            loss="mse",
+            optimizer="adam",
+            lr=3e-3,
+            strategy="single",
+            epochs=4,
+            out=str(tmp_path / f"run-{name}"),
+        )
+        assert result.summary["test_r2"] >= 0.7, (name, result.summary)

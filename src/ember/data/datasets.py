@@ -83,6 +83,7 @@ def load_dataset(
     seed: int = 0,
     synthetic_samples: int = 100_000,
     synthetic_features: int = 100,
+    targets: str | None = "classes",
 ) -> Dataset:
     """Load a named dataset (see DATASET_NAMES) or a .npz file, .parquet file/folder or IDX folder.
 
@@ -104,15 +105,15 @@ def load_dataset(
         if find_idx_files(path):
             return _from_idx(str(path), path, None, None)
         if any(path.rglob("*.parquet")):
-            return load_parquet(path)
+            return load_parquet(path, targets)
         raise ConfigError(
             f"data path {path}: folder holds neither MNIST IDX files nor .parquet files"
         )
     if path.is_file():
         if path.suffix == ".npz":
-            return load_npz(path)
+            return load_npz(path, targets)
         if path.suffix == ".parquet":
-            return load_parquet(path)
+            return load_parquet(path, targets)
         raise ConfigError(
             f"data path {path}: unsupported file type {path.suffix!r}; expected .npz or .parquet"
         )

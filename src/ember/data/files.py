@@ -15,7 +15,7 @@ from ember.errors import ConfigError
 NPZ_SPLIT = ("x_train", "y_train", "x_test", "y_test")  # an .npz with its own test split
 
 
-def load_npz(path: Path) -> Dataset:
+def load_npz(path: Path, targets: str | None = "classes") -> Dataset:
     """x_train, y_train, x_test, y_test, or x and y (the last tenth held out for testing)."""
     where = f"data path {path}"
     # checked first because np.load reports any non-zip file as "pickled data"
@@ -39,7 +39,7 @@ def load_npz(path: Path) -> Dataset:
                 raise ConfigError(f"{where}: cannot read array {key!r} ({exc})") from exc
 
     def pair(x: str, y: str) -> tuple[np.ndarray, np.ndarray]:
-        return _validated(where, arrays[x], arrays[y], f"array {x!r}", f"array {y!r}")
+        return _validated(where, arrays[x], arrays[y], f"array {x!r}", f"array {y!r}", targets)
 
     if wanted == NPZ_SPLIT:
         return _make(str(path), where, *pair("x_train", "y_train"), *pair("x_test", "y_test"))
@@ -132,18 +132,21 @@ def _missing_array(where: str, key: str, found: list[str]) -> str:
     )
 
 
-def load_parquet(path: Path) -> Dataset:
+def load_parquet(path: Path, targets: str | None = "classes") -> Dataset:
     """A file or folder of `features` (a list of numbers) and `label`; a folder holding
     train.parquet and test.parquet is that split, anything else has its last tenth held out."""
     train, test = path / "train.parquet", path / "test.parquet"
     if path.is_dir() and train.is_file() and test.is_file():
-        return _make(str(path), f"data path {path}", *_read_parquet(train), *_read_parquet(test))
+        read = _read_parquet(train, targets), _read_parquet(test, targets)
+        return _make(str(path), f"data path {path}", *read[0], *read[1])
     where = f"data path {path}"
-    return _make(str(path), where, *_hold_out(where, *_read_parquet(path)), held_out=True)
+    pair = _read_parquet(path, targets)
+    return _make(str(path), where, *_hold_out(where, *pair), held_out=True)
 
 
-def _read_parquet(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Read the `features` list column and `label` column of a file or folder, no per-row loop."""
+def _read_parquet(path: Path, targets: str | None = "classes") -> tuple[np.ndarray, np.ndarray]:
+    """Read the `features` list column and `label` column of a file or folder, no per-row loop;
+    a loss on values takes a `label` of numbers or of equal-length lists of them."""
     import pyarrow as pa  # lazily: pyarrow is slow to import and most runs use no Parquet
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -167,9 +170,16 @@ def _read_parquet(path: Path) -> tuple[np.ndarray, np.ndarray]:
         )
     if not (pa.types.is_integer(ftype.value_type) or pa.types.is_floating(ftype.value_type)):
         raise ConfigError(f"{where}: column 'features' must hold numbers, got {ftype}")
-    if not (
-        pa.types.is_integer(ltype) or pa.types.is_floating(ltype) or pa.types.is_boolean(ltype)
-    ):
+    listed = targets != "classes" and (
+        pa.types.is_list(ltype) or pa.types.is_fixed_size_list(ltype)
+    )
+    if listed:
+        lengths = pc.list_value_length(label).to_numpy(zero_copy_only=False)
+        if label.null_count or len(set(lengths.tolist())) > 1:
+            raise ConfigError(f"{where}: column 'label' holds lists of unequal lengths or nulls")
+        label = pc.list_flatten(label)
+    number = pa.types.is_integer(label.type) or pa.types.is_floating(label.type)
+    if not (number or pa.types.is_boolean(label.type)):
         raise ConfigError(f"{where}: column 'label' must hold integer labels, got {ltype}")
     for name, column in (("features", features), ("label", label)):
         if column.null_count:
@@ -188,7 +198,9 @@ def _read_parquet(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if width == 0 or flat.null_count:
         raise ConfigError(f"{where}: column 'features' has empty lists or nulls inside lists")
     x = flat.to_numpy().reshape(len(table), width)
-    return _validated(where, x, label.to_numpy(), "column 'features'", "column 'label'")
+    y = label.to_numpy()
+    y = y.reshape(len(table), -1) if listed else y
+    return _validated(where, x, y, "column 'features'", "column 'label'", targets)
 
 
 # How Spark writes a pyspark.ml.linalg vector column (VectorUDT) to Parquet

@@ -35,7 +35,14 @@ class HostData:
             self.scratch = None
 
 
-def host_data(spec: str, *, seed: int, synthetic_samples: int, synthetic_features: int) -> HostData:
+def host_data(
+    spec: str,
+    *,
+    seed: int,
+    synthetic_samples: int,
+    synthetic_features: int,
+    targets: str | None = "classes",
+) -> HostData:
     """`spec` (as load_dataset takes it) laid out once for this host's processes to map."""
     folder = _idx_folder(spec)
     if folder is not None:
@@ -53,7 +60,8 @@ def host_data(spec: str, *, seed: int, synthetic_samples: int, synthetic_feature
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
-    return host_dataset(load_dataset(spec, seed=seed))  # a user's file: read once, here
+    # a user's file: read once, here, its targets as the loss takes them
+    return host_dataset(load_dataset(spec, seed=seed, targets=targets))
 
 
 def host_dataset(data: Dataset) -> HostData:

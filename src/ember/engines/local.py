@@ -29,6 +29,7 @@ from ember.engines.rundir import RunResult, RunSetup, prepare_run
 from ember.engines.servers import spare_servers
 from ember.errors import same_every_time
 from ember.metrics import WorkerError, WorkerFailure, WorkerRestart, write_json
+from ember.objective import targets_of
 from ember.spec import WorkerSpec, model_object, user_functions
 
 
@@ -54,6 +55,7 @@ def train_local(
                     seed=config.seed,
                     synthetic_samples=config.synthetic_samples,
                     synthetic_features=config.synthetic_features,
+                    targets=targets_of(config.loss),
                 )
             try:
                 files = host.files
