@@ -17,7 +17,7 @@ MAX_LINES = 400
 # (leaves <- wire <- ps <- algorithms <- worker <- engines <- bench, cli) cannot be reversed.
 LAYERS: list[set[str]] = [
     {"_version", "errors", "metrics", "userfile"},
-    {"network", "tau", "training", "objective", "flags", "strategies", "units"},
+    {"network", "tau", "training", "objective", "flags", "strategies", "units", "returns"},
     {"config"},
     {"wire", "data", "checkpoint", "perfmodel", "emulated"},
     {"models"},
@@ -26,8 +26,10 @@ LAYERS: list[set[str]] = [
     {"algorithms"},
     {"evaluation", "export"},
     {"worker", "predictions"},
+    {"userloop"},
     {"engines"},
     {"api"},
+    {"runs"},
     {"spark"},
     {"spark_ml"},
     {"bench"},
