@@ -86,6 +86,25 @@ class WorkerProgress(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class LoopProgress(Record):
+    """ctx.report() in a loop ember.run runs: a progress record as the built-in loop's (the
+    same kind, so the bar reads it alike), with the user's metrics as fields of their own."""
+
+    kind = "worker"
+    rank: int  # the worker's rank
+    incarnation: int  # which start of the rank reports
+    step: int  # optimizer steps done, counted from 1
+    epoch: int  # the epoch of the latest batches served, counted from 1
+    loss: float  # the loss reported, NaN when none was
+    samples: int  # samples trained by this incarnation
+    samples_per_second: float  # since the previous record
+    t_comp: float  # seconds of the loop so far, without waits on the network
+    comm: Mapping[str, Any] = _merged()  # CommStats.as_record(): exchanges, bytes, staleness
+    reported: tuple[str, ...] = ()  # the names the user reported: TensorBoard scalars too
+    metrics: Mapping[str, Any] = _merged()  # the user's metrics, by the names reported
+
+
+@dataclass(frozen=True, kw_only=True)
 class Evaluation(Record):
     kind = "eval"
     rank: int = 0  # only worker 0 evaluates
@@ -217,8 +236,9 @@ class MetricsLog:
         if self._writer is not None:
             tag = f"{line.get('kind', 'run')}/{line.get('rank', 'all')}"
             step = int(line.get("step", line.get("epoch", 0)))
-            # the fixed scalars, each held-out metric, and what a user loop reports
-            keys = [*SCALARS, *(k for k in line if k.startswith(("test_", "user_")))]
+            # the fixed scalars, each held-out metric, and the names a user loop reported
+            found = (k for k in line if k.startswith(("test_", "user_")))
+            keys = [*SCALARS, *found, *line.get("reported", ())]
             for key in dict.fromkeys(keys):
                 if isinstance(line.get(key), (int, float)) and not isinstance(line[key], bool):
                     self._writer.add_scalar(f"{tag}/{key}", line[key], step)
