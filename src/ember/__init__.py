@@ -2,6 +2,9 @@
 
 Map (class or function -> file -> what it does):
 - fit, evaluate_checkpoint -> api.py: train with the CLI's fields; score a checkpoint
+- run -> runs.py: your own training function on every worker; rank 0's value comes back
+- context, Optimizer -> userloop.py: inside that function, the worker's rank, data and
+  report(); the wrapper of your torch.optim optimizer whose step() does the run's exchange
 - load -> export.py: the trained nn.Module of a run directory or checkpoint (model.safetensors)
 - predict -> predictions.py: a run's model over a file in batches, predictions written as it goes
 - spark.fit -> spark.py: the same on a Spark DataFrame (engines/spark/ runs it)
@@ -14,9 +17,9 @@ Map (class or function -> file -> what it does):
 - wire/, algorithms/, worker.py, data/, models/, checkpoint.py, metrics.py, engines/: see their
   own docstrings
 
-The names that need torch (fit, evaluate_checkpoint, RunResult, spark) are imported when first
-used (PEP 562), so `import ember.<part>` costs only that part: a parameter-server process
-imports ember.ps and never torch.
+The names that need torch (fit, run, Optimizer, context, evaluate_checkpoint, RunResult,
+spark) are imported when first used (PEP 562), so `import ember.<part>` costs only that part:
+a parameter-server process imports ember.ps and never torch.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ if TYPE_CHECKING:
     from ember.engines.rundir import RunResult
     from ember.export import load_model as load
     from ember.predictions import predict
+    from ember.runs import run
+    from ember.userloop import Optimizer, context
 
 _LAZY = {  # name -> the module that defines it
     "evaluate_checkpoint": "ember.api",
@@ -48,6 +53,9 @@ _LAZY = {  # name -> the module that defines it
     "RunResult": "ember.engines.rundir",
     "load": "ember.export",
     "predict": "ember.predictions",
+    "run": "ember.runs",
+    "Optimizer": "ember.userloop",
+    "context": "ember.userloop",
 }
 _RENAMED = {"load": "load_model"}  # the public name -> the name in its module
 
@@ -65,6 +73,7 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "EmberError",
+    "Optimizer",
     "ProtocolError",
     "RunConfig",
     "RunResult",
@@ -72,9 +81,11 @@ __all__ = [
     "Strategy",
     "WorkerFailed",
     "__version__",
+    "context",
     "evaluate_checkpoint",
     "fit",
     "load",
     "predict",
+    "run",
     "spark",
 ]

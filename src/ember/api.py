@@ -7,10 +7,13 @@ import sys
 import warnings
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ember.config import RunConfig, explicit_fields, fresh_config, resumed_values
 from ember.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ember.data import Dataset
 
 
 def fit(
@@ -29,6 +32,17 @@ def fit(
     from ember.engines import train
 
     fields = {k.replace("-", "_"): v for k, v in fields.items()}
+    dataset = take_objects(fields, test_data)
+    config = run_config(fields, config_file)
+    if config.engine == "local":  # Spark's workers and ember's servers never import __main__
+        require_main_guard("ember.fit", "its workers")
+    return train(config, show_progress, dataset)
+
+
+def take_objects(fields: dict[str, Any], test_data: tuple[Any, Any] | None) -> Dataset | None:
+    """Data given as arrays, and a model, loss, metrics, optimizer or schedule given as
+    objects, taken out of `fields` (which then hold their names and labels): the dataset to
+    train on, if arrays were given."""
     engine = fields.get("engine", "local")
     _label_functions(fields, engine)
     dataset = None
@@ -50,11 +64,8 @@ def fit(
         fields["model"] = model_label(source)
         register_model(fields["model"], source)
         if engine == "local":
-            _check_picklable(source)
-    config = run_config(fields, config_file)
-    if config.engine == "local":  # Spark's workers and ember's servers never import __main__
-        require_main_guard("ember.fit", "its workers")
-    return train(config, show_progress, dataset)
+            check_picklable(source)
+    return dataset
 
 
 def _label_functions(fields: dict[str, Any], engine: str) -> None:
@@ -72,7 +83,7 @@ def _label_functions(fields: dict[str, Any], engine: str) -> None:
         name = object_label(kind, source)
         register_object(name, source)
         if engine == "local":
-            _check_picklable(source, kind)
+            check_picklable(source, kind)
         return name
 
     if "loss" in fields and fields["loss"] is not None:
@@ -90,9 +101,10 @@ def _label_functions(fields: dict[str, Any], engine: str) -> None:
         fields["metrics"] = ",".join(label("metric", m) for m in listed)
 
 
-def _check_picklable(source: object, what: str = "model") -> None:
-    """The local engine hands a model, loss or metric object to its worker processes as
-    multiprocessing hands any argument: one it cannot is refused here, before anything starts."""
+def check_picklable(source: object, what: str = "model") -> None:
+    """The local engine hands a model, loss or metric object (or ember.run's function) to its
+    worker processes as multiprocessing hands any argument: one it cannot is refused here,
+    before anything starts."""
     from multiprocessing.reduction import ForkingPickler
 
     try:

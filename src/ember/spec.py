@@ -5,6 +5,7 @@ without importing torch, which only its workers need (engines/modelwork.py)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,19 @@ class WorkerSpec:
     # as the engine ships code to its own processes, never over ember's wire
     model_object: Any = None
     functions: dict[str, Any] = field(default_factory=dict)  # loss and metric objects, alike
+    # ember.run: the user's function, run with these arguments in place of the built-in loop;
+    # shipped as model_object is, never over ember's wire
+    train_fn: Callable[..., Any] | None = None
+    train_args: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class UserLoop:
+    """What ember.run hands an engine: the function every worker runs, and its arguments."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    has_model: bool = False  # model= was given: the servers start from its parameters
 
 
 def model_object(config: RunConfig) -> Any:

@@ -10,6 +10,8 @@ Map:
 - join_run, write_join_file -> join.py: `ember join`, a worker added to a running async run
 - RunSetup, RunResult, prepare_run, finish_run -> rundir.py: a run's directory opened (data,
   starting parameters, resume) and closed (final evaluation, summary.json)
+- NoModel, LoopResult, finish_loop -> userrun.py: ember.run's launcher side (no model of its
+  own, summary.json for a loop the user wrote, rank 0's return value)
 - Run -> run.py: one run lifecycle for both engines (servers kept alive and checkpointed,
   events relayed, what the servers hold saved on failure)
 - start_child, Interpreter, reap -> process.py: children (spawned workers, servers as fresh
@@ -35,6 +37,7 @@ from ember.errors import ConfigError
 if TYPE_CHECKING:
     from ember.data import Dataset
     from ember.engines.rundir import RunResult
+    from ember.spec import UserLoop
 
 
 def __getattr__(name: str) -> Any:
@@ -48,10 +51,13 @@ def __getattr__(name: str) -> Any:
 
 
 def train(
-    config: RunConfig, show_progress: bool = True, dataset: Dataset | None = None
+    config: RunConfig,
+    show_progress: bool = True,
+    dataset: Dataset | None = None,
+    loop: UserLoop | None = None,
 ) -> RunResult:
     """Train `config` on its engine; `dataset` (arrays the caller holds) stands in for
-    config.data."""
+    config.data, and `loop` (ember.run's function) for the built-in training loop."""
     if config.engine == "local":
         from ember.engines.forking import start_forkserver, stop_forkserver
 
@@ -61,13 +67,13 @@ def train(
         except BaseException:
             stop_forkserver()
             raise
-        return train_local(config, show_progress, dataset)
+        return train_local(config, show_progress, dataset, loop)
     if config.engine == "spark":
         try:
             from ember.engines.spark import train_spark
         except ImportError as exc:
             raise ConfigError(f"engine 'spark' is not available here: {exc}") from exc
-        return train_spark(config, show_progress, dataset)
+        return train_spark(config, show_progress, dataset, loop)
     raise ConfigError(f"engine must be one of local, spark; got {config.engine!r}")
 
 

@@ -27,18 +27,23 @@ from ember.engines.recordpipes import RecordPipes, RecordSender
 from ember.engines.run import Run
 from ember.engines.rundir import RunResult, RunSetup, prepare_run
 from ember.engines.servers import spare_servers
+from ember.engines.userrun import NoModel
 from ember.errors import same_every_time
 from ember.metrics import WorkerError, WorkerFailure, WorkerRestart, write_json
 from ember.objective import targets_of
-from ember.spec import WorkerSpec, model_object, user_functions
+from ember.spec import UserLoop, WorkerSpec, model_object, user_functions
 
 
 def train_local(
-    config: RunConfig, show_progress: bool = True, dataset: Dataset | None = None
+    config: RunConfig,
+    show_progress: bool = True,
+    dataset: Dataset | None = None,
+    loop: UserLoop | None = None,
 ) -> RunResult:
     """Run servers and workers as children of this process; every child is reaped on return,
     error or Ctrl-C, and a failure saves what the servers hold before they stop. `dataset`,
-    arrays the caller holds, is trained on in place of config.data."""
+    arrays the caller holds, is trained on in place of config.data; `loop` (ember.run) is
+    what the workers run in place of the built-in loop."""
     timeline, memory = Timeline(), PeakMemory()
     start_forkserver()  # running already when `ember train` started it (engines/__init__.py)
     spares: list[Interpreter] = []
@@ -63,7 +68,9 @@ def train_local(
                 check_shards(files.name, rows, config.workers, config.batch_size)
                 progress.phase("importing torch, building the model")
                 timeline.mark("model")
-                setup = prepare_run(config, host.files.dataset(), Forked(host.files, memory))
+                work = NoModel() if loop and not loop.has_model else Forked(host.files, memory)
+                setup = prepare_run(config, host.files.dataset(), work)
+                setup.loop = loop
                 setup.spare_servers = spares
                 result = _train(setup, progress, (timeline, memory), host.files)
             finally:
@@ -106,6 +113,8 @@ def _train(
                 own_rows=True,  # each is handed its shard alone
                 model_object=model_object(config),
                 functions=user_functions(config),
+                train_fn=setup.loop.fn if setup.loop else None,
+                train_args=setup.loop.args if setup.loop else (),
             )
             progress.phase("starting workers")
             timeline.mark("workers")
@@ -214,6 +223,7 @@ def _how(exitcode: int | None) -> str:
 
 
 def _work(spec: WorkerSpec, pipe: Connection, files: DataFiles) -> None:
+    from ember.userloop import run_user_loop
     from ember.worker import run_worker  # the fork server's, imported already
 
     records, started = RecordSender(pipe), False
@@ -225,7 +235,8 @@ def _work(spec: WorkerSpec, pipe: Connection, files: DataFiles) -> None:
 
     try:
         dataset = files.shard(spec.rank, spec.world)  # mapped: its rows only, read-only
-        records.send(run_worker(spec, report, dataset))
+        work = run_user_loop if spec.train_fn is not None else run_worker
+        records.send(work(spec, report, dataset))
     except BaseException as exc:
         text = traceback.format_exc()
         print(text, flush=True)

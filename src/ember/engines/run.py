@@ -14,8 +14,10 @@ from ember.engines.phases import PeakMemory, Timeline, pids_of
 from ember.engines.process import reap
 from ember.engines.progress import Progress
 from ember.engines.rundir import RunResult, RunSetup, finish_run
+from ember.engines.userrun import finish_loop
 from ember.errors import CheckpointError, EmberError, WorkerFailed
 from ember.metrics import Record, RunEvent, ServerEvent
+from ember.returns import RETURNED
 from ember.spec import checkpoint_meta
 from ember.wire import warn_if_exposed
 
@@ -43,6 +45,7 @@ class Run:
         self.total = 0  # samples all workers train on, once `watching` knows their rows
         self._reported = 0  # how many of the servers' events metrics.jsonl has
         self.divergences: list[dict[str, Any]] = []  # each worker's first non-finite loss
+        self.returned: dict[str, Any] | None = None  # ember.run: rank 0's return value
 
     def start_servers(
         self, phase: str = "starting parameter servers", rows_per_worker: int = 0
@@ -83,6 +86,9 @@ class Run:
 
     def relay(self, record: dict[str, Any]) -> None:
         """A worker's record: to metrics.jsonl and the bar; a "done" one is kept for the end."""
+        if record.get("kind") == RETURNED:  # what ember.run returns: no metric, maybe large
+            self.returned = record
+            return
         record = self.described(record)
         self.setup.metrics.write(record)
         self.progress.update(record)
@@ -138,18 +144,22 @@ class Run:
             extra["server"] = _merge_server_stats(final)
             extra["server"]["failovers_and_restarts"] = self.servers.events
         extra["wire"] = _wire_stats(final, self.config.encrypt and self.servers is not None)
-        last = latest_valid_checkpoint(checkpoints)
-        if params is None:
-            if last is None:
-                raise CheckpointError(f"worker 0 left no checkpoint in {checkpoints}")
-            params = last.tensors["params"]
-        extra["checkpoint"] = str(last.path) if last else None
         workers = [self.done[rank] for rank in sorted(self.done)]
         extra.update(_divergence(self.divergences))
         if self.timeline is not None:  # the engine's own figures, its processes all known
             self.timeline.mark("evaluation")
             extra.update(self.timeline.summary(), peak_memory_bytes=self.memory.total())
-        result = finish_run(self.setup, params, workers, seconds, extra)
+        result: RunResult
+        if self.setup.loop is not None:  # ember.run: the user's loop scored what it wanted
+            result = finish_loop(self.setup, params, workers, seconds, extra, self.returned)
+        else:
+            last = latest_valid_checkpoint(checkpoints)
+            if params is None:
+                if last is None:
+                    raise CheckpointError(f"worker 0 left no checkpoint in {checkpoints}")
+                params = last.tensors["params"]
+            extra["checkpoint"] = str(last.path) if last else None
+            result = finish_run(self.setup, params, workers, seconds, extra)
         if self.timeline is not None:
             self.timeline.mark("teardown")
         return result

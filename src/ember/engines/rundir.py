@@ -27,7 +27,7 @@ from ember.engines.modelwork import InProcess, ModelWork
 from ember.engines.servers import ServerGroup
 from ember.errors import CheckpointError, ConfigError
 from ember.metrics import MetricsLog, RunEvent, RunSummary, write_json
-from ember.spec import Layout, load_data
+from ember.spec import Layout, UserLoop, load_data
 from ember.wire import use_encryption
 
 if TYPE_CHECKING:
@@ -68,6 +68,7 @@ class RunSetup:
     work: ModelWork  # who builds and evaluates the model
     spare_servers: list[Any] = field(default_factory=list)  # started early; ServerGroup takes them
     secret: bytes = field(default_factory=lambda: os.urandom(32))  # proves membership of the run
+    loop: UserLoop | None = None  # ember.run: the function the workers run instead of ember's
 
     @property
     def checkpoints(self) -> Path:
@@ -152,11 +153,7 @@ def finish_run(
     config, dataset = setup.config, setup.dataset
     scores = setup.work.evaluate(config, dataset, params, setup.run_dir)
     summary = {
-        "strategy": config.strategy,
-        "engine": config.engine,
-        "workers": config.workers,
-        "servers": config.servers if config.uses_server else 0,
-        "epochs": config.epochs,
+        **run_facts(config),
         "model": config.model,
         "data": config.data,
         "parameters": setup.layout.parameters,
@@ -176,3 +173,14 @@ def finish_run(
     # not the dataset: a local run's is a mapping of files the run removes, kept alive by it
     shape = (tuple(dataset.input_shape), dataset.num_classes)
     return RunResult(summary, setup.run_dir, config, shape, params)
+
+
+def run_facts(config: RunConfig) -> dict[str, Any]:
+    """What summary.json says first of every run: how it was run."""
+    return {
+        "strategy": config.strategy,
+        "engine": config.engine,
+        "workers": config.workers,
+        "servers": config.servers if config.uses_server else 0,
+        "epochs": config.epochs,
+    }

@@ -37,16 +37,27 @@ from ember.engines.spark.task import UNREACHABLE, train_partition
 from ember.errors import WorkerFailed
 from ember.metrics import JobFailure, RunEvent
 from ember.ps import fetch_state
-from ember.spec import WorkerSpec, checkpoint_meta, load_data, model_object, user_functions
+from ember.spec import (
+    UserLoop,
+    WorkerSpec,
+    checkpoint_meta,
+    load_data,
+    model_object,
+    user_functions,
+)
 
 EVAL_ROWS = 1000  # test rows shipped to each task for worker 0's evaluations on the spot
 
 
 def train_spark(
-    config: RunConfig, show_progress: bool = True, dataset: Dataset | None = None
+    config: RunConfig,
+    show_progress: bool = True,
+    dataset: Dataset | None = None,
+    loop: UserLoop | None = None,
 ) -> RunResult:
     """`ember train --engine spark`: load --data on the driver, hand its training split to Spark
-    as a DataFrame, and keep the test split on the driver for the final evaluation."""
+    as a DataFrame, and keep the test split on the driver for the final evaluation. `loop`
+    (ember.run) is what the tasks run in place of the built-in loop."""
     check_supported(config)
     check_before_start(config)
     began = time.perf_counter()
@@ -57,6 +68,7 @@ def train_spark(
         split = (len(data.x_train), len(data.x_test))
         check_shards(data.name, split, config.workers, config.batch_size)
         setup = prepare_run(config, data)
+        setup.loop = loop
         run = Run(setup, progress)
         # On this machine the servers start (and import PyTorch) while the JVM does; a
         # cluster's addresses come from the session's configuration (spark.driver.host).
@@ -151,6 +163,8 @@ def _train(
                 initial=setup.initial if setup.resume and run.servers is None else None,
                 model_object=model_object(config),
                 functions=user_functions(config),
+                train_fn=setup.loop.fn if setup.loop else None,
+                train_args=setup.loop.args if setup.loop else (),
             )
             # deferred evaluations cost the loop nothing: they get the whole test set
             shipped = None if config.eval_deferred else EVAL_ROWS

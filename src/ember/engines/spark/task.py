@@ -26,7 +26,9 @@ from ember.engines.spark.rendezvous import (
 )
 from ember.errors import EmberError, same_every_time
 from ember.metrics import WorkerError
+from ember.returns import RETURNED
 from ember.spec import WorkerSpec
+from ember.userloop import run_user_loop
 from ember.wire import CONNECTION_ERRORS, ClientConnection, use_encryption
 from ember.worker import Report, run_worker
 
@@ -92,12 +94,13 @@ def train_partition(
         nonlocal started
         started = started or record.get("kind") == "start"
         records.append(record)
-        if sender is not None:
+        if sender is not None and record.get("kind") != RETURNED:  # rows carry it, once
             sender.send({**record, "incarnation": incarnation})
 
     try:
         if meeting is None:
-            report(run_worker(spec, report, dataset=data))
+            work = run_user_loop if spec.train_fn is not None else run_worker
+            report(work(spec, report, dataset=data))
         else:
             records.extend(_all_reduce(context, spec, meeting, data, report))
     except Exception as exc:

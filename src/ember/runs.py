@@ -1,0 +1,84 @@
+"""`ember.run(train_fn, ...)`: the user's own training loop on every worker of a run, as
+TorchDistributor.run and horovod.spark.run run it, with rank 0's return value back."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from typing import Any
+
+from ember.api import check_picklable, require_main_guard, run_config, take_objects
+from ember.config import RunConfig
+from ember.errors import ConfigError, EmberError
+
+
+def run(
+    train_fn: Callable[..., Any],
+    *args: Any,
+    config_file: str | None = None,
+    show_progress: bool = False,
+    test_data: tuple[Any, Any] | None = None,
+    **fields: Any,
+) -> Any:
+    """Run `train_fn(*args)` on every worker, with the run's servers started and stopped
+    around it, and return rank 0's return value. `fields` are ember.fit's (workers=,
+    strategy=, engine=, data=, lr=, optimizer=, tau=, ...). Inside, ember.context() gives the
+    rank, the worker count, this worker's shard of `data` and report(); ember.Optimizer wraps
+    the loop's torch.optim optimizer so that its step() does the run's exchange. Strategies
+    with servers need `model=` (the module train_fn trains, or a function building it): the
+    servers start from its parameters. The value travels as msgpack (numbers, strings,
+    bytes, lists, dicts, None, NumPy arrays, torch tensors), never pickled."""
+    from ember.engines import train
+    from ember.spec import UserLoop
+
+    if not callable(train_fn):
+        kind = type(train_fn).__name__
+        raise ConfigError(f"ember.run runs a function on every worker; got {kind}")
+    fields = {k.replace("-", "_"): v for k, v in fields.items()}
+    has_model = fields.get("model") is not None
+    if not has_model:
+        fields.pop("model", None)
+    dataset = take_objects(fields, test_data)
+    config = run_config(fields, config_file)
+    check_run(config, has_model)
+    if config.engine == "local":  # the function goes to spawned processes, as a model does
+        require_main_guard("ember.run", "its workers")
+        check_picklable(train_fn, "train_fn")
+        check_picklable(args, "ember.run's arguments")
+    result = train(config, show_progress, dataset, UserLoop(train_fn, tuple(args), has_model))
+    return returned_value(getattr(result, "returned", None), result.run_dir)
+
+
+def check_run(config: RunConfig, has_model: bool) -> None:
+    """What ember.run cannot do with `config`: one clear error before anything starts."""
+    if config.uses_server and not has_model:
+        raise ConfigError(
+            f"ember.run with strategy {config.strategy!r} needs model= (the module train_fn"
+            " trains, or a function building it): the parameter servers start from its"
+            " parameters; strategies single and allreduce run without one"
+        )
+    if config.tau_policy != "fixed":
+        raise ConfigError(
+            f"ember.run takes a fixed tau; tau {config.tau_policy!r} adapts to the built-in"
+            " loop's step times and losses"
+        )
+    if config.engine == "spark" and not config.uses_server:
+        raise ConfigError(
+            f"ember.run with strategy {config.strategy!r} runs on the local engine; on Spark"
+            " it takes the strategies with servers (bsp, ssp, async, easgd, easgd-async,"
+            " diloco)"
+        )
+
+
+def returned_value(record: dict[str, Any] | None, run_dir: Any) -> Any:
+    """Rank 0's return value out of the record its worker sent, or its one clear error."""
+    from ember.returns import decode
+
+    if record is None:
+        raise EmberError(f"ember.run: rank 0 finished without returning a value (see {run_dir})")
+    if "error" in record:
+        raise EmberError(record["error"])
+    return decode(base64.b64decode(record["value"]))
+
+
+__all__ = ["run"]

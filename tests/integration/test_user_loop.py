@@ -1,0 +1,169 @@
+"""`ember.run` runs the user's own loop on every worker: ember.Optimizer around AdamW does the
+run's exchange under each strategy, ctx.report() reaches metrics.jsonl, a worker killed
+mid-run is restarted and resumes, and what cannot work is one clear error."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ember
+from ember.errors import ConfigError, EmberError, WorkerFailed
+from ember.metrics import read_metrics
+
+pytestmark = pytest.mark.timeout(240)
+
+LR = 3e-3
+EPOCHS = 6  # easgd-async's rank 0 is above 0.97 by then, its local model trailing the center
+
+
+def separable(rows: int = 4000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 8)).astype(np.float32)
+    return x, (x[:, 0] - x[:, 3] > 0).astype(np.int64)
+
+
+def make_mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+
+
+def train(kill_at: int | None = None) -> dict[str, Any]:
+    """AdamW on the worker's shard; `kill_at`: rank 1's first incarnation dies at that step."""
+    ctx = ember.context()
+    model = make_mlp()
+    optimizer = ember.Optimizer(torch.optim.AdamW(model.parameters(), lr=LR), model)
+    for epoch in range(ctx.start_epoch, ctx.epochs):  # a restarted rank goes on where it was
+        for inputs, targets in ctx.data.batches(epoch):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            if kill_at == ctx.step and ctx.rank == 1 and ctx.incarnation == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+        ctx.report(loss=loss.item(), seen=ctx.data.batch_size * ctx.step)
+    with torch.no_grad():
+        predicted = model(torch.from_numpy(np.asarray(ctx.data.x_test))).argmax(dim=1)
+    accuracy = (predicted.numpy() == np.asarray(ctx.data.y_test)).mean()
+    return {"rank": ctx.rank, "world": ctx.world, "accuracy": accuracy, "weight": model[0].weight}
+
+
+def train_returning_the_model() -> Any:
+    model = make_mlp()
+    ember.Optimizer(torch.optim.AdamW(model.parameters(), lr=LR), model)
+    return {"model": model}
+
+
+def user_run(tmp_path: Path, strategy: str, *args: Any, **fields: Any) -> Any:
+    if strategy not in ("single", "allreduce"):
+        fields.setdefault("model", make_mlp)  # the servers start from its parameters
+    return ember.run(
+        train,
+        *args,
+        data=separable(),
+        strategy=strategy,
+        workers=1 if strategy == "single" else 2,
+        epochs=EPOCHS,
+        optimizer="adamw",
+        lr=LR,
+        tau=4,
+        out=str(tmp_path / "run"),
+        **fields,
+    )
+
+
+@pytest.mark.parametrize("strategy", ["single", "allreduce", "easgd-async", "bsp"])
+def test_a_user_loop_trains_with_adamw_and_returns_rank_0s_value(
+    tmp_path: Path, strategy: str
+) -> None:
+    value = user_run(tmp_path, strategy)
+    workers = 1 if strategy == "single" else 2
+    assert value["rank"] == 0 and value["world"] == workers
+    assert value["accuracy"] >= 0.95
+    assert isinstance(value["weight"], torch.Tensor) and value["weight"].shape == (32, 8)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["user_loop"] and summary["strategy"] == strategy
+    # 3600 training rows (a tenth held out), whole batches of 64 per worker
+    assert summary["samples"] == EPOCHS * (3600 // workers // 64) * 64 * workers
+    reports = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "seen" in r]
+    assert sorted((r["rank"], r["epoch"]) for r in reports) == sorted(
+        (rank, epoch) for rank in range(workers) for epoch in range(1, EPOCHS + 1)
+    )
+    assert all(r["kind"] == "worker" and r["reported"] == ["loss", "seen"] for r in reports)
+    assert all(r["loss"] < 0.5 for r in reports if r["epoch"] == EPOCHS)
+
+
+@pytest.mark.parametrize("strategy", ["bsp", "easgd-async"])
+def test_a_worker_killed_mid_run_is_restarted_and_resumes_from_the_servers(
+    tmp_path: Path, strategy: str
+) -> None:
+    value = user_run(tmp_path, strategy, 30)
+    assert value["rank"] == 0 and value["accuracy"] >= 0.95
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    restarts = [r for r in records if r["kind"] == "restart"]
+    assert [(r["rank"], r["incarnation"], r["exitcode"]) for r in restarts] == [
+        (1, 1, -signal.SIGKILL)
+    ]
+    again = [r for r in records if r["kind"] == "start" and r["incarnation"] == 1]
+    assert len(again) == 1 and again[0]["first_step"] > 0  # the servers' record of its steps
+    done = [r for r in records if r["kind"] == "done"]
+    assert sorted((r["rank"], r["incarnation"]) for r in done) == [(0, 0), (1, 1)]
+
+
+def test_a_mismatched_optimizer_under_bsp_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(WorkerFailed) as failed:
+        ember.run(
+            train,
+            data=separable(),
+            model=make_mlp,
+            strategy="bsp",
+            optimizer="sgd",
+            lr=0.05,
+            out=str(tmp_path / "run"),
+        )
+    assert (
+        "ConfigError: strategy 'bsp' applies updates on the parameter servers with the run's"
+        " optimizer 'sgd' (lr 0.05), but ember.Optimizer wraps AdamW (lr 0.003); pass"
+        " ember.run optimizer='adamw' and lr=0.003, or wrap the run's optimizer"
+    ) in str(failed.value)
+    assert "not restarted: it would fail again" in str(failed.value)
+
+
+def test_a_return_value_that_cannot_be_encoded_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(EmberError) as refused:
+        ember.run(
+            train_returning_the_model,
+            data=separable(),
+            strategy="single",
+            workers=1,
+            epochs=1,
+            out=str(tmp_path / "run"),
+        )
+    assert str(refused.value) == (
+        "ember.run: the return value holds a torch.nn.modules.container.Sequential, which"
+        " cannot travel from the worker without pickle; return numbers, strings, bytes,"
+        " lists, dicts, None, NumPy arrays or torch tensors (e.g. model.state_dict() rather"
+        " than the model)"
+    )
+
+
+def test_a_strategy_with_servers_needs_the_model_before_anything_starts(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as refused:
+        ember.run(train, data=separable(), strategy="bsp", out=str(tmp_path / "run"))
+    assert str(refused.value).startswith(
+        "ember.run with strategy 'bsp' needs model= (the module train_fn trains"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_context_outside_a_run_says_so() -> None:
+    with pytest.raises(EmberError, match=r"ember.context\(\) is for the function ember.run"):
+        ember.context()
