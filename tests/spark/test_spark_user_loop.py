@@ -1,0 +1,39 @@
+"""`ember.run` on Spark: the user's loop in each barrier task, rank 0's value back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ember
+from ember.metrics import read_metrics
+from tests.integration.test_user_loop import EPOCHS, LR, make_mlp, separable, train
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_a_user_loop_trains_with_easgd_async_in_spark_tasks(spark: Any, tmp_path: Path) -> None:
+    value = ember.run(
+        train,
+        data=separable(),
+        model=make_mlp,
+        strategy="easgd-async",
+        engine="spark",
+        workers=2,
+        epochs=EPOCHS,
+        optimizer="adamw",
+        lr=LR,
+        tau=4,
+        out=str(tmp_path / "run"),
+    )
+    assert value["rank"] == 0 and value["world"] == 2 and value["accuracy"] >= 0.95
+    assert isinstance(value["weight"], torch.Tensor) and value["weight"].shape == (32, 8)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["engine"] == "spark" and summary["user_loop"] and summary["exchanges"] > 0
+    reports = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "seen" in r]
+    assert sorted({r["rank"] for r in reports}) == [0, 1]
+    assert "returned" not in {r["kind"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")}
