@@ -38,6 +38,25 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def add_run_flags(parser: argparse.ArgumentParser, epochs: int, each: str = "") -> None:
+    """--epochs and --data, for the benchmarks that train (see `run_settings`)."""
+    parser.add_argument(
+        "--epochs",
+        type=positive_int,
+        default=epochs,
+        help=f"epochs per run{each} (default {epochs}; 1 with --quick)",
+    )
+    parser.add_argument(
+        "--data", default=None, help="dataset name (default mnist; digits with --quick)"
+    )
+
+
+def run_settings(args: argparse.Namespace) -> tuple[int, int, str]:
+    """(epochs, repeats, data) of the flags: --quick's one epoch of digits, once."""
+    epochs, repeat = (1, 1) if args.quick else (args.epochs, args.repeat)
+    return epochs, repeat, args.data or ("digits" if args.quick else "mnist")
+
+
 def set_threads() -> None:
     """One PyTorch thread per process: the benchmarks share two cores."""
     import torch
@@ -102,6 +121,71 @@ def _receive(process: Any, receiver: Any) -> Any:
     if status != "ok":
         raise RuntimeError(f"benchmark child {process.name} failed:\n{value}")
     return value
+
+
+# ---- side by side -------------------------------------------------------------------------------
+def side_by_side(
+    index: int, ember: Callable[[], dict[str, Any]], plain: Callable[[], dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """An ember run and a plain run back to back; odd repeats start with the plain one. Both
+    must have trained the same samples, or the figures compare nothing."""
+    runs = {"ember": ember, "plain": plain}
+    order = ["ember", "plain"] if index % 2 == 0 else ["plain", "ember"]
+    figures = {name: runs[name]() for name in order}
+    if figures["ember"]["samples"] != figures["plain"]["samples"]:
+        raise RuntimeError(
+            f"ember trained {figures['ember']['samples']} samples, the plain loop "
+            f"{figures['plain']['samples']}: the runs are not comparable"
+        )
+    return figures
+
+
+def summarize_pair(repeats: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Each side's samples/s and test accuracy over the repeats, and ember / plain."""
+    results: dict[str, Any] = {
+        name: {
+            key: spread([r[name][key] for r in repeats])
+            for key in ("samples_per_second", "test_accuracy")
+        }
+        for name in ("ember", "plain")
+    }
+    ratios = [r["ember"]["samples_per_second"] / r["plain"]["samples_per_second"] for r in repeats]
+    results["ratio"] = spread(ratios)
+    results["repeats"] = repeats
+    return results
+
+
+def pair_table(results: dict[str, Any], ember_label: str, target: float) -> str:
+    ember, plain, ratio = results["ember"], results["plain"], results["ratio"]
+    rows = [
+        [
+            "samples/s",
+            fmt(ember["samples_per_second"], 0),
+            fmt(plain["samples_per_second"], 0),
+            fmt(ratio, 3),
+            check(ratio, target),
+        ],
+        ["test accuracy", fmt(ember["test_accuracy"], 4), fmt(plain["test_accuracy"], 4), "", ""],
+    ]
+    headers = ["figure", ember_label, "plain PyTorch", "ember / plain", f">= {target}"]
+    return markdown_table(headers, rows)
+
+
+def repeat_side_by_side(
+    repeat: int, ember: Callable[[], dict[str, Any]], plain: Callable[[], dict[str, Any]]
+) -> list[dict[str, dict[str, Any]]]:
+    """`repeat` side-by-side repeats, each said as it ends."""
+    repeats = []
+    for index in range(repeat):
+        done = side_by_side(index, ember, plain)
+        repeats.append(done)
+        print(
+            f"repeat {index + 1}/{repeat}: ember {done['ember']['samples_per_second']:,.0f}, "
+            f"plain {done['plain']['samples_per_second']:,.0f} samples/s",
+            flush=True,
+        )
+    print()
+    return repeats
 
 
 # ---- statistics and output ----------------------------------------------------------------------

@@ -21,13 +21,14 @@ from typing import Any
 
 from common import (
     SPAWN,
+    add_run_flags,
     call_in_children,
     check,
     fmt,
     make_parser,
     markdown_table,
-    positive_int,
     report,
+    run_settings,
     set_threads,
     spread,
 )
@@ -144,19 +145,10 @@ def table(results: dict[str, Any], strategies: tuple[str, ...]) -> str:
 
 def main() -> None:
     parser = make_parser(__doc__.splitlines()[0])
-    parser.add_argument(
-        "--epochs",
-        type=positive_int,
-        default=EPOCHS,
-        help=f"epochs per run, each worker over its half (default {EPOCHS}; 1 with --quick)",
-    )
-    parser.add_argument(
-        "--data", default=None, help="dataset name (default mnist; digits with --quick)"
-    )
+    add_run_flags(parser, EPOCHS, ", each worker over its half")
     args = parser.parse_args()
     set_threads()
-    epochs, repeat = (1, 1) if args.quick else (args.epochs, args.repeat)
-    data = args.data or ("digits" if args.quick else "mnist")
+    epochs, repeat, data = run_settings(args)
     strategies = QUICK_STRATEGIES if args.quick else STRATEGIES
     repeats = []
     for index in range(repeat):
