@@ -41,6 +41,7 @@ class WorkerSpec:
     # shipped as model_object is, never over ember's wire
     train_fn: Callable[..., Any] | None = None
     train_args: tuple[Any, ...] = ()
+    layout: Layout | None = None  # the servers' flat state, which the loop's model must fit
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,14 @@ import torch
 
 from ember.algorithms import FlatModel, WorkerContext, make_algorithm
 from ember.algorithms.base import Algorithm, CommStats
+from ember.algorithms.flat import flat_layout
 from ember.config import RunConfig
 from ember.data import Dataset, shard_indices
 from ember.data.batches import Batch
 from ember.errors import ConfigError, EmberError
 from ember.metrics import LoopProgress, WorkerDone, WorkerStart
 from ember.returns import RETURNED, UnencodableValue, encode
-from ember.spec import WorkerSpec, load_data
+from ember.spec import Layout, WorkerSpec, load_data
 from ember.wire import use_encryption
 from ember.worker import Report, shard_batches
 
@@ -218,6 +219,8 @@ class Optimizer:
         if not config.mode.local_optimizer:  # bsp, ssp, async: the servers' optimizer steps
             check_server_optimizer(optimizer, config)
         self.optimizer, self.model = optimizer, model
+        if config.uses_server and spec.layout is not None:
+            check_layout(model, spec.layout)
         self.flat = flat = FlatModel(model, flat_grads=config.mode.ships_gradients)
         # each parameter's gradient is a view of flat.grads, which the exchange sends
         self._views = [(p, p.grad) for p in model.parameters() if p.grad is not None]
@@ -280,6 +283,18 @@ def check_server_optimizer(optimizer: Any, config: RunConfig) -> None:
             f" run's optimizer {config.optimizer!r} (lr {config.lr:g}), but ember.Optimizer"
             f" wraps {name} (lr {lr:g}); pass ember.run optimizer={name.lower()!r} and"
             f" lr={lr:g}, or wrap the run's optimizer"
+        )
+
+
+def check_layout(model: torch.nn.Module, layout: Layout) -> None:
+    """The servers hold the state of ember.run's model=: the loop's model must have as many
+    parameters and buffer values, or nothing it pulls or pushes would fit."""
+    parameters, buffers = flat_layout(model)
+    if (parameters, buffers) != (layout.parameters, layout.buffers):
+        raise ConfigError(
+            f"ember.Optimizer's model has {parameters} parameters and {buffers} buffer values,"
+            f" but the servers hold {layout.parameters} and {layout.buffers}, the state of"
+            " ember.run's model=: pass the module train_fn trains (or a function building it)"
         )
 
 

@@ -62,6 +62,11 @@ def train_returning_the_model() -> Any:
     return {"model": model}
 
 
+def train_another_model() -> None:
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    ember.Optimizer(torch.optim.AdamW(net.parameters(), lr=LR), net)
+
+
 def user_run(tmp_path: Path, strategy: str, *args: Any, **fields: Any) -> Any:
     if strategy not in ("single", "allreduce"):
         fields.setdefault("model", make_mlp)  # the servers start from its parameters
@@ -135,6 +140,21 @@ def test_a_mismatched_optimizer_under_bsp_is_one_clear_error(tmp_path: Path) -> 
         " ember.run optimizer='adamw' and lr=0.003, or wrap the run's optimizer"
     ) in str(failed.value)
     assert "not restarted: it would fail again" in str(failed.value)
+
+
+def test_a_loop_model_that_does_not_fit_the_servers_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(WorkerFailed) as failed:
+        ember.run(
+            train_another_model,
+            data=separable(),
+            model=make_mlp,
+            strategy="easgd-async",
+            out=str(tmp_path / "run"),
+        )
+    assert (
+        "ConfigError: ember.Optimizer's model has 178 parameters and 0 buffer values, but the"
+        " servers hold 354 and 0, the state of ember.run's model=" in str(failed.value)
+    )
 
 
 def test_a_return_value_that_cannot_be_encoded_is_one_clear_error(tmp_path: Path) -> None:

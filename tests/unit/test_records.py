@@ -340,3 +340,29 @@ def test_a_stopped_worker_reports_no_steps_and_still_totals_up(tmp_path: Path) -
     reported = _train_single(tmp_path, stop)
     assert [record["kind"] for record in reported] == ["start", "done"]
     assert (reported[-1]["steps"], reported[-1]["samples"]) == (0, 0)
+
+
+def test_a_user_loops_reported_metrics_are_tensorboard_scalars_too(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    log = MetricsLog(tmp_path / "metrics.jsonl", tensorboard=True)
+    for step, seen in ((10, 640), (20, 1280)):
+        record = LoopProgress(
+            rank=0,
+            incarnation=0,
+            step=step,
+            epoch=1,
+            loss=0.5,
+            samples=seen,
+            samples_per_second=1e3,
+            t_comp=0.1,
+            reported=("loss", "seen"),
+            metrics={"seen": seen},
+        )
+        log.write(record)
+    log.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert {"worker/0/loss", "worker/0/seen"} <= set(events.Tags()["scalars"])
+    assert [(e.step, e.value) for e in events.Scalars("worker/0/seen")] == [(10, 640), (20, 1280)]

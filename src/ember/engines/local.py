@@ -115,6 +115,7 @@ def _train(
                 functions=user_functions(config),
                 train_fn=setup.loop.fn if setup.loop else None,
                 train_args=setup.loop.args if setup.loop else (),
+                layout=setup.layout,
             )
             progress.phase("starting workers")
             timeline.mark("workers")

@@ -165,6 +165,7 @@ def _train(
                 functions=user_functions(config),
                 train_fn=setup.loop.fn if setup.loop else None,
                 train_args=setup.loop.args if setup.loop else (),
+                layout=setup.layout,
             )
             # deferred evaluations cost the loop nothing: they get the whole test set
             shipped = None if config.eval_deferred else EVAL_ROWS
