@@ -62,12 +62,6 @@ def check_run(config: RunConfig, has_model: bool) -> None:
             f"ember.run takes a fixed tau; tau {config.tau_policy!r} adapts to the built-in"
             " loop's step times and losses"
         )
-    if config.engine == "spark" and not config.uses_server:
-        raise ConfigError(
-            f"ember.run with strategy {config.strategy!r} runs on the local engine; on Spark"
-            " it takes the strategies with servers (bsp, ssp, async, easgd, easgd-async,"
-            " diloco)"
-        )
 
 
 def returned_value(record: dict[str, Any] | None, run_dir: Any) -> Any:

@@ -1,4 +1,5 @@
-"""`ember.run` on Spark: the user's loop in each barrier task, rank 0's value back."""
+"""`ember.run` on Spark: the user's loop in each barrier task, rank 0's value back, with the
+servers of easgd-async and with allreduce's gloo group."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ from tests.integration.test_user_loop import EPOCHS, LR, make_mlp, separable, tr
 pytestmark = pytest.mark.timeout(180)
 
 
-def test_a_user_loop_trains_with_easgd_async_in_spark_tasks(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["easgd-async", "allreduce"])
+def test_a_user_loop_trains_in_spark_tasks(spark: Any, tmp_path: Path, strategy: str) -> None:
+    model = {"model": make_mlp} if strategy == "easgd-async" else {}  # the servers start from it
     value = ember.run(
         train,
         data=separable(),
-        model=make_mlp,
-        strategy="easgd-async",
+        strategy=strategy,
         engine="spark",
         workers=2,
         epochs=EPOCHS,
@@ -29,6 +31,7 @@ def test_a_user_loop_trains_with_easgd_async_in_spark_tasks(spark: Any, tmp_path
         lr=LR,
         tau=4,
         out=str(tmp_path / "run"),
+        **model,
     )
     assert value["rank"] == 0 and value["world"] == 2 and value["accuracy"] >= 0.95
     assert isinstance(value["weight"], torch.Tensor) and value["weight"].shape == (32, 8)

@@ -258,7 +258,8 @@ def _watch(run: Run, job: Job, rows: int, collector: RecordCollector) -> dict[st
                 RunEvent(event="no final parameters"),
                 "allreduce's rank 0 finished without returning its final parameters",
             )
-        _save_state(run, states[0])
+        if run.setup.loop is None:  # ember.run's rank 0 kept its parameters to itself
+            _save_state(run, states[0])
         return states[0]
     return None
 

@@ -6,7 +6,7 @@ import json
 import math
 import socket
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -15,6 +15,7 @@ from ember.data import Dataset
 from ember.data.spark import partition_arrays
 from ember.engines.spark.records import RecordSender
 from ember.engines.spark.rendezvous import (
+    STATE,
     Meeting,
     connect,
     final_state,
@@ -99,8 +100,7 @@ def train_partition(
 
     try:
         if meeting is None:
-            work = run_user_loop if spec.train_fn is not None else run_worker
-            report(work(spec, report, dataset=data))
+            report(_loop(spec)(spec, report, dataset=data))
         else:
             records.extend(_all_reduce(context, spec, meeting, data, report))
     except Exception as exc:
@@ -130,14 +130,23 @@ def _all_reduce(
         try:
             connect(meeting, config, spec.world)
             spec = replace(spec, config=config, store=meeting.store, run_dir=folder)
-            report(run_worker(spec, report, dataset=data))
+            report(_loop(spec)(spec, report, dataset=data))
             # rank 0's store serves the group until every rank has left it
             context.barrier()
         finally:
             if dist.is_initialized():  # a failed step: the reused Python worker starts clean
                 dist.destroy_process_group()
             meeting.store = None
-        return [final_state(folder, meeting)] if spec.rank == 0 else []
+        if spec.rank != 0:
+            return []
+        if spec.train_fn is not None:  # ember.run: the user's loop keeps its own parameters
+            return [{"kind": STATE, "rank": 0, "rendezvous": meeting.address}]
+        return [final_state(folder, meeting)]
+
+
+def _loop(spec: WorkerSpec) -> Callable[..., dict[str, Any]]:
+    """What this task runs: ember.run's function, or the built-in loop."""
+    return run_user_loop if spec.train_fn is not None else run_worker
 
 
 def probe_servers(servers: list[str], secret: bytes, seconds: float = PROBE_SECONDS) -> str | None:
