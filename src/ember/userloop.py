@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -15,13 +15,12 @@ from ember.algorithms.base import Algorithm, CommStats
 from ember.algorithms.flat import flat_layout
 from ember.config import RunConfig
 from ember.data import Dataset, shard_indices
-from ember.data.batches import Batch
+from ember.data.batches import Batch, MemoryBatches
 from ember.errors import ConfigError, EmberError
 from ember.metrics import LoopProgress, WorkerDone, WorkerStart
 from ember.returns import RETURNED, UnencodableValue, encode
 from ember.spec import Layout, WorkerSpec, load_data
 from ember.wire import use_encryption
-from ember.worker import Report, shard_batches
 
 # what every progress record holds already: a metric may not take one of these names
 _RESERVED = frozenset(
@@ -31,14 +30,15 @@ _RESERVED = frozenset(
 # what the algorithm is told of where this worker stands: WorkerSpec's fields of these names
 _WHERE = ("rank", "world", "servers", "secret", "incarnation", "rendezvous", "store")
 _current: LoopContext | None = None  # the context of the function this process runs
+Report = Callable[[dict[str, Any]], None]  # where a worker's records go (its engine's)
 
 
 def context() -> LoopContext:
     """The context of the worker running this function under ember.run."""
     if _current is None:
         raise EmberError(
-            "ember.context() is for the function ember.run runs on its workers; this process"
-            " runs none"
+            "ember.context() and ember.Optimizer are for the function ember.run runs on its"
+            " workers; this process runs none"
         )
     return _current
 
@@ -83,11 +83,17 @@ class WorkerData:
         if not spec.own_rows:  # the whole training set: this rank's rows of it
             rows = shard_indices(len(x), spec.rank, spec.world)
             x, y = x[rows[0] : rows[-1] + 1], y[rows[0] : rows[-1] + 1]
+        config = spec.config
+        if len(y) < config.batch_size:
+            raise ValueError(
+                f"worker {spec.rank}: shard of {len(y)} rows is smaller than one batch of"
+                f" {config.batch_size}"
+            )
         self.x, self.y = x, y
         self.x_test, self.y_test = dataset.x_test, dataset.y_test
-        self.batch_size = spec.config.batch_size
-        self._batches = shard_batches(spec, dataset)
-        self.steps_per_epoch = self._batches.rows // self.batch_size
+        self.batch_size = config.batch_size
+        self._batches = MemoryBatches(x, y, config.batch_size, config.seed, spec.rank)
+        self.steps_per_epoch = len(y) // self.batch_size
         self._ctx = ctx
 
     def batches(self, epoch: int) -> Iterator[Batch]:

@@ -184,6 +184,20 @@ def test_a_strategy_with_servers_needs_the_model_before_anything_starts(tmp_path
     assert not (tmp_path / "run").exists()
 
 
-def test_context_outside_a_run_says_so() -> None:
-    with pytest.raises(EmberError, match=r"ember.context\(\) is for the function ember.run"):
+def test_a_function_the_workers_cannot_import_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        ember.run(lambda: 1, strategy="single", workers=1, out=str(tmp_path / "run"))
+    assert str(refused.value).startswith("train_fn <function ")
+    assert "cannot be handed to the local engine's workers" in str(refused.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_context_and_optimizer_outside_a_run_say_so() -> None:
+    said = r"ember.context\(\) and ember.Optimizer are for the function ember.run runs"
+    with pytest.raises(EmberError, match=said):
         ember.context()
+    model = make_mlp()
+    with pytest.raises(EmberError, match=said):
+        ember.Optimizer(torch.optim.AdamW(model.parameters()), model)
