@@ -36,8 +36,9 @@ def make_mlp() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
 
 
-def train(kill_at: int | None = None) -> dict[str, Any]:
-    """AdamW on the worker's shard; `kill_at`: rank 1's first incarnation dies at that step."""
+def train(kill_at: int | None = None, marker: str | None = None) -> dict[str, Any]:
+    """AdamW on the worker's shard; `kill_at`: rank 1's first incarnation dies at that step
+    (first: incarnation 0, or with a `marker` file, the one that finds none and leaves it)."""
     ctx = ember.context()
     model = make_mlp()
     optimizer = ember.Optimizer(torch.optim.AdamW(model.parameters(), lr=LR), model)
@@ -47,13 +48,22 @@ def train(kill_at: int | None = None) -> dict[str, Any]:
             loss = F.cross_entropy(model(inputs), targets)
             loss.backward()
             optimizer.step()
-            if kill_at == ctx.step and ctx.rank == 1 and ctx.incarnation == 0:
+            if kill_at == ctx.step and ctx.rank == 1 and first_time(ctx.incarnation, marker):
                 os.kill(os.getpid(), signal.SIGKILL)
         ctx.report(loss=loss.item(), seen=ctx.data.batch_size * ctx.step)
     with torch.no_grad():
         predicted = model(torch.from_numpy(np.asarray(ctx.data.x_test))).argmax(dim=1)
     accuracy = (predicted.numpy() == np.asarray(ctx.data.y_test)).mean()
     return {"rank": ctx.rank, "world": ctx.world, "accuracy": accuracy, "weight": model[0].weight}
+
+
+def first_time(incarnation: int, marker: str | None) -> bool:
+    if marker is None:
+        return incarnation == 0
+    if Path(marker).exists():
+        return False
+    Path(marker).touch()
+    return True
 
 
 def train_returning_the_model() -> Any:
