@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
+from ember.config import STRATEGIES
 from ember.errors import ConfigError, EmberError, WorkerFailed
 from ember.metrics import read_metrics
 
@@ -95,7 +96,7 @@ def user_run(tmp_path: Path, strategy: str, *args: Any, **fields: Any) -> Any:
     )
 
 
-@pytest.mark.parametrize("strategy", ["single", "allreduce", "easgd-async", "bsp"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_user_loop_trains_with_adamw_and_returns_rank_0s_value(
     tmp_path: Path, strategy: str
 ) -> None:
