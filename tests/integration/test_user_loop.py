@@ -107,6 +107,8 @@ def test_a_user_loop_trains_with_adamw_and_returns_rank_0s_value(
     assert isinstance(value["weight"], torch.Tensor) and value["weight"].shape == (32, 8)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["user_loop"] and summary["strategy"] == strategy
+    # the servers hold make_mlp's 354 parameters; without servers the launcher has no model
+    assert summary["parameters"] == (0 if strategy in ("single", "allreduce") else 354)
     # 3600 training rows (a tenth held out), whole batches of 64 per worker
     assert summary["samples"] == EPOCHS * (3600 // workers // 64) * 64 * workers
     reports = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "seen" in r]

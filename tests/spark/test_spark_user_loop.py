@@ -37,6 +37,8 @@ def test_a_user_loop_trains_in_spark_tasks(spark: Any, tmp_path: Path, strategy:
     assert isinstance(value["weight"], torch.Tensor) and value["weight"].shape == (32, 8)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["engine"] == "spark" and summary["user_loop"] and summary["exchanges"] > 0
+    # the servers hold make_mlp's 354 parameters; allreduce's launcher has no model of its own
+    assert summary["parameters"] == (354 if model else 0)
     reports = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "seen" in r]
     assert sorted({r["rank"] for r in reports}) == [0, 1]
     assert "returned" not in {r["kind"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")}

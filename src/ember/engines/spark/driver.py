@@ -34,6 +34,7 @@ from ember.engines.spark.session import (
     stopped,
 )
 from ember.engines.spark.task import UNREACHABLE, train_partition
+from ember.engines.userrun import NoModel
 from ember.errors import WorkerFailed
 from ember.metrics import JobFailure, RunEvent
 from ember.ps import fetch_state
@@ -67,7 +68,7 @@ def train_spark(
         data = dataset if dataset is not None else load_data(config)
         split = (len(data.x_train), len(data.x_test))
         check_shards(data.name, split, config.workers, config.batch_size)
-        setup = prepare_run(config, data)
+        setup = prepare_run(config, data, NoModel() if loop and not loop.has_model else None)
         setup.loop = loop
         run = Run(setup, progress)
         # On this machine the servers start (and import PyTorch) while the JVM does; a
