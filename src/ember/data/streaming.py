@@ -1,0 +1,300 @@
+"""A worker's shard streamed from disk as minibatches: its pieces in a fresh seeded order each
+epoch, read ahead on a background thread, rows mixed in a bounded shuffle buffer; and the
+counters every ShardBatches reports (rows read, seconds the step waited on data).
+
+imports: numpy and the data part (whose batches are torch tensors)
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+
+from ember.data.batches import Batch, ShardBatches, as_tensor
+from ember.data.stream import Piece, read_piece
+from ember.errors import ConfigError, EmberError
+
+READ_AHEAD = 2  # pieces read while the step trains on the one before: memory is depth x piece
+POLL_SECONDS = 0.25  # how often a blocked side looks up to see whether the other gave up
+STALL_SECONDS = 600.0  # one piece not read in this long: the disk or file system is stuck
+_END = object()  # the reader read its last piece
+
+
+@dataclass
+class DataCounters:
+    """What a worker's rows cost it, totals since the worker started."""
+
+    mode: str  # "memory" or "stream"
+    rows_read: int = 0  # rows read from the source (a resumed stream reads its skipped ones)
+    seconds: float = 0.0  # the step waited for its batch (shuffle and copy included)
+    read_wait: float = 0.0  # of which blocked on the read-ahead thread, i.e. on the disk
+    _seen: float = 0.0  # `seconds` at the last interval()
+    _clock: float = 0.0  # perf_counter() then
+
+    def record(self) -> dict[str, object]:
+        """metrics.jsonl's (and summary.json's) fields."""
+        return {
+            "data_mode": self.mode,
+            "rows_read": self.rows_read,
+            "data_wait_seconds": self.seconds,
+            "read_wait_seconds": self.read_wait,
+        }
+
+    def interval(self) -> float:
+        """The share of the time since the last call that the step waited on data."""
+        now = time.perf_counter()
+        spent, elapsed = self.seconds - self._seen, now - self._clock
+        self._seen, self._clock = self.seconds, now
+        return min(1.0, spent / elapsed) if elapsed > 0 else 0.0
+
+
+class Counted:
+    """Any ShardBatches with its batches counted and the time taken to produce them timed."""
+
+    def __init__(self, inner: ShardBatches, mode: str = "memory") -> None:
+        self.inner, self.rows, self.batch_size = inner, inner.rows, inner.batch_size
+        self.counters = getattr(inner, "counters", None) or DataCounters(mode)
+        self.counters._clock = time.perf_counter()
+
+    def __getattr__(self, name: str) -> Any:
+        """The wrapped batches' own attributes (MemoryBatches' tensors), as if unwrapped."""
+        return getattr(self.inner, name)
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        counters, memory = self.counters, self.counters.mode == "memory"
+        batches = self.inner.epoch(epoch, start)
+        while True:
+            began = time.perf_counter()
+            batch = next(batches, None)
+            counters.seconds += time.perf_counter() - began
+            if batch is None:
+                return
+            if memory:
+                counters.rows_read += len(batch[1])
+            yield batch
+
+
+class StreamBatches:
+    """A shard of `pieces` read from disk each epoch: held in memory are at most the shuffle
+    buffer, READ_AHEAD pieces and the batch being cut, whatever the shard's size."""
+
+    def __init__(
+        self,
+        pieces: tuple[Piece, ...],
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        batch_size: int,
+        seed: int,
+        rank: int,
+        shuffle_buffer: int,
+    ) -> None:
+        self.pieces, self.shape, self.num_classes = pieces, tuple(input_shape), num_classes
+        self.rows, self.batch_size = sum(p.rows for p in pieces), batch_size
+        self.seed, self.rank, self.buffer = seed, rank, max(1, shuffle_buffer)
+        self.counters = DataCounters("stream")
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        """As MemoryBatches: batches from `start` on, fixed by seed, rank and epoch; a resumed
+        epoch reads its first `start` batches' rows again (time, not memory) and drops them."""
+        rng = np.random.default_rng([self.seed, self.rank, epoch])
+        order = [self.pieces[i] for i in rng.permutation(len(self.pieces))]
+        reader = ReadAhead(order, self.shape, self.num_classes, self.counters)
+        pool = ShufflePool(self.buffer, self.shape, rng)
+        size, index, total = self.batch_size, 0, self.rows // self.batch_size
+        pending: list[tuple[np.ndarray, np.ndarray]] = []
+        held = 0
+        try:
+            for x, y in _mixed(reader, pool, self.buffer):
+                pending.append((x, y))
+                held += len(y)
+                while held >= size and index < total:
+                    batch, held = _cut(pending, size), held - size
+                    if index >= start:
+                        yield as_tensor(batch[0]), as_tensor(batch[1])
+                    index += 1
+        finally:
+            reader.close()
+
+
+def _mixed(
+    reader: ReadAhead, pool: ShufflePool, most: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The rows the pool lets out as the pieces go in, then those it still holds."""
+    for x, y in reader.chunks(most):
+        yield pool.add(x, y)
+    yield pool.drain()
+
+
+def _cut(pending: list[tuple[np.ndarray, np.ndarray]], size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first `size` rows of `pending` (a view when one array holds them), taken off it."""
+    first_x, first_y = pending[0]
+    if len(first_y) >= size:
+        pending[0] = (first_x[size:], first_y[size:])
+        if len(first_y) == size:
+            pending.pop(0)
+        return first_x[:size], first_y[:size]
+    xs, ys, need = [], [], size
+    while need:
+        x, y = pending[0]
+        take = min(need, len(y))
+        xs.append(x[:take])
+        ys.append(y[:take])
+        need -= take
+        if take == len(y):
+            pending.pop(0)
+        else:
+            pending[0] = (x[take:], y[take:])
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+class ShufflePool:
+    """A bounded shuffle buffer: rows go in a chunk at a time, and once more than `capacity`
+    are held the excess comes out, drawn uniformly from all held (tf.data's shuffle, a chunk
+    at a time: each row out is a random one of the buffer's)."""
+
+    def __init__(self, capacity: int, shape: tuple[int, ...], rng: np.random.Generator) -> None:
+        self.capacity, self.rng, self.held = capacity, rng, 0
+        self.shape = shape
+        self.x = np.empty((0, *shape), dtype=np.float32)
+        self.y = np.empty(0, dtype=np.int64)
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Take a chunk (at most `capacity` rows) in; the rows drawn out, in random order."""
+        held, k = self.held, len(y)
+        if held + k > len(self.y):  # grows to capacity + chunk once, then stays
+            self._grow(held + k)
+        self.x[held : held + k], self.y[held : held + k] = x, y
+        held += k
+        excess = held - self.capacity
+        if excess <= 0:
+            self.held = held
+            return self.x[:0].copy(), self.y[:0].copy()
+        drawn = self.rng.choice(held, excess, replace=False)
+        out = self.x[drawn], self.y[drawn]
+        # the rows left keep [0, held - excess): the tail's undrawn rows fill the holes
+        keep = held - excess
+        holes = drawn[drawn < keep]
+        tail = np.ones(excess, dtype=bool)
+        tail[drawn[drawn >= keep] - keep] = False
+        movers = np.arange(keep, held)[tail]
+        self.x[holes], self.y[holes] = self.x[movers], self.y[movers]
+        self.held = keep
+        return out
+
+    def drain(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every row still held, in random order; the pool is then empty."""
+        order = self.rng.permutation(self.held)
+        self.held = 0
+        return self.x[order], self.y[order]
+
+    def _grow(self, rows: int) -> None:
+        x, y = np.empty((rows, *self.shape), np.float32), np.empty(rows, np.int64)
+        x[: self.held], y[: self.held] = self.x[: self.held], self.y[: self.held]
+        self.x, self.y = x, y
+
+
+class ReadAhead:
+    """Reads `pieces` in order on a thread of its own, READ_AHEAD ahead of the step; an error
+    there (a truncated file, a changed schema) is raised in the step's thread, naming the
+    file and piece."""
+
+    def __init__(
+        self,
+        pieces: list[Piece],
+        shape: tuple[int, ...],
+        num_classes: int,
+        counters: DataCounters,
+    ) -> None:
+        self.pieces, self.shape, self.num_classes = pieces, shape, num_classes
+        self.counters = counters
+        self.queue: queue.Queue[object] = queue.Queue(maxsize=READ_AHEAD)
+        self.stop = threading.Event()
+        self.reading: Piece | None = None  # what the thread is reading, for a stall's error
+        self.thread = threading.Thread(target=self._run, name="ember-read-ahead", daemon=True)
+        self.thread.start()
+
+    def chunks(self, most: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The pieces' rows in order, at most `most` rows at a time."""
+        while True:
+            item = self._get()
+            if item is _END:
+                return
+            x, y = cast("tuple[np.ndarray, np.ndarray]", item)
+            for at in range(0, len(y), most):
+                yield x[at : at + most], y[at : at + most]
+
+    def close(self) -> None:
+        """Stop the thread (an epoch left early, or ended) and let go of what it read."""
+        self.stop.set()
+        while not self.queue.empty():
+            self.queue.get_nowait()
+        self.thread.join(timeout=10 * POLL_SECONDS)
+
+    def _get(self) -> object:
+        began = time.perf_counter()
+        deadline = time.monotonic() + STALL_SECONDS
+        try:
+            while True:
+                try:
+                    item = self.queue.get(timeout=POLL_SECONDS)
+                    break
+                except queue.Empty:
+                    if not self.thread.is_alive() and self.queue.empty():
+                        raise EmberError("the read-ahead thread ended without a word") from None
+                    if time.monotonic() > deadline:
+                        where = self.reading.where if self.reading else "the data"
+                        raise ConfigError(f"{where}: not read within {STALL_SECONDS:g}s") from None
+        finally:
+            self.counters.read_wait += time.perf_counter() - began
+        if isinstance(item, BaseException):
+            raise item  # the reader's error, with its traceback, where the step can stop
+        return item
+
+    def _run(self) -> None:
+        try:
+            for piece in self.pieces:
+                self.reading = piece
+                x, y = read_piece(piece, self.shape)
+                if len(y) and y.max() >= self.num_classes:
+                    raise ConfigError(
+                        f"{piece.where}: label {int(y.max())} is outside [0,"
+                        f" {self.num_classes}), the classes the model was built for"
+                    )
+                self.counters.rows_read += len(y)
+                if not self._put((x, y)):
+                    return
+            self._put(_END)
+        except BaseException as exc:  # every error is the step's to raise
+            self._put(exc)
+
+    def _put(self, item: object) -> bool:
+        """Hand `item` to the step; False when the step gave up on this epoch."""
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=POLL_SECONDS)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+
+def stream_record(batches: object) -> dict[str, object]:
+    """summary.json's and metrics.jsonl's data fields of a worker's batches (none if it has
+    no counters, as a user's own loop)."""
+    counters = getattr(batches, "counters", None)
+    return counters.record() if isinstance(counters, DataCounters) else {}
+
+
+def data_wait_fraction(batches: object) -> float:
+    """The share of the time since the last call that the step waited on `batches`."""
+    counters = getattr(batches, "counters", None)
+    return counters.interval() if isinstance(counters, DataCounters) else 0.0
+
+
+__all__ = ["Counted", "DataCounters", "ShufflePool", "StreamBatches", "stream_record"]
