@@ -28,6 +28,7 @@ from ember.metrics import (
     WorkerRestart,
     WorkerStart,
     read_metrics,
+    summarize_workers,
     write_json,
 )
 from ember.worker import WorkerSpec, run_worker
@@ -40,6 +41,12 @@ COMM = {
     "exchanges": 3,
     "staleness_max": 2,
     "staleness_mean": 1.0,
+}
+DATA = {  # how a worker got its rows (data/streaming.py's DataCounters)
+    "data_mode": "memory",
+    "rows_read": 2560,
+    "data_wait_seconds": 0.1,
+    "read_wait_seconds": 0.0,
 }
 CONFIG = {"strategy": "single", "workers": 1}
 SERVER_EVENT = {"event": "failover", "server": "shard 0", "to": "tcp://127.0.0.1:5001"}
@@ -60,6 +67,7 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
             samples=640,
             samples_per_second=1e4,
             t_comp=0.1,
+            data_wait_fraction=0.25,
             comm=COMM,
         ),
         {
@@ -72,6 +80,7 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
             "samples": 640,
             "samples_per_second": 1e4,
             "t_comp": 0.1,
+            "data_wait_fraction": 0.25,
             **COMM,
         },
     ),
@@ -108,6 +117,7 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
             aside_seconds=0.5,
             t_comp=1.5,
             comm=COMM,
+            data=DATA,
         ),
         {
             "kind": "done",
@@ -119,6 +129,7 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
             "aside_seconds": 0.5,
             "t_comp": 1.5,
             **COMM,
+            **DATA,
         },
     ),
     (
@@ -310,3 +321,19 @@ def test_a_stopped_worker_reports_no_steps_and_still_totals_up(tmp_path: Path) -
     reported = _train_single(tmp_path, stop)
     assert [record["kind"] for record in reported] == ["start", "done"]
     assert (reported[-1]["steps"], reported[-1]["samples"]) == (0, 0)
+
+
+def test_the_summary_says_the_data_mode_and_each_workers_rows_and_waits() -> None:
+    done = [
+        {"rank": r, "seconds": 1.0, "samples": 10, "data_mode": "stream", "rows_read": 100 + r,
+         "data_wait_seconds": 0.5, "read_wait_seconds": 0.25}
+        for r in range(2)
+    ]  # fmt: skip
+    summary = summarize_workers(done, 2.0)
+    assert summary["data_mode"] == "stream" and summary["rows_read"] == 201
+    assert summary["data_wait_seconds"] == 1.0
+    assert summary["data_per_worker"]["1"] == {
+        "rows_read": 101,
+        "data_wait_seconds": 0.5,
+        "read_wait_seconds": 0.25,
+    }
