@@ -272,6 +272,7 @@ def _data_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
             "rows_read": r["rows_read"],
             "data_wait_seconds": r["data_wait_seconds"],
             "read_wait_seconds": r["read_wait_seconds"],
+            "peak_rss_bytes": r.get("peak_rss_bytes", 0),
         }
         for r in counted
     }

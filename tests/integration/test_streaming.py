@@ -63,6 +63,7 @@ def test_streamed_and_in_memory_runs_read_each_shard_once_an_epoch(
         assert memory["data_per_worker"][rank]["rows_read"] == 2 * (shard // BATCH * BATCH)
     assert streamed["samples"] == memory["samples"] == 2 * 2 * (shard // BATCH * BATCH)
     assert streamed["data_wait_seconds"] > 0 and memory["data_wait_seconds"] > 0
+    assert streamed["data_per_worker"]["0"]["peak_rss_bytes"] > 0
     assert abs(streamed["test_accuracy"] - memory["test_accuracy"]) < 0.03
 
 

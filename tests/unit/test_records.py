@@ -47,6 +47,7 @@ DATA = {  # how a worker got its rows (data/streaming.py's DataCounters)
     "rows_read": 2560,
     "data_wait_seconds": 0.1,
     "read_wait_seconds": 0.0,
+    "peak_rss_bytes": 300 << 20,
 }
 CONFIG = {"strategy": "single", "workers": 1}
 SERVER_EVENT = {"event": "failover", "server": "shard 0", "to": "tcp://127.0.0.1:5001"}
@@ -326,7 +327,7 @@ def test_a_stopped_worker_reports_no_steps_and_still_totals_up(tmp_path: Path) -
 def test_the_summary_says_the_data_mode_and_each_workers_rows_and_waits() -> None:
     done = [
         {"rank": r, "seconds": 1.0, "samples": 10, "data_mode": "stream", "rows_read": 100 + r,
-         "data_wait_seconds": 0.5, "read_wait_seconds": 0.25}
+         "data_wait_seconds": 0.5, "read_wait_seconds": 0.25, "peak_rss_bytes": 9}
         for r in range(2)
     ]  # fmt: skip
     summary = summarize_workers(done, 2.0)
@@ -336,4 +337,5 @@ def test_the_summary_says_the_data_mode_and_each_workers_rows_and_waits() -> Non
         "rows_read": 101,
         "data_wait_seconds": 0.5,
         "read_wait_seconds": 0.25,
+        "peak_rss_bytes": 9,
     }

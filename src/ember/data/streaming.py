@@ -10,7 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -44,6 +44,7 @@ class DataCounters:
             "rows_read": self.rows_read,
             "data_wait_seconds": self.seconds,
             "read_wait_seconds": self.read_wait,
+            "peak_rss_bytes": _peak_rss(),
         }
 
     def interval(self) -> float:
@@ -52,6 +53,19 @@ class DataCounters:
         spent, elapsed = self.seconds - self._seen, now - self._clock
         self._seen, self._clock = self.seconds, now
         return min(1.0, spent / elapsed) if elapsed > 0 else 0.0
+
+
+def _peak_rss() -> int:
+    """This process's peak resident set (VmHWM) in bytes: what holding its rows cost it;
+    0 where /proc does not say."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 class Counted:
@@ -96,21 +110,22 @@ class StreamBatches:
     ) -> None:
         self.pieces, self.shape, self.num_classes = pieces, tuple(input_shape), num_classes
         self.rows, self.batch_size = sum(p.rows for p in pieces), batch_size
-        self.seed, self.rank, self.buffer = seed, rank, max(1, shuffle_buffer)
+        self.key, self.buffer = (seed, rank), max(1, shuffle_buffer)
         self.counters = DataCounters("stream")
+        self.ahead: tuple[int, ReadAhead] | None = None  # the next epoch's, once started
+        if any(p.kind == "parquet" for p in pieces):
+            import pyarrow.parquet  # noqa: F401 - now, not in the first step's wait
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         """As MemoryBatches: batches from `start` on, fixed by seed, rank and epoch; a resumed
         epoch reads its first `start` batches' rows again (time, not memory) and drops them."""
-        rng = np.random.default_rng([self.seed, self.rank, epoch])
-        order = [self.pieces[i] for i in rng.permutation(len(self.pieces))]
-        reader = ReadAhead(order, self.shape, self.num_classes, self.counters)
-        pool = ShufflePool(self.buffer, self.shape, rng)
+        reader = self._reader(epoch)
+        pool = ShufflePool(self.buffer, self.shape, np.random.default_rng([*self.key, epoch, 1]))
         size, index, total = self.batch_size, 0, self.rows // self.batch_size
         pending: list[tuple[np.ndarray, np.ndarray]] = []
         held = 0
         try:
-            for x, y in _mixed(reader, pool, self.buffer):
+            for x, y in _mixed(reader, pool, self.buffer, lambda: self._read_next(epoch + 1)):
                 pending.append((x, y))
                 held += len(y)
                 while held >= size and index < total:
@@ -121,13 +136,32 @@ class StreamBatches:
         finally:
             reader.close()
 
+    def _reader(self, epoch: int) -> ReadAhead:
+        """Epoch `epoch`'s reader: the one started as the epoch before ended, if it was."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead[0] == epoch:
+            return ahead[1]
+        if ahead is not None:
+            ahead[1].close()
+        order = np.random.default_rng([*self.key, epoch, 0]).permutation(len(self.pieces))
+        pieces = [self.pieces[i] for i in order]
+        return ReadAhead(pieces, self.shape, self.num_classes, self.counters)
+
+    def _read_next(self, epoch: int) -> None:
+        """Start reading `epoch` while the pool drains this one: its first pieces are then
+        in memory when its first step asks (a run's last epoch leaves READ_AHEAD unused)."""
+        if self.ahead is None:
+            self.ahead = (epoch, self._reader(epoch))
+
 
 def _mixed(
-    reader: ReadAhead, pool: ShufflePool, most: int
+    reader: ReadAhead, pool: ShufflePool, most: int, then: Callable[[], None]
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The rows the pool lets out as the pieces go in, then those it still holds."""
+    """The rows the pool lets out as the pieces go in, then (after `then`, once every piece
+    is read) those it still holds."""
     for x, y in reader.chunks(most):
         yield pool.add(x, y)
+    then()
     yield pool.drain()
 
 
@@ -226,6 +260,7 @@ class ReadAhead:
             if item is _END:
                 return
             x, y = cast("tuple[np.ndarray, np.ndarray]", item)
+            self.counters.rows_read += len(y)  # taken, not read: a next epoch may never run
             for at in range(0, len(y), most):
                 yield x[at : at + most], y[at : at + most]
 
@@ -266,7 +301,6 @@ class ReadAhead:
                         f"{piece.where}: label {int(y.max())} is outside [0,"
                         f" {self.num_classes}), the classes the model was built for"
                     )
-                self.counters.rows_read += len(y)
                 if not self._put((x, y)):
                     return
             self._put(_END)
@@ -274,8 +308,10 @@ class ReadAhead:
             self._put(exc)
 
     def _put(self, item: object) -> bool:
-        """Hand `item` to the step; False when the step gave up on this epoch."""
-        while not self.stop.is_set():
+        """Hand `item` to the step; False when the step gave up on this epoch, or nobody
+        took anything for STALL_SECONDS (a next epoch read ahead that never came)."""
+        deadline = time.monotonic() + STALL_SECONDS
+        while not self.stop.is_set() and time.monotonic() < deadline:
             try:
                 self.queue.put(item, timeout=POLL_SECONDS)
                 return True
