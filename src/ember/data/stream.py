@@ -27,7 +27,7 @@ class Piece:
     """Rows [start, stop) of one unit of reading: a Parquet row group (rows counted within
     it), an .npy window (rows of the file) or a whole .npz shard."""
 
-    kind: str  # "parquet" | "npy" | "npz"
+    kind: str  # "parquet" | "npy" | "npz" | "ipc" (a Spark task's spill: Arrow record batches)
     path: str  # the features' file
     index: int  # row group, or window number: what an error names
     start: int
@@ -40,11 +40,12 @@ class Piece:
 
     @property
     def where(self) -> str:
-        unit = {"parquet": "row group", "npy": "rows from"}.get(self.kind)
+        unit = {"parquet": "row group", "npy": "rows from", "ipc": "batch"}.get(self.kind)
+        what = "spilled partition" if self.kind == "ipc" else "data file"
         if unit is None:
-            return f"data file {self.path}"
-        at = self.index if self.kind == "parquet" else self.start
-        return f"data file {self.path}, {unit} {at}"
+            return f"{what} {self.path}"
+        at = self.start if self.kind == "npy" else self.index
+        return f"{what} {self.path}, {unit} {at}"
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,8 @@ def read_piece(piece: Piece, shape: tuple[int, ...] | None = None) -> tuple[np.n
     try:
         if piece.kind == "parquet":
             x, y = _read_row_group(piece)
+        elif piece.kind == "ipc":
+            x, y = _read_batch(piece, shape)
         elif piece.kind == "npy":
             x = ArrayFile.open(piece.path).read(piece.start, piece.stop)
             y = ArrayFile.open(piece.labels).read(piece.start, piece.stop)
@@ -241,6 +244,23 @@ def _read_row_group(piece: Piece) -> tuple[np.ndarray, np.ndarray]:
         return x, _numpy(label)
     except pa.ArrowException as exc:  # a truncated or corrupt file, found mid-stream
         raise ConfigError(f"cannot read as Parquet ({type(exc).__name__}: {exc})") from exc
+
+
+def _read_batch(piece: Piece, shape: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray]:
+    """One record batch of a spill, mapped only while its rows are copied out."""
+    import pyarrow as pa
+
+    from ember.data.spark import table_arrays  # the checked frame's layout; no pyspark
+
+    if shape is None:
+        raise ConfigError("a spilled partition is read with its rows' shape")
+    try:
+        with pa.memory_map(piece.path) as source:
+            batch = pa.ipc.open_file(source).get_batch(piece.index)
+            table = pa.Table.from_batches([batch]).slice(piece.start, piece.rows)
+            return table_arrays(table, shape)  # copies: nothing refers to the mapping after
+    except pa.ArrowException as exc:
+        raise ConfigError(f"cannot read ({type(exc).__name__}: {exc})") from exc
 
 
 def _numpy(column: Any) -> np.ndarray:

@@ -38,6 +38,7 @@ class StreamedDataset(Dataset):
     (zero rows of the right shape) and `plan` says where they are; the test split is held."""
 
     plan: StreamPlan | None = None
+    whole: bool = True  # the plan holds every worker's rows, else this worker's own
 
     def __post_init__(self) -> None:
         if self.plan is None or len(self.x_train) or len(self.y_train):
@@ -106,7 +107,8 @@ def stream_batches(dataset: StreamedDataset, rank: int, world: int, config: RunC
     from ember.data.streaming import Counted, StreamBatches
 
     assert dataset.plan is not None  # StreamedDataset insists
-    pieces = dataset.plan.shard(rank, world, config.seed)
+    plan = dataset.plan
+    pieces = plan.shard(rank, world, config.seed) if dataset.whole else plan.pieces
     rows = sum(p.rows for p in pieces)
     if rows < config.batch_size:
         raise ConfigError(
