@@ -89,3 +89,19 @@ def test_a_folder_of_npz_shards_in_memory_mode_is_refused_with_the_way_out(
     np.savez(tmp_path / "shard-0.npz", x=x, y=np.arange(40) % 2)
     with pytest.raises(ConfigError, match="only streamed; pass --data-mode stream or auto"):
         host_run_data(config(tmp_path, "memory"), print)
+
+
+def test_auto_leaves_files_it_cannot_plan_to_the_loader_and_its_whole_error(
+    tmp_path: Path,
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.unit.test_data import SPARK_VECTORS
+
+    path = tmp_path / "vectors.parquet"
+    pq.write_table(pa.table({"features": SPARK_VECTORS, "label": [0, 1]}), path)
+    with pytest.raises(ConfigError, match="it holds Spark ML vectors"):
+        host_run_data(config(path, "auto"), print)
+    with pytest.raises(ConfigError, match=r"row group 0: column 'features' must be a list.*vec"):
+        host_run_data(config(path, "stream"), print)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ember.data.files import _validated
+from ember.data.files import _hint, _validated
 from ember.data.store import ArrayFile
 from ember.errors import ConfigError
 
@@ -226,7 +226,9 @@ def _read_row_group(piece: Piece) -> tuple[np.ndarray, np.ndarray]:
         if not (pa.types.is_list(ftype) or pa.types.is_large_list(ftype)) and not (
             pa.types.is_fixed_size_list(ftype)
         ):
-            raise ConfigError(f"column 'features' must be a list of numbers, got {ftype}")
+            raise ConfigError(
+                f"column 'features' must be a list of numbers, got {ftype}{_hint(ftype)}"
+            )
         if not pa.types.is_integer(ftype.value_type) and not pa.types.is_floating(ftype.value_type):
             raise ConfigError(f"column 'features' must hold numbers, got {ftype}")
         if not (pa.types.is_integer(label.type) or pa.types.is_floating(label.type)):

@@ -78,14 +78,14 @@ def host_run_data(config: RunConfig, say: Callable[[str], None]) -> HostData:
     (memory), or planned to stream from its files (stream; auto when it is big)."""
     mode, path = config.data_mode, Path(config.data).expanduser()
     if config.data not in DATASET_NAMES and _streamable(path):
-        train, test = _file_plans(path)
-        if mode == "stream" or (mode == "auto" and _too_big(config.data, train, say)):
-            return _hosted(config.data, train, test)
-        if _listed_npz(path):
+        if mode == "memory" and _npz_only(path):
             raise ConfigError(
                 f"data path {path}: a folder of .npz shards is only streamed; pass"
                 " --data-mode stream or auto"
             )
+        plans = _file_plans(path, mode) if mode != "memory" else None
+        if plans and (mode == "stream" or _too_big(config.data, plans[0], say)):
+            return _hosted(config.data, *plans)
     host = host_data(
         config.data,
         seed=config.seed,
@@ -138,16 +138,26 @@ def _streamable(path: Path) -> bool:
         return path.suffix == ".parquet"
     if not path.is_dir() or find_idx_files(path):
         return False
-    return any(path.rglob("*.parquet")) or bool(_listed_npz(path))
+    return any(path.rglob("*.parquet")) or any(path.rglob("*.npz"))
 
 
-def _listed_npz(path: Path) -> bool:
-    return path.is_dir() and any(path.rglob("*.npz"))
+def _npz_only(path: Path) -> bool:
+    return path.is_dir() and not any(path.rglob("*.parquet")) and any(path.rglob("*.npz"))
 
 
-def _file_plans(path: Path) -> tuple[StreamPlan, StreamPlan]:
+def _file_plans(path: Path, mode: str) -> tuple[StreamPlan, StreamPlan] | None:
     """The training rows to stream and the test rows to hold: train.parquet and test.parquet
-    when the folder has both, else the last max(1, n // 10) rows held out, as in memory."""
+    when the folder has both, else the last max(1, n // 10) rows held out, as in memory.
+    Under auto, None for files that cannot be planned: loading them says why, in full."""
+    try:
+        return _planned_split(path)
+    except ConfigError:
+        if mode == "auto":
+            return None
+        raise
+
+
+def _planned_split(path: Path) -> tuple[StreamPlan, StreamPlan]:
     train, test = path / "train.parquet", path / "test.parquet"
     if path.is_dir() and train.is_file() and test.is_file():
         return plan_files(train), plan_files(test)
