@@ -43,3 +43,32 @@ def test_a_streamed_spark_run_trains_reads_its_partitions_and_removes_its_spills
         assert worker["rows_read"] == 2 * 5000
     dirs = local_dirs(spark)
     assert dirs and all(list(d.glob(f"{SPILL_PREFIX}*")) == [] for d in dirs)
+
+
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_a_retried_streaming_stage_leaves_no_spill_of_either_attempt(
+    spark, to_frame, digits, tmp_path, monkeypatch, how
+) -> None:
+    from tests.spark.test_spark_training import FAULTY
+
+    module = tmp_path / f"ember_spill_fails_once_{how}.py"
+    module.write_text(f"MARKER = {str(tmp_path / 'failed')!r}\nHOW = {how!r}\n{FAULTY}")
+    monkeypatch.syspath_prepend(str(tmp_path))  # the driver builds the model too
+    spark.sparkContext.addPyFile(str(module))
+    result = ember.spark.fit(
+        model=f"ember_spill_fails_once_{how}:make",
+        df=to_frame(digits.x_train, digits.y_train),
+        test_df=to_frame(digits.x_test, digits.y_test),
+        strategy="easgd-async",
+        workers=2,
+        epochs=1,
+        data_mode="stream",
+        out=str(tmp_path / "run"),
+    )
+    assert (tmp_path / "failed").exists()  # the first attempt did fail
+    assert result.summary["spark"]["stage_attempts"] >= 2
+    assert result.summary["data_mode"] == "stream"
+    # "exit" killed a Python worker before it could remove its spill: the retry's spills
+    # removed it, and their own went when their tasks ended
+    dirs = local_dirs(spark)
+    assert all(list(d.glob(f"{SPILL_PREFIX}*")) == [] for d in dirs)
