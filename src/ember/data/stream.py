@@ -219,7 +219,10 @@ def _read_row_group(piece: Piece) -> tuple[np.ndarray, np.ndarray]:
 
     try:
         with pq.ParquetFile(piece.path) as source:
-            table = source.read_row_group(piece.index, columns=["features", "label"])
+            # no pyarrow threads: this runs on a read-ahead thread beside the training step
+            table = source.read_row_group(
+                piece.index, columns=["features", "label"], use_threads=False
+            )
         table = table.slice(piece.start, piece.rows)
         features, label = table.column("features"), table.column("label")
         ftype = features.type

@@ -188,9 +188,9 @@ def _cut(pending: list[tuple[np.ndarray, np.ndarray]], size: int) -> tuple[np.nd
 
 
 class ShufflePool:
-    """A bounded shuffle buffer: rows go in a chunk at a time, and once more than `capacity`
-    are held the excess comes out, drawn uniformly from all held (tf.data's shuffle, a chunk
-    at a time: each row out is a random one of the buffer's)."""
+    """A bounded shuffle buffer (tf.data's shuffle, a chunk at a time): rows go in until it
+    holds `capacity`; after that each row that goes in takes the slot of a row drawn uniformly
+    from those held, which comes out. Two copies a row: into its slot, and out of it."""
 
     def __init__(self, capacity: int, shape: tuple[int, ...], rng: np.random.Generator) -> None:
         self.capacity, self.rng, self.held = capacity, rng, 0
@@ -199,26 +199,18 @@ class ShufflePool:
         self.y = np.empty(0, dtype=np.int64)
 
     def add(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Take a chunk (at most `capacity` rows) in; the rows drawn out, in random order."""
-        held, k = self.held, len(y)
-        if held + k > len(self.y):  # grows to capacity + chunk once, then stays
-            self._grow(held + k)
-        self.x[held : held + k], self.y[held : held + k] = x, y
-        held += k
-        excess = held - self.capacity
-        if excess <= 0:
-            self.held = held
-            return self.x[:0].copy(), self.y[:0].copy()
-        drawn = self.rng.choice(held, excess, replace=False)
-        out = self.x[drawn], self.y[drawn]
-        # the rows left keep [0, held - excess): the tail's undrawn rows fill the holes
-        keep = held - excess
-        holes = drawn[drawn < keep]
-        tail = np.ones(excess, dtype=bool)
-        tail[drawn[drawn >= keep] - keep] = False
-        movers = np.arange(keep, held)[tail]
-        self.x[holes], self.y[holes] = self.x[movers], self.y[movers]
-        self.held = keep
+        """Take a chunk (at most `capacity` rows) in; the rows it displaced, in random order
+        (none while the pool fills)."""
+        room = min(self.capacity - self.held, len(y))
+        if room > 0:
+            held = self.held + room
+            if held > len(self.y):  # grows by doubling up to capacity, then stays
+                self._grow(min(self.capacity, max(held, 2 * len(self.y))))
+            self.x[self.held : held], self.y[self.held : held] = x[:room], y[:room]
+            self.held, x, y = held, x[room:], y[room:]
+        slots = self.rng.choice(self.capacity, len(y), replace=False)  # in random order
+        out = self.x[slots], self.y[slots]
+        self.x[slots], self.y[slots] = x, y
         return out
 
     def drain(self) -> tuple[np.ndarray, np.ndarray]:
