@@ -45,12 +45,16 @@ def batches(rows: int, per: int = 100) -> list[pa.RecordBatch]:
 PROBE = Dataset("probe", *(np.zeros((4, 2), np.float32), np.zeros(4, np.int64)) * 2, 2, (2,))
 
 
+def mode(data_mode: str) -> RunConfig:
+    return RunConfig(data_mode=data_mode).validate()
+
+
 def spills(root: Path) -> list[Path]:
     return sorted(root.glob(f"{SPILL_PREFIX}*"))
 
 
 def test_a_streamed_partition_is_spilled_once_trained_on_and_removed(local_dir: Path) -> None:
-    with partition_data(batches(950), PROBE, "stream", rows=900) as partition:
+    with partition_data(batches(950), PROBE, mode("stream"), rows=900) as partition:
         assert partition.rows == 950 and partition.x is None
         (spill,) = spills(local_dir)
         assert [p.name for p in spill.iterdir()] == ["partition.arrow"]
@@ -67,7 +71,7 @@ def test_a_streamed_partition_is_spilled_once_trained_on_and_removed(local_dir: 
 def test_a_spill_is_removed_when_the_task_fails(local_dir: Path) -> None:
     with (
         pytest.raises(RuntimeError, match="the step failed"),
-        partition_data(batches(300), PROBE, "stream", rows=None),
+        partition_data(batches(300), PROBE, mode("stream"), rows=None),
     ):
         assert len(spills(local_dir)) == 1
         raise RuntimeError("the step failed")
@@ -91,14 +95,14 @@ def test_a_retried_task_removes_spills_of_dead_workers_and_never_reuses_one(
 
 
 def test_in_memory_mode_holds_the_partition_and_spills_nothing(local_dir: Path) -> None:
-    with partition_data(batches(300), PROBE, "memory", rows=300) as partition:
+    with partition_data(batches(300), PROBE, mode("memory"), rows=300) as partition:
         assert partition.rows == 300 and partition.x is not None and partition.plan is None
         assert np.array_equal(partition.dataset(PROBE, 250).x_train[:, 0], np.arange(250))
     assert spills(local_dir) == []
 
 
 def test_a_spill_damaged_mid_stream_is_one_error_naming_it_and_the_batch(local_dir: Path) -> None:
-    with partition_data(batches(950), PROBE, "stream", rows=900) as partition:
+    with partition_data(batches(950), PROBE, mode("stream"), rows=900) as partition:
         (spill,) = spills(local_dir)
         file = spill / "partition.arrow"
         file.write_bytes(file.read_bytes()[:1000])

@@ -105,3 +105,14 @@ def test_auto_leaves_files_it_cannot_plan_to_the_loader_and_its_whole_error(
         host_run_data(config(path, "auto"), print)
     with pytest.raises(ConfigError, match=r"row group 0: column 'features' must be a list.*vec"):
         host_run_data(config(path, "stream"), print)
+
+
+def test_a_loss_whose_targets_are_not_classes_is_held_in_memory_or_refused_streaming(
+    parquet: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ConfigError, match=r"--data-mode stream takes class labels .* 'mse'"):
+        host_run_data(config(parquet, "stream", loss="mse"), print)
+    monkeypatch.setattr(streamhost, "AUTO_FRACTION", 10**9)  # auto would stream any data
+    host = host_run_data(config(parquet, "auto", loss="mse"), print)
+    host.close()
+    assert not isinstance(host.files, StreamFiles)

@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from ember.config import RunConfig
 from ember.data.datasets import Dataset
 from ember.data.spark import partition_arrays
 from ember.data.stream import Piece, StreamPlan
-from ember.data.streamhost import AUTO_FRACTION, StreamedDataset
+from ember.data.streamhost import AUTO_FRACTION, StreamedDataset, streamed_mode
 
 SPILL_PREFIX = "ember-spill-"  # then the pid of the Python worker that wrote it
 
@@ -56,14 +57,14 @@ class Partition:
 
 @contextlib.contextmanager
 def partition_data(
-    batches: Iterable[Any], probe: Dataset, mode: str, rows: int | None
+    batches: Iterable[Any], probe: Dataset, config: RunConfig, rows: int | None
 ) -> Iterator[Partition]:
-    """The partition's Arrow `batches` as a Partition while the task trains. `mode` is the
-    run's --data-mode: stream spills; auto spills when the `rows` each worker trains on (None:
-    not known) would take more than 1/AUTO_FRACTION of this host's memory."""
-    shape = tuple(probe.input_shape)
+    """The partition's Arrow `batches` as a Partition while the task trains. Under the run's
+    --data-mode stream it spills; under auto when the `rows` each worker trains on (None: not
+    known) would take more than 1/AUTO_FRACTION of this host's memory."""
+    shape, mode = tuple(probe.input_shape), streamed_mode(config)
     if mode == "memory" or (mode == "auto" and not _too_big(rows, shape)):
-        x, y = partition_arrays(batches, shape)
+        x, y = partition_arrays(batches, shape, like=probe)
         yield Partition(len(x), x, y)
         return
     folder = spill_folder()

@@ -76,7 +76,7 @@ class StreamFiles(DataFiles):
 def host_run_data(config: RunConfig, say: Callable[[str], None]) -> HostData:
     """config.data for this host's workers under config.data_mode: laid out once to map
     (memory), or planned to stream from its files (stream; auto when it is big)."""
-    mode, path = config.data_mode, Path(config.data).expanduser()
+    mode, path = streamed_mode(config), Path(config.data).expanduser()
     if config.data not in DATASET_NAMES and _streamable(path):
         if mode == "memory" and _npz_only(path):
             raise ConfigError(
@@ -100,6 +100,20 @@ def host_run_data(config: RunConfig, say: Callable[[str], None]) -> HostData:
         fields = {k: getattr(files, k) for k in DataFiles.__dataclass_fields__}
         return HostData(StreamFiles(**fields, plan=plan), host.scratch)
     return host
+
+
+def streamed_mode(config: RunConfig) -> str:
+    """config.data_mode, where a stream can serve the run's loss: streams carry float32
+    features and integer class labels (cross-entropy's targets), so auto holds other kinds
+    of targets in memory, and stream refuses them with the way out."""
+    if targets_of(config.loss) == "classes" or config.data_mode == "memory":
+        return config.data_mode
+    if config.data_mode == "stream":
+        raise ConfigError(
+            f"--data-mode stream takes class labels (loss cross_entropy); loss {config.loss!r}"
+            " trains on other targets: pass --data-mode memory"
+        )
+    return "memory"
 
 
 def stream_batches(dataset: StreamedDataset, rank: int, world: int, config: RunConfig) -> Counted:

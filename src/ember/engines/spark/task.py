@@ -56,7 +56,7 @@ def train_partition(
         raise EmberError(f"the barrier stage has {world} tasks for {spec.world} workers")
     use_encryption(spec.config.encrypt)  # before the probe's and the record sender's sockets
     # a spill is removed when the task ends, however it ends
-    with partition_data(batches, probe, spec.config.data_mode, rows) as partition:
+    with partition_data(batches, probe, spec.config, rows) as partition:
         yield from _train(context, spec, probe, rows, collector, local, partition)
 
 
