@@ -106,7 +106,9 @@ def _write(path: Path, blocks: _Rows, rows: int, group: int, features: int) -> i
 
     schema = pa.schema([("features", pa.list_(pa.float32())), ("label", pa.int64())])
     done = written = 0
-    with pq.ParquetWriter(path, schema, compression="none") as writer:
+    # Random floats gain nothing from a dictionary, and a reader decodes dictionary pages of
+    # them at half the speed of plain ones: only the labels get one.
+    with pq.ParquetWriter(path, schema, compression="none", use_dictionary=["label"]) as writer:
         while done < rows:
             x, y = blocks.take(min(group, rows - done))
             take = len(y)
