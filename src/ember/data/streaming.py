@@ -120,12 +120,11 @@ class StreamBatches:
         """As MemoryBatches: batches from `start` on, fixed by seed, rank and epoch; a resumed
         epoch reads its first `start` batches' rows again (time, not memory) and drops them."""
         reader = self._reader(epoch)
-        pool = ShufflePool(self.buffer, self.shape, np.random.default_rng([*self.key, epoch, 1]))
         size, index, total = self.batch_size, 0, self.rows // self.batch_size
         pending: list[tuple[np.ndarray, np.ndarray]] = []
         held = 0
         try:
-            for x, y in _mixed(reader, pool, self.buffer, lambda: self._read_next(epoch + 1)):
+            for x, y in reader.chunks():
                 pending.append((x, y))
                 held += len(y)
                 while held >= size and index < total:
@@ -144,25 +143,21 @@ class StreamBatches:
         if ahead is not None:
             ahead[1].close()
         order = np.random.default_rng([*self.key, epoch, 0]).permutation(len(self.pieces))
-        pieces = [self.pieces[i] for i in order]
-        return ReadAhead(pieces, self.shape, self.num_classes, self.counters)
+        pool = ShufflePool(self.buffer, self.shape, np.random.default_rng([*self.key, epoch, 1]))
+        return ReadAhead(
+            [self.pieces[i] for i in order],
+            (self.shape, self.num_classes),
+            pool,
+            self.counters,
+            lambda: self._read_next(epoch + 1),
+        )
 
     def _read_next(self, epoch: int) -> None:
-        """Start reading `epoch` while the pool drains this one: its first pieces are then
-        in memory when its first step asks (a run's last epoch leaves READ_AHEAD unused)."""
+        """Start reading `epoch` while this one's pool drains (on this one's reader thread):
+        its first rows are then mixed when its first step asks. A run's last epoch leaves
+        such a reader unused; it stops once nobody took anything for STALL_SECONDS."""
         if self.ahead is None:
             self.ahead = (epoch, self._reader(epoch))
-
-
-def _mixed(
-    reader: ReadAhead, pool: ShufflePool, most: int, then: Callable[[], None]
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The rows the pool lets out as the pieces go in, then (after `then`, once every piece
-    is read) those it still holds."""
-    for x, y in reader.chunks(most):
-        yield pool.add(x, y)
-    then()
-    yield pool.drain()
 
 
 def _cut(pending: list[tuple[np.ndarray, np.ndarray]], size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -226,35 +221,36 @@ class ShufflePool:
 
 
 class ReadAhead:
-    """Reads `pieces` in order on a thread of its own, READ_AHEAD ahead of the step; an error
-    there (a truncated file, a changed schema) is raised in the step's thread, naming the
-    file and piece."""
+    """Reads `pieces` in order on a thread of its own and mixes their rows in `pool` there,
+    READ_AHEAD chunks ahead of the step, so the step's thread only cuts batches. An error on
+    that thread (a truncated file, a changed schema) is raised in the step's thread, naming
+    the file and piece."""
 
     def __init__(
         self,
         pieces: list[Piece],
-        shape: tuple[int, ...],
-        num_classes: int,
+        rows: tuple[tuple[int, ...], int],  # one row's shape, and the classes of its labels
+        pool: ShufflePool,
         counters: DataCounters,
+        then: Callable[[], None],
     ) -> None:
-        self.pieces, self.shape, self.num_classes = pieces, shape, num_classes
-        self.counters = counters
+        self.pieces, (self.shape, self.num_classes), self.pool = pieces, rows, pool
+        self.counters, self.then = counters, then
         self.queue: queue.Queue[object] = queue.Queue(maxsize=READ_AHEAD)
         self.stop = threading.Event()
         self.reading: Piece | None = None  # what the thread is reading, for a stall's error
         self.thread = threading.Thread(target=self._run, name="ember-read-ahead", daemon=True)
         self.thread.start()
 
-    def chunks(self, most: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """The pieces' rows in order, at most `most` rows at a time."""
+    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The rows the pool let out, in order: at most a shuffle buffer's worth at a time."""
         while True:
             item = self._get()
             if item is _END:
                 return
             x, y = cast("tuple[np.ndarray, np.ndarray]", item)
             self.counters.rows_read += len(y)  # taken, not read: a next epoch may never run
-            for at in range(0, len(y), most):
-                yield x[at : at + most], y[at : at + most]
+            yield x, y
 
     def close(self) -> None:
         """Stop the thread (an epoch left early, or ended) and let go of what it read."""
@@ -284,6 +280,7 @@ class ReadAhead:
         return item
 
     def _run(self) -> None:
+        pool, most = self.pool, self.pool.capacity
         try:
             for piece in self.pieces:
                 self.reading = piece
@@ -293,9 +290,14 @@ class ReadAhead:
                         f"{piece.where}: label {int(y.max())} is outside [0,"
                         f" {self.num_classes}), the classes the model was built for"
                     )
-                if not self._put((x, y)):
-                    return
-            self._put(_END)
+                for at in range(0, len(y), most):  # the pool takes at most its capacity
+                    out = pool.add(x[at : at + most], y[at : at + most])
+                    if len(out[1]) and not self._put(out):
+                        return
+            if not self.stop.is_set():
+                self.then()  # before the drain's rows: a step that took them sees it started
+            if self._put(pool.drain()):
+                self._put(_END)
         except BaseException as exc:  # every error is the step's to raise
             self._put(exc)
 
