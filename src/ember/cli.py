@@ -143,9 +143,24 @@ def build_parser() -> argparse.ArgumentParser:
     join.add_argument(
         "--epochs", type=positive_int, default=1, help="passes over the data (default 1)"
     )
+    _add_data_parser(sub)
     add_bench_parser(sub)
     add_plan_parser(sub)
     return parser
+
+
+def _add_data_parser(sub: Any) -> None:
+    data = sub.add_parser("data", help="datasets for tests and benchmarks")
+    generate = data.add_subparsers(dest="data_command", required=True).add_parser(
+        "generate", help="write a synthetic Parquet dataset of a given size, row group by group"
+    )
+    generate.add_argument("--kind", required=True, help="synthetic-lr, mnist-like or mnist")
+    generate.add_argument("--size", required=True, help="bytes of training rows, as 4GB or 512MiB")
+    generate.add_argument("--out", required=True, help="a new folder: train.parquet, test.parquet")
+    generate.add_argument(
+        "--features", type=positive_int, default=256, help="synthetic-lr's width (default 256)"
+    )
+    generate.add_argument("--seed", type=int, default=0, help="(default 0)")
 
 
 def _stop_on_sigterm(signum: int, _frame: object) -> None:
@@ -164,6 +179,15 @@ def main(argv: list[str] | None = None) -> int:
             return plan(args)
         if args.command == "join":
             return _join(args)
+        if args.command == "data":
+            from pathlib import Path
+
+            from ember.data.generate import generate, parse_size
+
+            size, out = parse_size(args.size), Path(args.out)
+            written = generate(args.kind, size, out, features=args.features, seed=args.seed)
+            print(json_text(written.as_dict(), indent=2))
+            return 0
         if args.command == "predict":
             from ember.predictions import predict
 

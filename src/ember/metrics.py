@@ -82,6 +82,8 @@ class WorkerProgress(Record):
     samples: int  # samples trained by this incarnation
     samples_per_second: float  # since the previous record
     t_comp: float  # seconds of compute so far, without waits on the network
+    data_wait_fraction: float = 0.0  # share of the time since the previous record spent
+    # waiting for batches (reading, shuffling): near 1, training is input-bound
     comm: Mapping[str, Any] = _merged()  # CommStats.as_record(): exchanges, bytes, staleness
 
 
@@ -141,6 +143,7 @@ class WorkerDone(Record):
     t_comp: float  # seconds of compute, without waits on the network
     comm: Mapping[str, Any] = _merged()  # CommStats.as_record(): exchanges, bytes, staleness
     tau: Mapping[str, Any] = _merged()  # easgd: tau_policy, tau_final, tau_median
+    data: Mapping[str, Any] = _merged()  # data_mode, rows_read, data_wait_seconds, ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -274,6 +277,30 @@ def summarize_workers(results: list[dict[str, Any]], wall_seconds: float) -> dic
         "comm_hidden_fraction": 1.0 - t_wait / t_comm if t_comm > 0 else 0.0,
         "staleness_max": max((r.get("staleness_max", 0) for r in results), default=0),
         **_tau_summary(results),
+        **_data_summary(results),
+    }
+
+
+def _data_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the workers got their rows: the mode, and per worker the rows read and the seconds
+    the step waited for its batches (blocked on the disk, of those, for a stream)."""
+    counted = [r for r in results if "data_mode" in r]
+    if not counted:
+        return {}
+    per_worker = {
+        str(r["rank"]): {
+            "rows_read": r["rows_read"],
+            "data_wait_seconds": r["data_wait_seconds"],
+            "read_wait_seconds": r["read_wait_seconds"],
+            "peak_rss_bytes": r.get("peak_rss_bytes", 0),
+        }
+        for r in counted
+    }
+    return {
+        "data_mode": counted[0]["data_mode"],
+        "rows_read": sum(r["rows_read"] for r in counted),
+        "data_wait_seconds": sum(r["data_wait_seconds"] for r in counted),
+        "data_per_worker": per_worker,
     }
 
 

@@ -27,6 +27,8 @@ from ember.checkpoint import free_step, save_checkpoint
 from ember.config import RunConfig
 from ember.data import Dataset, shard_indices
 from ember.data.batches import Batch, Inputs, MemoryBatches, ShardBatches
+from ember.data.streamhost import StreamedDataset, counted, stream_batches
+from ember.data.streaming import data_wait_fraction, stream_record
 from ember.evaluation import ends_epoch, evaluate, evaluate_with, evaluates_after
 from ember.metrics import (
     Divergence,
@@ -228,6 +230,7 @@ class Worker:
                 samples_per_second=self.logged_steps * batch_size / (now - self.last_log),
                 t_comp=self.t_comp,
                 comm=self.algorithm.stats.as_record(),
+                data_wait_fraction=data_wait_fraction(self.batches),
             ).to_json()
         )
         self.last_log, self.logged_steps = now, 0
@@ -329,6 +332,7 @@ class Worker:
             t_comp=self.t_comp,
             comm=self.algorithm.stats.as_record(),
             tau=period.summary() if period is not None else {},
+            data=stream_record(self.batches),
         ).to_json()
 
 
@@ -342,6 +346,8 @@ def forward_precision(precision: str) -> contextlib.AbstractContextManager[Any]:
 def shard_batches(spec: WorkerSpec, dataset: Dataset) -> ShardBatches:
     """This worker's training rows as batches, at least one batch of them: its own rows in
     place (a mapped shard stays mapped, never copied), else a copy of its shard."""
+    if isinstance(dataset, StreamedDataset):  # its training rows stay on disk
+        return stream_batches(dataset, spec.rank, spec.world, spec.config)
     x, y = dataset.x_train, dataset.y_train
     if not spec.own_rows:
         rows = shard_indices(len(x), spec.rank, spec.world)
@@ -351,7 +357,7 @@ def shard_batches(spec: WorkerSpec, dataset: Dataset) -> ShardBatches:
             f"worker {spec.rank}: shard of {len(y)} rows is smaller than one "
             f"batch of {spec.config.batch_size}"
         )
-    return MemoryBatches(x, y, spec.config.batch_size, spec.config.seed, spec.rank)
+    return counted(MemoryBatches(x, y, spec.config.batch_size, spec.config.seed, spec.rank))
 
 
 def _save_local(

@@ -99,3 +99,17 @@ def test_no_time_left_is_estimated_before_the_workers_report_a_rate() -> None:
     assert waiting == "ember: waiting for the first step..."
     # 98,000 samples left at the workers' 2,000 samples/s
     assert "2,000 samples/s, 00:49 left" in training, training
+
+
+def test_the_progress_line_says_when_training_is_input_bound() -> None:
+    out = io.StringIO()
+    with Progress(stream=out) as progress:
+        progress.start(total=4000, workers=2, samples_per_step=10)
+        for rank, waiting in ((0, 0.7), (1, 0.5)):
+            progress.update(
+                {"kind": "worker", "rank": rank, "step": 5, "epoch": 1, "loss": 0.5,
+                 "samples": 50, "samples_per_second": 100.0, "data_wait_fraction": waiting}
+            )  # fmt: skip
+        progress.update({"kind": "eval", "epoch": 1, "epoch_end": True, "test_accuracy": 0.5})
+        assert progress.input_bound() == "input-bound: 60% of the time waiting on data"
+    assert out.getvalue().rstrip().endswith("input-bound: 60% of the time waiting on data")

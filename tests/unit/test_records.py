@@ -29,6 +29,7 @@ from ember.metrics import (
     WorkerRestart,
     WorkerStart,
     read_metrics,
+    summarize_workers,
     write_json,
 )
 from ember.worker import WorkerSpec, run_worker
@@ -41,6 +42,13 @@ COMM = {
     "exchanges": 3,
     "staleness_max": 2,
     "staleness_mean": 1.0,
+}
+DATA = {  # how a worker got its rows (data/streaming.py's DataCounters)
+    "data_mode": "memory",
+    "rows_read": 2560,
+    "data_wait_seconds": 0.1,
+    "read_wait_seconds": 0.0,
+    "peak_rss_bytes": 300 << 20,
 }
 CONFIG = {"strategy": "single", "workers": 1}
 SERVER_EVENT = {"event": "failover", "server": "shard 0", "to": "tcp://127.0.0.1:5001"}
@@ -61,6 +69,7 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
             samples=640,
             samples_per_second=1e4,
             t_comp=0.1,
+            data_wait_fraction=0.25,
             comm=COMM,
         ),
         {
@@ -73,6 +82,7 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
             "samples": 640,
             "samples_per_second": 1e4,
             "t_comp": 0.1,
+            "data_wait_fraction": 0.25,
             **COMM,
         },
     ),
@@ -109,6 +119,7 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
             aside_seconds=0.5,
             t_comp=1.5,
             comm=COMM,
+            data=DATA,
         ),
         {
             "kind": "done",
@@ -120,6 +131,7 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
             "aside_seconds": 0.5,
             "t_comp": 1.5,
             **COMM,
+            **DATA,
         },
     ),
     (
@@ -366,3 +378,20 @@ def test_a_user_loops_reported_metrics_are_tensorboard_scalars_too(tmp_path: Pat
     events.Reload()
     assert {"worker/0/loss", "worker/0/seen"} <= set(events.Tags()["scalars"])
     assert [(e.step, e.value) for e in events.Scalars("worker/0/seen")] == [(10, 640), (20, 1280)]
+
+
+def test_the_summary_says_the_data_mode_and_each_workers_rows_and_waits() -> None:
+    done = [
+        {"rank": r, "seconds": 1.0, "samples": 10, "data_mode": "stream", "rows_read": 100 + r,
+         "data_wait_seconds": 0.5, "read_wait_seconds": 0.25, "peak_rss_bytes": 9}
+        for r in range(2)
+    ]  # fmt: skip
+    summary = summarize_workers(done, 2.0)
+    assert summary["data_mode"] == "stream" and summary["rows_read"] == 201
+    assert summary["data_wait_seconds"] == 1.0
+    assert summary["data_per_worker"]["1"] == {
+        "rows_read": 101,
+        "data_wait_seconds": 0.5,
+        "read_wait_seconds": 0.25,
+        "peak_rss_bytes": 9,
+    }

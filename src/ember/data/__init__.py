@@ -10,6 +10,10 @@ read_idx       idx.py       one IDX file, gzipped or raw, checked and read into 
 cached_idx     cache.py     an IDX folder decoded once per machine into .npy files
 DataFiles      store.py     a dataset as .npy files every process maps; a worker its shard alone
 host_data      host.py      a run's one copy of its data on this host, laid out by the launcher
+StreamPlan     stream.py    a dataset's rows as pieces on disk (row groups, .npy windows, .npz)
+StreamBatches  streaming.py a shard streamed: seeded piece order, read-ahead, shuffle buffer
+host_run_data  streamhost.py --data-mode on a local run: laid out to map, or planned to stream
+generate       generate.py  `ember data generate`: synthetic Parquet sets, row group by group
 """
 
 from ember.data.datasets import DATASET_NAMES, Dataset, load_dataset, shard_indices

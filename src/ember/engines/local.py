@@ -15,8 +15,9 @@ import safetensors.numpy
 
 from ember.config import RunConfig
 from ember.data.datasets import Dataset, check_shards
-from ember.data.host import host_data, host_dataset
+from ember.data.host import host_dataset
 from ember.data.store import DataFiles
+from ember.data.streamhost import host_run_data
 from ember.engines.forking import FORKSERVER, start_forkserver, stop_forkserver
 from ember.engines.join import JOIN_FILE, write_join_file
 from ember.engines.modelwork import Forked
@@ -30,7 +31,6 @@ from ember.engines.servers import spare_servers
 from ember.engines.userrun import NoModel
 from ember.errors import same_every_time
 from ember.metrics import WorkerError, WorkerFailure, WorkerRestart, write_json
-from ember.objective import targets_of
 from ember.spec import UserLoop, WorkerSpec, model_object, user_functions
 
 
@@ -54,14 +54,8 @@ def train_local(
             timeline.mark("data")
             if dataset is not None:
                 host = host_dataset(dataset)
-            else:
-                host = host_data(
-                    config.data,
-                    seed=config.seed,
-                    synthetic_samples=config.synthetic_samples,
-                    synthetic_features=config.synthetic_features,
-                    targets=targets_of(config.loss),
-                )
+            else:  # laid out to map, or planned to stream (--data-mode)
+                host = host_run_data(config, progress.note)
             try:
                 files = host.files
                 rows = (files.train_rows, files.test_rows)
@@ -91,7 +85,7 @@ def _train(
     pipes = RecordPipes(config.workers, lambda: FORKSERVER.Pipe(duplex=False))
     with Run(setup, progress, timeline, memory) as run, run.saving_on_failure():
         try:
-            rows = len(setup.dataset.x_train) // config.workers
+            rows = files.train_rows // config.workers
             addresses = run.start_servers(rows_per_worker=rows)
             if config.mode.joinable:
                 write_join_file(setup.run_dir, config, addresses, setup.secret)
@@ -168,7 +162,7 @@ def _watch(
                 run.sample_memory(_pids(processes))
             run.relay(record)
 
-    with run.watching(len(run.setup.dataset.x_train) // config.workers):
+    with run.watching(files.train_rows // config.workers):
         while len(done) < len(processes):
             relay(pipes.wait(0.25))
             for rank, process in enumerate(processes):

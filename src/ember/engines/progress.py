@@ -14,6 +14,9 @@ from ember.metrics import headline
 # not the workers' speed. The one speed shown is the workers' summed samples/s, in the postfix.
 PHASE_FORMAT = "{desc}"
 TRAINING_FORMAT = "{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+# the workers' steps waited on their batches this share of the time: the disk (or the shuffle)
+# sets the pace, not compute or the network
+INPUT_BOUND = 0.3
 
 
 class Progress:
@@ -41,6 +44,7 @@ class Progress:
         self.seen: dict[int, int] = {}  # samples per rank, from each worker's step count
         self.speed: dict[int, float] = {}
         self.loss: dict[int, float] = {}
+        self.data_wait: dict[int, float] = {}  # share of the last interval spent on data
         self.epoch, self.score = 0, ("accuracy", float("nan"))  # worker 0's latest headline
         self._said_epoch = 0  # the last epoch a line was printed for
         self.diverged: set[int] = set()  # ranks whose NaN loss was said (once each)
@@ -80,6 +84,7 @@ class Progress:
         elif kind == "worker":
             self.speed[rank] = record["samples_per_second"]
             self.loss[rank] = record["loss"]
+            self.data_wait[rank] = record.get("data_wait_fraction", 0.0)
             self.epoch = max(self.epoch, record["epoch"])
             self.seen[rank] = record["step"] * self.samples_per_step or record["samples"]
             if not self.training:
@@ -100,6 +105,7 @@ class Progress:
                 self.note(
                     f"epoch {record['epoch']}: test {self.score[0]} {self.score[1]:.4f} "
                     f"({whose}), {self.samples_per_second:,.0f} samples/s"
+                    + (f", {self.input_bound()}" if self.input_bound() else "")
                 )
         elif kind == "diverged" and rank not in self.diverged:
             self.diverged.add(rank)
@@ -121,10 +127,19 @@ class Progress:
             left = max(0, self._bar.total - self._bar.n) / self.samples_per_second
             parts.append(f"{tqdm.format_interval(left)} left")
         parts += [f"epoch {self.epoch}", f"loss {loss:.4f}"]
+        if self.input_bound():
+            parts.append(self.input_bound())
         name, value = self.score
         if value == value:  # not NaN: worker 0 has evaluated
             parts.append(f"{'acc' if name == 'accuracy' else name} {value:.4f}")
         return ", ".join(parts)
+
+    def input_bound(self) -> str:
+        """What to say when the workers mostly wait for their batches; else nothing."""
+        waiting = sum(self.data_wait.values()) / max(1, len(self.data_wait))
+        if waiting <= INPUT_BOUND:
+            return ""
+        return f"input-bound: {waiting:.0%} of the time waiting on data"
 
     def set_completed(self, samples: int) -> None:
         """All workers together have trained on `samples` (at most the total) so far."""

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from ember.data import Dataset
-from ember.data.spark import partition_arrays
+from ember.data.spill import Partition, partition_data
 from ember.engines.spark.records import RecordSender
 from ember.engines.spark.rendezvous import (
     STATE,
@@ -45,12 +45,12 @@ def train_partition(
     local: bool,
     batches: Iterator[Any],
 ) -> Iterator[Any]:
-    """One worker in a barrier task: its partition as NumPy, then the ordinary worker loop.
-    `probe` holds the test rows worker 0 evaluates on (a few, or all if deferred); `rows` is how
-    many rows each worker trains on, when the driver knows every partition's size. Records
-    also stream to the driver's `collector` (an address) while the task runs. `local`: every
-    executor is on the driver's machine (a local master), where allreduce meets on loopback."""
-    import pyarrow as pa
+    """One worker in a barrier task: its partition as NumPy (or spilled to the executor's
+    disk, --data-mode stream), then the ordinary worker loop. `probe` holds the test rows
+    worker 0 evaluates on (a few, or all if deferred); `rows` is how many rows each worker
+    trains on, when the driver knows every partition's size. Records also stream to the
+    driver's `collector` (an address) while the task runs. `local`: every executor is on the
+    driver's machine (a local master), where allreduce meets on loopback."""
     from pyspark import BarrierTaskContext
 
     context = BarrierTaskContext.get()
@@ -58,7 +58,22 @@ def train_partition(
     if world != spec.world:
         raise EmberError(f"the barrier stage has {world} tasks for {spec.world} workers")
     use_encryption(spec.config.encrypt)  # before the probe's and the record sender's sockets
-    x, y = partition_arrays(batches, probe.input_shape, like=probe)
+    # a spill is removed when the task ends, however it ends
+    with partition_data(batches, probe, spec.config, rows) as partition:
+        yield from _train(context, spec, probe, rows, collector, local, partition)
+
+
+def _train(
+    context: Any,
+    spec: WorkerSpec,
+    probe: Dataset,
+    rows: int | None,
+    collector: str | None,
+    local: bool,
+    partition: Partition,
+) -> Iterator[Any]:
+    import pyarrow as pa
+
     rank = context.partitionId()
     # allreduce has no server: rank 0 opens the rendezvous, and the others probe it instead
     meeting = meet(context, spec.config, local) if not spec.config.uses_server else None
@@ -67,7 +82,7 @@ def train_partition(
     # and the stage ends once. Raising instead would have Spark retry the stage, up to
     # spark.stage.maxConsecutiveAttempts times, to the same end.
     failed = reach(meeting, rank) if meeting else probe_servers(spec.servers, spec.secret)
-    verdict = {"rows": len(x), "unreachable": failed}
+    verdict = {"rows": partition.rows, "unreachable": failed}
     verdicts = [json.loads(v) for v in context.allGather(json.dumps(verdict))]
     failures = [v["unreachable"] for v in verdicts if v["unreachable"]]
     if failures:
@@ -79,9 +94,9 @@ def train_partition(
     # After a repartition only the tasks know their sizes.
     if rows is None:
         rows = min(int(v["rows"]) for v in verdicts)
-    elif len(x) < rows:
-        raise EmberError(f"partition {rank} holds {len(x)} rows, not {rows}")
-    data = replace(probe, name="partition", x_train=x[:rows], y_train=y[:rows])
+    elif partition.rows < rows:
+        raise EmberError(f"partition {rank} holds {partition.rows} rows, not {rows}")
+    data = partition.dataset(probe, rows)
     # Task attempt ids only grow, so a retried stage registers newer incarnations and each
     # worker resumes from the servers' current parameters and its own last pushed step
     # (allreduce, which has no server, starts again from the run's starting parameters).

@@ -1,0 +1,118 @@
+"""A Spark task's partition as its worker's training rows: held in memory, or (--data-mode
+stream) spilled once to an Arrow IPC file on the executor's local disk and streamed from it,
+the file removed when the task ends however it ends.
+
+imports: numpy, pyarrow (lazily) and the data part; never pyspark
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ember.config import RunConfig
+from ember.data.datasets import Dataset
+from ember.data.spark import partition_arrays
+from ember.data.stream import Piece, StreamPlan
+from ember.data.streamhost import AUTO_FRACTION, StreamedDataset, streamed_mode
+
+SPILL_PREFIX = "ember-spill-"  # then the pid of the Python worker that wrote it
+
+
+@dataclass
+class Partition:
+    """A task's rows: `x` and `y` in memory, or `plan`'s pieces of a spill file."""
+
+    rows: int
+    x: np.ndarray | None = None
+    y: np.ndarray | None = None
+    plan: StreamPlan | None = None
+
+    def dataset(self, probe: Dataset, rows: int) -> Dataset:
+        """The first `rows` of the partition to train on, with `probe`'s test rows."""
+        if self.plan is None:
+            assert self.x is not None and self.y is not None
+            return replace(probe, name="partition", x_train=self.x[:rows], y_train=self.y[:rows])
+        empty = np.empty((0, *probe.input_shape), np.float32)
+        return StreamedDataset(
+            "partition",
+            empty,
+            np.empty(0, np.int64),
+            probe.x_test,
+            probe.y_test,
+            probe.num_classes,
+            probe.input_shape,
+            plan=self.plan.split(rows)[0],
+            whole=False,  # this worker's own rows: nothing to split among workers here
+        )
+
+
+@contextlib.contextmanager
+def partition_data(
+    batches: Iterable[Any], probe: Dataset, config: RunConfig, rows: int | None
+) -> Iterator[Partition]:
+    """The partition's Arrow `batches` as a Partition while the task trains. Under the run's
+    --data-mode stream it spills; under auto when the `rows` each worker trains on (None: not
+    known) would take more than 1/AUTO_FRACTION of this host's memory."""
+    shape, mode = tuple(probe.input_shape), streamed_mode(config)
+    if mode == "memory" or (mode == "auto" and not _too_big(rows, shape)):
+        x, y = partition_arrays(batches, shape, like=probe)
+        yield Partition(len(x), x, y)
+        return
+    folder = spill_folder()
+    try:
+        pieces = _spill(batches, folder / "partition.arrow")
+        plan = StreamPlan(pieces, shape, probe.num_classes)
+        yield Partition(plan.rows, plan=plan)
+    finally:  # success, an error, or the generator closed by a cancelled task
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def spill_folder() -> Path:
+    """A new folder for this task attempt's spill on the executor's first local directory
+    (SPARK_LOCAL_DIRS, which Spark sets for its Python workers, else the temporary one), after
+    removing those that Python workers no longer alive left there (killed, or a stage retried
+    after a crash): a retried task never finds, let alone reuses, an older attempt's rows."""
+    local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] or tempfile.gettempdir()
+    root = Path(local)
+    for old in root.glob(f"{SPILL_PREFIX}*"):
+        pid = old.name[len(SPILL_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=root))
+
+
+def _spill(batches: Iterable[Any], path: Path) -> tuple[Piece, ...]:
+    """Write the record batches to one Arrow IPC file as they arrive (one batch in memory at
+    a time); each batch becomes a piece."""
+    import pyarrow as pa
+
+    pieces: list[Piece] = []
+    writer = None
+    try:
+        for batch in batches:
+            if writer is None:
+                writer = pa.ipc.new_file(str(path), batch.schema)
+            writer.write_batch(batch)
+            # the piece's index is the batch's in the file: empty ones are written too
+            pieces.append(Piece("ipc", str(path), len(pieces), 0, batch.num_rows))
+    finally:
+        if writer is not None:
+            writer.close()
+    return tuple(p for p in pieces if p.rows)
+
+
+def _too_big(rows: int | None, shape: tuple[int, ...]) -> bool:
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return rows is not None and rows * (int(np.prod(shape)) * 4 + 8) * AUTO_FRACTION > memory
+
+
+__all__ = ["Partition", "partition_data", "spill_folder"]

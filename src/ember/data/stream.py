@@ -1,0 +1,291 @@
+"""Training rows that stay on disk: a plan of pieces (Parquet row groups, windows of .npy rows,
+.npz shards), split evenly among workers and read one piece at a time, each problem one
+ConfigError naming the file and the piece.
+
+imports: numpy, pyarrow (lazily), ember.errors and the data part
+"""
+
+from __future__ import annotations
+
+import zipfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ember.data.files import _hint, _validated
+from ember.data.store import ArrayFile
+from ember.errors import ConfigError
+
+WINDOW_BYTES = 16 << 20  # an .npy piece: about a Parquet row group's worth of rows
+NPZ_KEYS = ("x", "y")  # the arrays of one .npz shard
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows [start, stop) of one unit of reading: a Parquet row group (rows counted within
+    it), an .npy window (rows of the file) or a whole .npz shard."""
+
+    kind: str  # "parquet" | "npy" | "npz" | "ipc" (a Spark task's spill: Arrow record batches)
+    path: str  # the features' file
+    index: int  # row group, or window number: what an error names
+    start: int
+    stop: int
+    labels: str = ""  # npy: the labels' file
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def where(self) -> str:
+        unit = {"parquet": "row group", "npy": "rows from", "ipc": "batch"}.get(self.kind)
+        what = "spilled partition" if self.kind == "ipc" else "data file"
+        if unit is None:
+            return f"{what} {self.path}"
+        at = self.start if self.kind == "npy" else self.index
+        return f"{what} {self.path}, {unit} {at}"
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """A dataset's training (or test) rows as pieces in file order; small enough to hand to
+    every worker, each of which reads only its share."""
+
+    pieces: tuple[Piece, ...]
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+    @property
+    def rows(self) -> int:
+        return sum(p.rows for p in self.pieces)
+
+    def split(self, cut: int) -> tuple[StreamPlan, StreamPlan]:
+        """The first `cut` rows in file order, and the rest."""
+        return replace(self, pieces=_window(self.pieces, 0, cut)), replace(
+            self, pieces=_window(self.pieces, cut, self.rows)
+        )
+
+    def shard(self, rank: int, world: int, seed: int) -> tuple[Piece, ...]:
+        """Worker `rank`'s pieces of `world`: the pieces in an order fixed by `seed` (so that
+        a file sorted by label is not cut into one label per worker), then cut into `world`
+        runs of exactly rows // world rows, as shard_indices cuts rows held in memory."""
+        if self.rows < world:
+            raise ConfigError(f"cannot split {self.rows} rows over {world} workers")
+        order = np.random.default_rng([seed, 0x5EED]).permutation(len(self.pieces))
+        per = self.rows // world
+        return _window(tuple(self.pieces[i] for i in order), rank * per, (rank + 1) * per)
+
+
+def _window(pieces: tuple[Piece, ...], lo: int, hi: int) -> tuple[Piece, ...]:
+    """Rows [lo, hi) of `pieces` laid end to end, the pieces at either edge clipped."""
+    kept, offset = [], 0
+    for piece in pieces:
+        first, last = max(lo, offset), min(hi, offset + piece.rows)
+        if first < last:
+            start = piece.start + first - offset
+            kept.append(replace(piece, start=start, stop=start + last - first))
+        offset += piece.rows
+    return tuple(kept)
+
+
+def plan_files(path: Path) -> StreamPlan:
+    """A Parquet file or folder, a folder of .npz shards, or a folder of x_train.npy and
+    y_train.npy: its rows as pieces, from the files' metadata (and the first piece's width)."""
+    if path.is_file() and path.suffix == ".parquet":
+        return _plan_parquet([path])
+    if path.is_dir():
+        parquet = _listed(path, ".parquet")
+        if parquet:
+            return _plan_parquet(parquet)
+        npz = _listed(path, ".npz")
+        if npz:
+            return _plan_npz(npz)
+    raise ConfigError(
+        f"data path {path}: cannot be streamed; expected a .parquet file or a folder of"
+        " .parquet or .npz files"
+    )
+
+
+def _listed(folder: Path, suffix: str) -> list[Path]:
+    """Data files under `folder` in path order; Spark's _SUCCESS and .crc files are not."""
+    found = sorted(p for p in folder.rglob(f"*{suffix}") if p.is_file())
+    return [p for p in found if not p.name.startswith(("_", "."))]
+
+
+def plan_npy(x: ArrayFile, y: ArrayFile, rows: int, num_classes: int) -> StreamPlan:
+    """The first `rows` rows of an x/y pair of .npy files, in windows of about WINDOW_BYTES."""
+    step = max(1, WINDOW_BYTES // max(1, x.row_bytes))
+    pieces = tuple(
+        Piece("npy", x.path, start // step, start, min(start + step, rows), labels=y.path)
+        for start in range(0, rows, step)
+    )
+    return StreamPlan(pieces, tuple(x.shape[1:]), num_classes)
+
+
+def _plan_parquet(paths: list[Path]) -> StreamPlan:
+    import pyarrow as pa  # lazily: slow to import, and most runs read no Parquet
+    import pyarrow.parquet as pq
+
+    pieces: list[Piece] = []
+    top = 0
+    for path in paths:
+        try:
+            meta = pq.ParquetFile(path).metadata
+            names = meta.schema.to_arrow_schema().names
+        except (pa.ArrowException, OSError) as exc:
+            raise ConfigError(f"data file {path}: cannot read as Parquet ({exc})") from exc
+        for column in ("features", "label"):
+            if column not in names:
+                raise ConfigError(
+                    f"data file {path}: missing column {column!r} (found: {', '.join(names)})"
+                )
+        label = names.index("label")
+        for group in range(meta.num_row_groups):
+            rows = meta.row_group(group).num_rows
+            if rows:
+                pieces.append(Piece("parquet", str(path), group, 0, rows))
+            stats = meta.row_group(group).column(label).statistics
+            if stats is not None and stats.has_min_max and rows:
+                top = max(top, int(stats.max))
+            elif rows:  # no statistics: read this group's labels alone
+                top = max(top, int(read_piece(pieces[-1])[1].max()))
+    return _planned(pieces, top, paths)
+
+
+def _plan_npz(paths: list[Path]) -> StreamPlan:
+    pieces, top = [], 0
+    for path in paths:
+        shapes = {key: _npz_shape(path, key) for key in NPZ_KEYS}
+        if len(shapes["x"]) < 2 or shapes["y"] != shapes["x"][:1]:
+            raise ConfigError(
+                f"data file {path}: x must be (rows, features...) and y one label per row;"
+                f" got x {shapes['x']}, y {shapes['y']}"
+            )
+        pieces.append(Piece("npz", str(path), 0, 0, shapes["x"][0]))
+        top = max(top, int(read_piece(pieces[-1])[1].max()))  # the labels are small
+    return _planned(pieces, top, paths)
+
+
+def _planned(pieces: list[Piece], top: int, paths: list[Path]) -> StreamPlan:
+    if not pieces:
+        raise ConfigError(f"data files {', '.join(map(str, paths))}: no rows")
+    x, _ = read_piece(replace(pieces[0], stop=pieces[0].start + 1))
+    return StreamPlan(tuple(pieces), tuple(x.shape[1:]), max(2, top + 1))
+
+
+def _npz_shape(path: Path, key: str) -> tuple[int, ...]:
+    """An array's shape from its header inside the archive, without reading its data."""
+    try:
+        with zipfile.ZipFile(path) as archive, archive.open(f"{key}.npy") as member:
+            version = np.lib.format.read_magic(member)
+            read = getattr(np.lib.format, f"read_array_header_{version[0]}_0")
+            shape, _, dtype = read(member)
+    except KeyError:
+        raise ConfigError(f"data file {path}: an .npz shard holds arrays x and y") from None
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise ConfigError(f"data file {path}: cannot read array {key!r} ({exc})") from exc
+    if dtype.hasobject:
+        raise ConfigError(f"data file {path}: array {key!r} holds objects, not numbers")
+    return tuple(int(d) for d in shape)
+
+
+def read_piece(piece: Piece, shape: tuple[int, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The piece's rows as float32 features and int64 labels, this process's own memory;
+    `shape` (one row's) is checked when given: a file whose width changed is an error."""
+    try:
+        if piece.kind == "parquet":
+            x, y = _read_row_group(piece)
+        elif piece.kind == "ipc":
+            x, y = _read_batch(piece, shape)
+        elif piece.kind == "npy":
+            x = ArrayFile.open(piece.path).read(piece.start, piece.stop)
+            y = ArrayFile.open(piece.labels).read(piece.start, piece.stop)
+        else:
+            with np.load(piece.path, allow_pickle=False) as archive:
+                x, y = (archive[k][piece.start : piece.stop] for k in NPZ_KEYS)
+    except ConfigError as exc:
+        raise ConfigError(f"{piece.where}: {exc}") from exc
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise ConfigError(f"{piece.where}: cannot read ({type(exc).__name__}: {exc})") from exc
+    return _checked(piece, x, y, shape)
+
+
+def _read_row_group(piece: Piece) -> tuple[np.ndarray, np.ndarray]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    try:
+        with pq.ParquetFile(piece.path) as source:
+            # no pyarrow threads: this runs on a read-ahead thread beside the training step
+            table = source.read_row_group(
+                piece.index, columns=["features", "label"], use_threads=False
+            )
+        table = table.slice(piece.start, piece.rows)
+        features, label = table.column("features"), table.column("label")
+        ftype = features.type
+        if not (pa.types.is_list(ftype) or pa.types.is_large_list(ftype)) and not (
+            pa.types.is_fixed_size_list(ftype)
+        ):
+            raise ConfigError(
+                f"column 'features' must be a list of numbers, got {ftype}{_hint(ftype)}"
+            )
+        if not pa.types.is_integer(ftype.value_type) and not pa.types.is_floating(ftype.value_type):
+            raise ConfigError(f"column 'features' must hold numbers, got {ftype}")
+        if not (pa.types.is_integer(label.type) or pa.types.is_floating(label.type)):
+            raise ConfigError(f"column 'label' must hold integer labels, got {label.type}")
+        if features.null_count or label.null_count:
+            raise ConfigError("null rows in column 'features' or 'label'")
+        lengths = pc.list_value_length(features).to_numpy()
+        width = int(lengths[0]) if len(lengths) else 0
+        if (lengths != width).any() or width == 0:
+            raise ConfigError(f"column 'features' is ragged or empty (row 0 has {width} values)")
+        flat = pc.list_flatten(features)
+        if flat.null_count:
+            raise ConfigError("column 'features' has nulls inside lists")
+        x = _numpy(flat).reshape(piece.rows, width)
+        return x, _numpy(label)
+    except pa.ArrowException as exc:  # a truncated or corrupt file, found mid-stream
+        raise ConfigError(f"cannot read as Parquet ({type(exc).__name__}: {exc})") from exc
+
+
+def _read_batch(piece: Piece, shape: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray]:
+    """One record batch of a spill, mapped only while its rows are copied out."""
+    import pyarrow as pa
+
+    from ember.data.spark import table_arrays  # the checked frame's layout; no pyspark
+
+    if shape is None:
+        raise ConfigError("a spilled partition is read with its rows' shape")
+    try:
+        with pa.memory_map(piece.path) as source:
+            batch = pa.ipc.open_file(source).get_batch(piece.index)
+            table = pa.Table.from_batches([batch]).slice(piece.start, piece.rows)
+            return table_arrays(table, shape)  # copies: nothing refers to the mapping after
+    except pa.ArrowException as exc:
+        raise ConfigError(f"cannot read ({type(exc).__name__}: {exc})") from exc
+
+
+def _numpy(column: Any) -> np.ndarray:
+    chunks = column.chunks if hasattr(column, "chunks") else [column]
+    return np.concatenate([c.to_numpy(zero_copy_only=False) for c in chunks])
+
+
+def _checked(
+    piece: Piece, x: np.ndarray, y: np.ndarray, shape: tuple[int, ...] | None
+) -> tuple[np.ndarray, np.ndarray]:
+    where = piece.where
+    if shape is not None and tuple(x.shape[1:]) != tuple(shape):
+        raise ConfigError(
+            f"{where}: rows have shape {tuple(x.shape[1:])}, the rows before had {tuple(shape)}"
+            " (the schema changed mid-stream)"
+        )
+    if len(x) != piece.rows or len(y) != piece.rows:
+        raise ConfigError(f"{where}: holds {len(x)} rows and {len(y)} labels, not {piece.rows}")
+    # as a file read whole is checked; a row is counted from the piece's first
+    return _validated(where, x, y, "features", "labels")
+
+
+__all__ = ["Piece", "StreamPlan", "plan_files", "plan_npy", "read_piece"]

@@ -1,0 +1,218 @@
+"""Whether a local run streams its training rows from disk (--data-mode), and the launcher's
+and workers' sides of it: a plan of the files instead of a copy of the rows, the test split
+alone held in memory.
+
+imports: numpy and the data part (pyarrow lazily, through stream.py)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ember.config import RunConfig
+from ember.data.datasets import DATASET_NAMES, Dataset
+from ember.data.host import HostData, _scratch, host_data
+from ember.data.idx import find_idx_files
+from ember.data.store import DataFiles, Mode, write_array
+from ember.data.stream import StreamPlan, plan_files, plan_npy, read_piece
+from ember.errors import ConfigError
+from ember.objective import targets_of
+
+if TYPE_CHECKING:  # torch's: a local run's launcher imports this module, and never torch
+    from ember.data.batches import ShardBatches
+    from ember.data.streaming import Counted
+
+AUTO_FRACTION = 4  # auto streams training rows bigger than 1/AUTO_FRACTION of the memory
+
+
+@dataclass(frozen=True, eq=False)
+class StreamedDataset(Dataset):
+    """A dataset whose training rows stay on disk: x_train and y_train hold none of them
+    (zero rows of the right shape) and `plan` says where they are; the test split is held."""
+
+    plan: StreamPlan | None = None
+    whole: bool = True  # the plan holds every worker's rows, else this worker's own
+
+    def __post_init__(self) -> None:
+        if self.plan is None or len(self.x_train) or len(self.y_train):
+            raise ConfigError(f"dataset {self.name}: a streamed dataset holds no training rows")
+        # the test split checked as any dataset's
+        Dataset(self.name, self.x_test, self.y_test, self.x_test, self.y_test, self.num_classes,
+                self.input_shape)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StreamFiles(DataFiles):
+    """DataFiles whose training rows are `plan`'s pieces, read by each worker as it trains;
+    `arrays` holds the test split's .npy files (and, streamed from .npy, the training ones)."""
+
+    plan: StreamPlan | None = None
+
+    def dataset(self, mode: Mode = "r") -> Dataset:
+        a, empty = self.arrays, np.empty((0, *self.input_shape), dtype=np.float32)
+        return StreamedDataset(
+            self.name,
+            empty,
+            np.empty(0, dtype=np.int64),
+            a["x_test"].rows(0, self.test_rows, mode),
+            a["y_test"].rows(0, self.test_rows, mode),
+            self.num_classes,
+            self.input_shape,
+            plan=self.plan,
+        )
+
+    def shard(self, rank: int, world: int) -> Dataset:
+        """Every worker the same: which pieces are its own, stream_batches works out."""
+        return self.dataset("r")
+
+
+def host_run_data(config: RunConfig, say: Callable[[str], None]) -> HostData:
+    """config.data for this host's workers under config.data_mode: laid out once to map
+    (memory), or planned to stream from its files (stream; auto when it is big)."""
+    mode, path = streamed_mode(config), Path(config.data).expanduser()
+    if config.data not in DATASET_NAMES and _streamable(path):
+        if mode == "memory" and _npz_only(path):
+            raise ConfigError(
+                f"data path {path}: a folder of .npz shards is only streamed; pass"
+                " --data-mode stream or auto"
+            )
+        plans = _file_plans(path, mode) if mode != "memory" else None
+        if plans and (mode == "stream" or _too_big(config.data, plans[0], say)):
+            return _hosted(config.data, *plans)
+    host = host_data(
+        config.data,
+        seed=config.seed,
+        synthetic_samples=config.synthetic_samples,
+        synthetic_features=config.synthetic_features,
+        targets=targets_of(config.loss),
+    )
+    files = host.files
+    a = files.arrays
+    plan = plan_npy(a["x_train"], a["y_train"], files.train_rows, files.num_classes)
+    if mode == "stream" or (mode == "auto" and _too_big(files.name, plan, say)):
+        fields = {k: getattr(files, k) for k in DataFiles.__dataclass_fields__}
+        return HostData(StreamFiles(**fields, plan=plan), host.scratch)
+    return host
+
+
+def streamed_mode(config: RunConfig) -> str:
+    """config.data_mode, where a stream can serve the run's loss: streams carry float32
+    features and integer class labels (cross-entropy's targets), so auto holds other kinds
+    of targets in memory, and stream refuses them with the way out."""
+    if targets_of(config.loss) == "classes" or config.data_mode == "memory":
+        return config.data_mode
+    if config.data_mode == "stream":
+        raise ConfigError(
+            f"--data-mode stream takes class labels (loss cross_entropy); loss {config.loss!r}"
+            " trains on other targets: pass --data-mode memory"
+        )
+    return "memory"
+
+
+def stream_batches(dataset: StreamedDataset, rank: int, world: int, config: RunConfig) -> Counted:
+    """Worker `rank`'s share of the dataset's pieces, streamed as batches."""
+    from ember.data.streaming import Counted, StreamBatches
+
+    assert dataset.plan is not None  # StreamedDataset insists
+    plan = dataset.plan
+    pieces = plan.shard(rank, world, config.seed) if dataset.whole else plan.pieces
+    rows = sum(p.rows for p in pieces)
+    if rows < config.batch_size:
+        raise ConfigError(
+            f"worker {rank}: shard of {rows} rows is smaller than one batch of {config.batch_size}"
+        )
+    inner = StreamBatches(
+        pieces,
+        dataset.input_shape,
+        dataset.num_classes,
+        config.batch_size,
+        config.seed,
+        rank,
+        config.shuffle_buffer,
+    )
+    return Counted(inner, "stream")
+
+
+def counted(batches: ShardBatches) -> Counted:
+    """In-memory batches with the same counters a stream keeps."""
+    from ember.data.streaming import Counted
+
+    return Counted(batches, "memory")
+
+
+def _streamable(path: Path) -> bool:
+    if path.is_file():
+        return path.suffix == ".parquet"
+    if not path.is_dir() or find_idx_files(path):
+        return False
+    return any(path.rglob("*.parquet")) or any(path.rglob("*.npz"))
+
+
+def _npz_only(path: Path) -> bool:
+    return path.is_dir() and not any(path.rglob("*.parquet")) and any(path.rglob("*.npz"))
+
+
+def _file_plans(path: Path, mode: str) -> tuple[StreamPlan, StreamPlan] | None:
+    """The training rows to stream and the test rows to hold: train.parquet and test.parquet
+    when the folder has both, else the last max(1, n // 10) rows held out, as in memory.
+    Under auto, None for files that cannot be planned: loading them says why, in full."""
+    try:
+        return _planned_split(path)
+    except ConfigError:
+        if mode == "auto":
+            return None
+        raise
+
+
+def _planned_split(path: Path) -> tuple[StreamPlan, StreamPlan]:
+    train, test = path / "train.parquet", path / "test.parquet"
+    if path.is_dir() and train.is_file() and test.is_file():
+        return plan_files(train), plan_files(test)
+    whole = plan_files(path)
+    if whole.rows < 2:
+        raise ConfigError(f"data path {path}: only {whole.rows} row; need 2 to hold out a test set")
+    return whole.split(whole.rows - max(1, whole.rows // 10))
+
+
+def _too_big(name: str, plan: StreamPlan, say: Callable[[str], None]) -> bool:
+    row = int(np.prod(plan.input_shape)) * 4 + 8
+    size, memory = plan.rows * row, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if size * AUTO_FRACTION <= memory:
+        return False
+    say(
+        f"ember: data mode auto: streaming {name} from disk ({size / 2**30:.1f} GiB of"
+        f" training rows, more than 1/{AUTO_FRACTION} of this machine's"
+        f" {memory / 2**30:.1f} GiB of memory)"
+    )
+    return True
+
+
+def _hosted(name: str, train: StreamPlan, test: StreamPlan) -> HostData:
+    """Plans of a user's files: the test rows read into .npy files (small), the training
+    rows left where they are."""
+    held = [read_piece(piece, train.input_shape) for piece in test.pieces]
+    x, y = np.concatenate([h[0] for h in held]), np.concatenate([h[1] for h in held])
+    classes = max(train.num_classes, int(y.max()) + 1)
+    scratch = _scratch(x.nbytes + y.nbytes)  # removed with the run, as host_data's copies
+    try:
+        arrays = {
+            "x_test": write_array(scratch / "x_test.npy", x),
+            "y_test": write_array(scratch / "y_test.npy", y),
+        }
+        files = StreamFiles(
+            name, arrays, train.rows, len(y), classes, train.input_shape, plan=train
+        )
+        return HostData(files, scratch)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+
+
+__all__ = ["StreamFiles", "StreamedDataset", "counted", "host_run_data", "stream_batches"]

@@ -1,0 +1,118 @@
+"""--data-mode on the local engine's launcher: what it streams, what it holds, what it says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ember.config import RunConfig
+from ember.data import streamhost
+from ember.data.generate import generate
+from ember.data.streamhost import StreamedDataset, StreamFiles, host_run_data
+from ember.errors import ConfigError
+from ember.worker import WorkerSpec, shard_batches
+
+
+@pytest.fixture(scope="module")
+def parquet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("gen") / "lr"
+    written = generate("synthetic-lr", 400_000, out, features=16, row_group_bytes=20_000)
+    assert (written.train_rows, written.test_rows) == (5555, 555)
+    assert written.row_groups == 21  # 277 rows to a group
+    return out
+
+
+def config(data: Path | str, mode: str, **fields: object) -> RunConfig:
+    return RunConfig(data=str(data), data_mode=mode, workers=2, batch_size=32, **fields).validate()
+
+
+def test_stream_mode_plans_the_training_rows_and_holds_the_test_split(parquet: Path) -> None:
+    said: list[str] = []
+    host = host_run_data(config(parquet, "stream"), said.append)
+    try:
+        files = host.files
+        assert isinstance(files, StreamFiles) and files.plan is not None
+        assert (files.train_rows, files.test_rows, files.input_shape) == (5555, 555, (16,))
+        assert set(files.arrays) == {"x_test", "y_test"}  # no training row was copied
+        dataset = files.shard(1, 2)
+        assert isinstance(dataset, StreamedDataset) and len(dataset.x_train) == 0
+        assert dataset.x_test.shape == (555, 16) and said == []
+        spec = WorkerSpec(config(parquet, "stream"), 1, 2, own_rows=True)
+        batches = shard_batches(spec, dataset)
+        assert batches.rows == 5555 // 2
+        assert sum(len(y) for _, y in batches.epoch(0)) == 5555 // 2 // 32 * 32
+    finally:
+        host.close()
+    assert host.scratch is None
+
+
+def test_memory_mode_lays_the_same_file_out_to_map(parquet: Path) -> None:
+    host = host_run_data(config(parquet, "memory"), print)
+    try:
+        assert not isinstance(host.files, StreamFiles) and host.files.train_rows == 5555
+    finally:
+        host.close()
+
+
+def test_auto_streams_data_bigger_than_its_share_of_memory_and_says_so_in_one_line(
+    parquet: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    said: list[str] = []
+    host = host_run_data(config(parquet, "auto"), said.append)
+    host.close()
+    assert not isinstance(host.files, StreamFiles) and said == []
+    monkeypatch.setattr(streamhost, "AUTO_FRACTION", 10**9)  # any data is then too big
+    for data in (parquet, "digits"):
+        host = host_run_data(config(data, "auto"), said.append)
+        host.close()
+        assert isinstance(host.files, StreamFiles)
+    assert len(said) == 2 and said[0].startswith(f"ember: data mode auto: streaming {parquet}")
+    assert "GiB of memory)" in said[0]
+
+
+def test_a_named_dataset_streams_from_the_files_it_is_laid_out_in() -> None:
+    host = host_run_data(config("digits", "stream"), print)
+    try:
+        assert isinstance(host.files, StreamFiles) and host.files.train_rows == 10_000
+        plan = host.files.plan
+        assert plan is not None and plan.pieces[0].kind == "npy" and plan.rows == 10_000
+    finally:
+        host.close()
+
+
+def test_a_folder_of_npz_shards_in_memory_mode_is_refused_with_the_way_out(
+    tmp_path: Path,
+) -> None:
+    x = np.zeros((40, 3), dtype=np.float32)
+    np.savez(tmp_path / "shard-0.npz", x=x, y=np.arange(40) % 2)
+    with pytest.raises(ConfigError, match="only streamed; pass --data-mode stream or auto"):
+        host_run_data(config(tmp_path, "memory"), print)
+
+
+def test_auto_leaves_files_it_cannot_plan_to_the_loader_and_its_whole_error(
+    tmp_path: Path,
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.unit.test_data import SPARK_VECTORS
+
+    path = tmp_path / "vectors.parquet"
+    pq.write_table(pa.table({"features": SPARK_VECTORS, "label": [0, 1]}), path)
+    with pytest.raises(ConfigError, match="it holds Spark ML vectors"):
+        host_run_data(config(path, "auto"), print)
+    with pytest.raises(ConfigError, match=r"row group 0: column 'features' must be a list.*vec"):
+        host_run_data(config(path, "stream"), print)
+
+
+def test_a_loss_whose_targets_are_not_classes_is_held_in_memory_or_refused_streaming(
+    parquet: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ConfigError, match=r"--data-mode stream takes class labels .* 'mse'"):
+        host_run_data(config(parquet, "stream", loss="mse"), print)
+    monkeypatch.setattr(streamhost, "AUTO_FRACTION", 10**9)  # auto would stream any data
+    host = host_run_data(config(parquet, "auto", loss="mse"), print)
+    host.close()
+    assert not isinstance(host.files, StreamFiles)
