@@ -69,3 +69,16 @@ def test_bad_diloco_and_policy_settings_are_refused_before_any_row_runs(
     with pytest.raises(ConfigError) as raised:
         settings.validate(TASKS)
     assert str(raised.value) == message
+
+
+def test_epochs_may_be_given_per_task_and_the_others_keep_their_own() -> None:
+    tasks = make_tasks(False, 1000, 10, {"cnn": 1, "mlp": 2})
+    assert (tasks["cnn"].epochs, tasks["mlp"].epochs, tasks["lenet"].epochs) == (1, 2, 3)
+    assert make_tasks(False, 1000, 10, 4)["cnn"].epochs == 4
+
+
+def test_bench_epochs_flag_takes_a_count_or_task_count_pairs() -> None:
+    from ember.bench.commands import _epochs
+
+    assert _epochs("3") == 3
+    assert _epochs("mlp=3, cnn=1") == {"mlp": 3, "cnn": 1}

@@ -39,7 +39,10 @@ def add_bench_parser(sub: Any) -> None:
         "--workers", type=positive_int, default=2, help="workers per row (default 2)"
     )
     parser.add_argument(
-        "--epochs", type=positive_int, default=None, help="epochs of every task (default its own)"
+        "--epochs",
+        type=_epochs,
+        default=None,
+        help="epochs of every task, or of some, e.g. mlp=3,cnn=1 (default each task's own)",
     )
     parser.add_argument("--lr-rows", type=positive_int, default=1_000_000, help="lr training rows")
     parser.add_argument("--lr-features", type=positive_int, default=100, help="lr feature columns")
@@ -187,6 +190,14 @@ def plan(args: argparse.Namespace) -> int:
         )
     print("\n\n".join(reports))
     return 0
+
+
+def _epochs(text: str) -> int | dict[str, int]:
+    """--epochs: a count for every task, or task=count pairs."""
+    if "=" not in text:
+        return positive_int(text)
+    pairs = [part.partition("=") for part in _names(text)]
+    return {name.strip(): positive_int(count) for name, _, count in pairs}
 
 
 def _counts(text: str) -> list[int]:

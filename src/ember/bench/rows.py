@@ -45,13 +45,16 @@ class Task:
 
 
 def make_tasks(
-    quick: bool, lr_rows: int, lr_features: int, epochs: int | None = None
+    quick: bool, lr_rows: int, lr_features: int, epochs: int | dict[str, int] | None = None
 ) -> dict[str, Task]:
     """The seeds' two workloads (and LeNet, and a CNN with BatchNorm), full size or reduced for
-    --quick; `epochs`, when given, replaces every task's own (each still races to its
-    target)."""
+    --quick; `epochs`, when given, replaces every task's own, or the named tasks' (each still
+    races to its target)."""
     tasks = _tasks(quick, lr_rows, lr_features)
-    return tasks if epochs is None else {k: replace(t, epochs=epochs) for k, t in tasks.items()}
+    if epochs is None:
+        return tasks
+    given = epochs if isinstance(epochs, dict) else dict.fromkeys(tasks, epochs)
+    return {k: replace(t, epochs=given.get(k, t.epochs)) for k, t in tasks.items()}
 
 
 def _tasks(quick: bool, lr_rows: int, lr_features: int) -> dict[str, Task]:
@@ -89,7 +92,8 @@ class BenchSettings:
     workers: int = 2
     lr_rows: int = 1_000_000
     lr_features: int = 100
-    epochs: int | None = None  # every task's epochs instead of its own
+    epochs: int | dict[str, int] | None = None  # every task's epochs, or some tasks', instead
+    # of their own
     seed: int = 0
     hosts: int = 0  # worker hosts of the emulated cluster for the link rows; 0: no link rows
     links: list[str] = field(default_factory=lambda: ["1gbit", "100mbit"])
@@ -115,6 +119,7 @@ class BenchSettings:
         for what, given, known in (
             ("task", self.tasks, list(tasks)),
             ("sweep task", self.sweep_tasks, list(tasks)),
+            ("task", list(self.epochs) if isinstance(self.epochs, dict) else [], list(tasks)),
             ("strategy", self.strategies, list(STRATEGIES)),
             ("engine", self.engines, list(ENGINES)),
         ):
