@@ -5,7 +5,7 @@ HELP = {
     # One line per RunConfig field: what it sets, its unit, and what leaving it unset means.
     "data": "mnist | digits | synthetic-lr | path to a .npz file, a .parquet file or folder, or an"
     " MNIST IDX folder (their layouts: docs/data.md)",
-    "model": "mlp | logreg | lenet | package.module:factory, a function returning a"
+    "model": "mlp | logreg | lenet | cnn_bn | package.module:factory, a function returning a"
     " torch.nn.Module, imported from the working directory, then PYTHONPATH and site-packages",
     "strategy": "single | bsp | ssp | async | easgd | easgd-async | allreduce | diloco",
     "workers": "data-parallel worker processes (Spark: barrier tasks), each on its own shard",

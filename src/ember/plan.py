@@ -21,6 +21,8 @@ PLAN_STRATEGIES: tuple[Strategy, ...] = tuple(s for s in Strategy if s is not St
 EASGD_TAU = 8  # the synchronous easgd column's communication period
 # the period of each column whose strategy exchanges every tau steps; 1 (n_push) for the rest
 COLUMN_TAU = {Strategy.EASGD: EASGD_TAU, Strategy.DILOCO: DILOCO_TAU}
+# diloco's Streaming column: the fragments it syncs in, a fragment's keys on servers of its own
+PLAN_FRAGMENTS = 2
 SERVER_COUNTS = (1, 2, 4, 8, 16, 32)
 MISSING = "—"
 
@@ -36,6 +38,7 @@ class Option:
         p = self.prediction
         mode = Strategy(p.strategy)
         text = p.strategy + (f" at tau {p.tau}" if mode.periodic else "")
+        text += f" in {p.fragments} fragments" if p.fragments > 1 else ""
         if not mode.uses_server:  # the same at any server count
             return text
         return f"{text} with {p.servers} server{'s' if p.servers != 1 else ''}"
@@ -43,7 +46,15 @@ class Option:
 
 def columns(taus: list[int]) -> list[str]:
     fixed = [f"{s} tau={COLUMN_TAU[s]}" if s in COLUMN_TAU else str(s) for s in PLAN_STRATEGIES]
-    return [*fixed, *(f"easgd-async tau={t}" for t in taus)]
+    streaming = f"diloco tau={DILOCO_TAU} fragments={PLAN_FRAGMENTS}"
+    return [*fixed, streaming, *(f"easgd-async tau={t}" for t in taus)]
+
+
+def fragment_servers(servers: int, fragments: int) -> int:
+    """The servers a fragmented diloco runs on in a row of `servers`: that many when the
+    fragments divide them, else the next multiple of the fragments (a fragment per server
+    group: fragment f is the keys of servers [f S/F, (f+1) S/F))."""
+    return -(-servers // fragments) * fragments
 
 
 def row_options(
@@ -53,14 +64,17 @@ def row_options(
     worker, `allreduce` on one (a ring of one is `single`), and the strategies without servers
     in a row of more than one server."""
     cells: list[Option | None] = []
-    runs: list[tuple[Strategy, int]] = [(s, COLUMN_TAU.get(s, 1)) for s in PLAN_STRATEGIES]
-    runs += [(Strategy.EASGD_ASYNC, t) for t in taus]
-    for column, (strategy, tau) in zip(columns(taus), runs, strict=True):
+    runs = [(s, COLUMN_TAU.get(s, 1), 1) for s in PLAN_STRATEGIES]
+    runs += [(Strategy.DILOCO, DILOCO_TAU, PLAN_FRAGMENTS)]
+    runs += [(Strategy.EASGD_ASYNC, t, 1) for t in taus]
+    for column, (strategy, tau, fragments) in zip(columns(taus), runs, strict=True):
         alone = {Strategy.SINGLE: workers > 1, Strategy.ALLREDUCE: workers == 1}.get(strategy)
         if alone or (not strategy.uses_server and servers > 1):
             cells.append(None)
             continue
-        cells.append(Option(column, predict(strategy, workers, c, network, tau, servers)))
+        on = fragment_servers(servers, fragments)
+        prediction = predict(strategy, workers, c, network, tau, on, fragments)
+        cells.append(Option(column, prediction))
     return cells
 
 
@@ -76,6 +90,13 @@ def server_counts(workers: int, c: Calibration, network: Network, taus: list[int
     top = max(best(s) for s in options)
     fewest = next(s for s in options if best(s) >= 0.95 * top)
     return [1] if fewest == 1 else [1, fewest]
+
+
+def _cell(option: Option, servers: int) -> str:
+    """Predicted samples/s (what bounds it), and the servers when not the row's."""
+    p = option.prediction
+    on = f" on {p.servers} servers" if p.servers != servers else ""
+    return f"{_samples(p.samples_per_second)} ({p.bound}){on}"
 
 
 def _samples(value: float) -> str:
@@ -153,12 +174,7 @@ def plan_report(
         shown: list[Option] = []
         for servers in server_counts(n, c, network, taus):
             cells = row_options(n, servers, c, network, taus)
-            text = [
-                MISSING
-                if o is None
-                else f"{_samples(o.prediction.samples_per_second)} ({o.prediction.bound})"
-                for o in cells
-            ]
+            text = [MISSING if o is None else _cell(o, servers) for o in cells]
             table.append("| " + " | ".join([str(n), str(servers), *text]) + " |")
             shown += [o for o in cells if o is not None]
         recommended.append(advice(n, shown, single))

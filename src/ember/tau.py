@@ -10,6 +10,9 @@ from ember.errors import ConfigError
 
 TAU_POLICIES = ("fixed", "auto", "loss")
 ADAPTIVE_STRATEGIES = ("easgd-async",)  # whose workers may choose their periods alone
+# whose rounds take one period for all workers, which rank 0 names under auto (diloco's
+# AgreedPeriod, algorithms/agreed.py); the loss trigger is each worker's own, so not that
+AGREED_STRATEGIES = ("diloco",)
 
 
 def split_tau(values: dict[str, Any]) -> None:
@@ -28,13 +31,22 @@ def split_tau(values: dict[str, Any]) -> None:
 
 
 def check_tau_policy(policy: object, strategy: str) -> None:
-    """The adaptive periods need workers that exchange when each alone decides: easgd-async."""
+    """The adaptive periods need workers that exchange when each alone decides (easgd-async),
+    or, for auto, rounds whose period one worker names for all (diloco)."""
     if policy not in TAU_POLICIES:
         raise ConfigError(f"tau_policy must be one of {', '.join(TAU_POLICIES)}; got {policy!r}")
     if policy == "fixed" or strategy in ADAPTIVE_STRATEGIES:
         return
+    if policy == "auto" and strategy in AGREED_STRATEGIES:
+        return
     applies = f"tau {policy} applies to strategy {', '.join(ADAPTIVE_STRATEGIES)} only"
-    if strategy in ("easgd", "diloco"):
+    if strategy == "diloco":
+        raise ConfigError(
+            f"tau {policy} applies to strategy easgd-async, and auto to diloco: diloco's"
+            " workers exchange in rounds of one period, which rank 0 names under auto, and a"
+            " loss trigger is each worker's own; use --tau auto or an integer"
+        )
+    if strategy == "easgd":
         raise ConfigError(
             f"{applies}: {strategy}'s workers exchange in rounds they must all agree on, so its"
             " tau is a fixed integer; use --strategy easgd-async for an adaptive one"

@@ -5,6 +5,7 @@ written in plain torch in the test."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -82,15 +83,20 @@ def _diloco(
     outer_momentum: float,
     shards: int = 2,
     fragments: int = 1,
+    tau_policy: str = "fixed",
+    algorithms: list[Any] | None = None,
+    step_seconds: float = 0.0,
 ) -> tuple[np.ndarray, list[np.ndarray], dict[str, np.ndarray]]:
     """Run diloco (in `fragments` fragments) with `workers` workers on threads against
     `shards` real servers: the served parameters, each worker's parameters at the end, and
-    the servers' whole state."""
+    the servers' whole state. Each worker's algorithm goes into `algorithms` when given; a
+    period that adapts is fed `step_seconds` as each step's compute, as the worker loop
+    feeds it the measured one."""
     data = _data(steps, workers)
     config = RunConfig(
         strategy="diloco", workers=workers, servers=shards, lr=LR, momentum=INNER_MOMENTUM,
         tau=tau, outer_lr=outer_lr, outer_momentum=outer_momentum, fragments=fragments,
-        request_timeout=20,
+        tau_policy=tau_policy, request_timeout=20,
     )  # fmt: skip
     flats = [FlatModel(_model(), flat_grads=False) for _ in range(workers)]
     rule = DiLoCoRule(outer_lr, outer_momentum)
@@ -105,12 +111,18 @@ def _diloco(
             try:
                 flat = flats[rank]
                 algorithm = make_diloco(WorkerContext(config, rank, workers, addresses, SECRET))
+                if algorithms is not None:
+                    algorithms.append(algorithm)
+                period = getattr(algorithm, "period", None)
+                fed = period if period is not None and period.adaptive else None
                 algorithm.start(flat, _inner(flat.module))
                 for step in range(steps):
                     flat.zero_grad()
                     inputs, labels = _batch(data, step, rank, workers)
                     F.cross_entropy(flat.module(inputs), labels).backward()
                     algorithm.after_backward(step)
+                    if fed is not None:
+                        fed.add_step(step_seconds)
                 algorithm.finish()
             except BaseException as exc:
                 errors.append(exc)

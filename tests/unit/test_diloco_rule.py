@@ -84,13 +84,14 @@ def test_diloco_defaults_to_the_papers_outer_optimizer() -> None:
     assert (config.outer_lr, config.outer_momentum) == (0.7, 0.9)
 
 
-def test_diloco_takes_a_fixed_tau_only() -> None:
+def test_diloco_takes_a_fixed_tau_or_auto_but_not_the_loss_trigger() -> None:
+    assert make_config({"strategy": "diloco", "tau": "auto"}).tau_policy == "auto"
     with pytest.raises(ConfigError) as raised:
-        make_config({"strategy": "diloco", "tau": "auto"})
+        make_config({"strategy": "diloco", "tau": "loss"})
     assert str(raised.value) == (
-        "tau auto applies to strategy easgd-async only: diloco's workers exchange in rounds they"
-        " must all agree on, so its tau is a fixed integer; use --strategy easgd-async for an"
-        " adaptive one"
+        "tau loss applies to strategy easgd-async, and auto to diloco: diloco's workers"
+        " exchange in rounds of one period, which rank 0 names under auto, and a loss trigger"
+        " is each worker's own; use --tau auto or an integer"
     )
 
 

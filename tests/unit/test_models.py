@@ -36,8 +36,8 @@ def linear_shapes(model: nn.Module) -> list[tuple[int, int]]:
     return [(m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear)]
 
 
-def test_model_names_are_the_three_reference_models() -> None:
-    assert MODEL_NAMES == ("mlp", "logreg", "lenet")
+def test_model_names_are_the_four_reference_models() -> None:
+    assert MODEL_NAMES == ("mlp", "logreg", "lenet", "cnn_bn")
 
 
 def test_mlp_for_mnist_is_784_256_256_10_with_269322_parameters() -> None:
@@ -73,7 +73,14 @@ def test_lenet_computes_its_flatten_size_for_other_image_sizes() -> None:
 
 @pytest.mark.parametrize(
     "name, shape",
-    [("mlp", MNIST), ("mlp", (100,)), ("logreg", (100,)), ("logreg", MNIST), ("lenet", MNIST)],
+    [
+        ("mlp", MNIST),
+        ("mlp", (100,)),
+        ("logreg", (100,)),
+        ("logreg", MNIST),
+        ("lenet", MNIST),
+        ("cnn_bn", MNIST),
+    ],
 )
 def test_every_model_outputs_logits_of_batch_by_num_classes(name: str, shape: tuple) -> None:
     model = build_model(name, shape, 3)
@@ -84,7 +91,8 @@ def test_every_model_outputs_logits_of_batch_by_num_classes(name: str, shape: tu
 def test_same_seed_gives_identical_parameters_and_another_seed_differs(name: str) -> None:
     a, b, c = (build_model(name, MNIST, 10, seed=s).state_dict() for s in (5, 5, 6))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert not any(torch.equal(a[k], c[k]) for k in a if k.endswith("weight"))
+    # BatchNorm's weights start at 1 whatever the seed; every layer's matrix or kernel differs
+    assert not any(torch.equal(a[k], c[k]) for k in a if k.endswith("weight") and a[k].dim() > 1)
 
 
 def test_building_a_model_leaves_the_global_torch_rng_untouched() -> None:
@@ -93,6 +101,22 @@ def test_building_a_model_leaves_the_global_torch_rng_untouched() -> None:
     torch.manual_seed(123)
     build_model("lenet", MNIST, 10, seed=9)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_cnn_bn_for_mnist_has_two_batchnormed_convolutions_and_103066_parameters() -> None:
+    model = build_model("cnn_bn", MNIST, 10)
+    norms = [m.num_features for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert norms == [8, 16]
+    assert linear_shapes(model) == [(16 * 7 * 7, 128), (128, 10)]
+    assert count(model) == 103_066
+    assert {name for name, _ in model.named_buffers()} >= {"1.running_mean", "5.running_var"}
+
+
+def test_cnn_bn_on_vector_input_is_refused() -> None:
+    with raises(
+        "model 'cnn_bn' needs images (C, H, W) of at least 4x4; data has input shape (100,)"
+    ):
+        build_model("cnn_bn", (100,), 2)
 
 
 def test_lenet_on_vector_input_is_refused() -> None:
@@ -107,7 +131,8 @@ def test_lenet_on_images_smaller_than_12x12_is_refused() -> None:
 
 
 def test_unknown_model_name_lists_the_choices() -> None:
-    with raises("model must be one of mlp, logreg, lenet or package.module:function; got 'foo'"):
+    choices = "mlp, logreg, lenet, cnn_bn"
+    with raises(f"model must be one of {choices} or package.module:function; got 'foo'"):
         build_model("foo", MNIST, 10)
 
 

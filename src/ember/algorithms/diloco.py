@@ -7,9 +7,10 @@ import time
 
 import numpy as np
 
+from ember.algorithms.agreed import AgreedPeriod
 from ember.algorithms.base import CommStats, Optimizer, WorkerContext
 from ember.algorithms.flat import FlatModel
-from ember.algorithms.period import make_period
+from ember.algorithms.period import Period
 from ember.algorithms.streaming import StreamingDiLoCo
 from ember.ps import PSClient
 
@@ -36,7 +37,13 @@ class DiLoCo:
         self.client: PSClient | None = None
         self.flat: FlatModel | None = None
         self.optimizer: Optimizer | None = None
-        self.period = make_period(context.config)  # fixed: rounds need every worker's phase
+        # a fixed tau, or under auto the one rank 0 names for all: rounds need every worker's
+        tau = context.config.tau
+        self.period = (
+            AgreedPeriod(tau, context.rank == 0)
+            if context.config.tau_policy == "auto"
+            else Period(tau)
+        )
         self.start_params = np.empty(0, np.float32)  # x_start: the period began here
         self.delta = np.empty(0, np.float32)  # the pseudo-gradient pushed
         self.steps_done: int | None = None  # local steps taken so far; None before the first
@@ -75,6 +82,9 @@ class DiLoCo:
         flat.gather_buffers()
         np.subtract(self.start_params, flat.params_np, out=self.delta)
         client.step = step
+        agreed = self.period if isinstance(self.period, AgreedPeriod) else None
+        if agreed is not None:
+            client.tau = agreed.proposal  # rank 0's, once decided; None for the others
         if pull:
             # A compressed pull adds the servers' difference to the parameters as last pulled,
             # so the vector holds those again before the reply lands in it.
@@ -84,8 +94,13 @@ class DiLoCo:
             np.copyto(self.start_params, flat.params_np)
         else:
             result = client.push(self.delta)
-        self.stats.record(result, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.stats.record(result, seconds)
         self.exchanged_at = step
+        if agreed is not None:
+            agreed.exchanged(seconds)
+            if result.tau is not None:
+                agreed.follow(result.tau)
 
     def finish(self) -> None:
         assert self.client is not None

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from ember.config import STRATEGIES, make_config
+from ember.config import DILOCO_TAU, STRATEGIES, make_config
 from ember.errors import ConfigError
 from ember.flags import HELP
 from ember.units import positive_int
@@ -25,19 +25,24 @@ def add_bench_parser(sub: Any) -> None:
     parser.add_argument(
         "--repeat", type=positive_int, default=1, help="runs of each row (default 1)"
     )
-    parser.add_argument("--tasks", default="lr,mlp", help="of lr, mlp, lenet (default lr,mlp)")
+    parser.add_argument("--tasks", default="lr,mlp", help="of lr, mlp, lenet, cnn (default lr,mlp)")
     parser.add_argument("--strategies", default=",".join(STRATEGIES), help="ember rows to run")
     parser.add_argument("--engines", default="local", help="local and/or spark (default local)")
     parser.add_argument("--no-mllib", action="store_true", help="leave out the Spark MLlib rows")
     parser.add_argument(
-        "--taus", default=None, help="easgd-async tau sweep (default 1,2,4,8,16,32; quick 1,4,32)"
+        "--taus",
+        default=None,
+        help="easgd-async tau sweep (default 1,2,4,8,16,32; quick 1,4,32; none: no sweep)",
     )
     parser.add_argument("--sweep-tasks", default="mlp", help="tasks to sweep tau on (default mlp)")
     parser.add_argument(
         "--workers", type=positive_int, default=2, help="workers per row (default 2)"
     )
     parser.add_argument(
-        "--epochs", type=positive_int, default=None, help="epochs of every task (default its own)"
+        "--epochs",
+        type=_epochs,
+        default=None,
+        help="epochs of every task, or of some, e.g. mlp=3,cnn=1 (default each task's own)",
     )
     parser.add_argument("--lr-rows", type=positive_int, default=1_000_000, help="lr training rows")
     parser.add_argument("--lr-features", type=positive_int, default=100, help="lr feature columns")
@@ -53,6 +58,22 @@ def add_bench_parser(sub: Any) -> None:
         default="",
         help="compressed rows on links (bsp, async, easgd-async auto and loss), e.g. int8",
     )
+    parser.add_argument(
+        "--tau-policies",
+        default="auto,loss",
+        help="easgd-async's adaptive rows on links, of auto and loss (none: neither)",
+    )
+    parser.add_argument(
+        "--diloco-tau",
+        type=positive_int,
+        default=DILOCO_TAU,
+        help=f"the diloco rows' period (default {DILOCO_TAU})",
+    )
+    parser.add_argument(
+        "--fragments",
+        default="",
+        help="a diloco row synced in each of these fragment counts, e.g. 2 (servers = count)",
+    )
     parser.add_argument("--no-torch", action="store_true", help="no TorchDistributor row on links")
     parser.add_argument("--no-local", action="store_true", help="only the rows on emulated links")
 
@@ -63,12 +84,15 @@ def bench(args: argparse.Namespace) -> int:
 
     from ember.bench.report import write_report
     from ember.bench.runner import BenchSettings, run_bench
-    from ember.perfmodel import parse_counts
 
     try:
-        taus = parse_counts(args.taus or ("1,4,32" if args.quick else "1,2,4,8,16,32"))
+        taus = _counts(args.taus or ("1,4,32" if args.quick else "1,2,4,8,16,32"))
     except ValueError as exc:
         raise ConfigError(f"--taus {exc}") from None
+    try:
+        fragments = _counts(args.fragments or "none")
+    except ValueError as exc:
+        raise ConfigError(f"--fragments {exc}") from None
     settings = BenchSettings(
         out=Path(args.out),
         quick=args.quick,
@@ -86,6 +110,9 @@ def bench(args: argparse.Namespace) -> int:
         hosts=args.hosts,
         links=_names(args.link),
         compress=_names(args.compress),
+        tau_policies=[p for p in _names(args.tau_policies) if p != "none"],
+        diloco_tau=args.diloco_tau,
+        fragments=fragments,
         torch=not args.no_torch,
         local=not args.no_local,
     )
@@ -163,6 +190,21 @@ def plan(args: argparse.Namespace) -> int:
         )
     print("\n\n".join(reports))
     return 0
+
+
+def _epochs(text: str) -> int | dict[str, int]:
+    """--epochs: a count for every task, or task=count pairs."""
+    if "=" not in text:
+        return positive_int(text)
+    pairs = [part.partition("=") for part in _names(text)]
+    return {name.strip(): positive_int(count) for name, _, count in pairs}
+
+
+def _counts(text: str) -> list[int]:
+    """parse_counts, and "none" for no count at all."""
+    from ember.perfmodel import parse_counts
+
+    return [] if text.strip() == "none" else parse_counts(text)
 
 
 def _names(text: str) -> list[str]:

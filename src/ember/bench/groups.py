@@ -15,6 +15,7 @@ TASK_TITLES = {
     "lr": "binary logistic regression",
     "mlp": "multilayer perceptron",
     "lenet": "LeNet",
+    "cnn": "CNN with BatchNorm",
 }
 
 

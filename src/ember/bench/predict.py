@@ -97,8 +97,9 @@ def add_predictions(
         if period is None:
             continue
         at_period = predict(
-            config["strategy"], config["workers"], calibration, link, period, config["servers"]
-        )
+            config["strategy"], config["workers"], calibration, link, period, config["servers"],
+            config.get("fragments") or 1,
+        )  # fmt: skip
         predicted = at_period.samples_per_second
         if spans:
             predicted = _over_spans(spans, cover, config, calibration, link)

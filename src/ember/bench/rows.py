@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ember.config import ENGINES, STRATEGIES, RunConfig, Strategy, make_config
+from ember.config import DILOCO_TAU, ENGINES, STRATEGIES, RunConfig, Strategy, make_config
 from ember.data import Dataset, load_dataset
 from ember.errors import ConfigError
 
@@ -45,12 +45,16 @@ class Task:
 
 
 def make_tasks(
-    quick: bool, lr_rows: int, lr_features: int, epochs: int | None = None
+    quick: bool, lr_rows: int, lr_features: int, epochs: int | dict[str, int] | None = None
 ) -> dict[str, Task]:
-    """The seeds' two workloads (and LeNet), full size or reduced for --quick; `epochs`, when
-    given, replaces every task's own (each still races to its target)."""
+    """The seeds' two workloads (and LeNet, and a CNN with BatchNorm), full size or reduced for
+    --quick; `epochs`, when given, replaces every task's own, or the named tasks' (each still
+    races to its target)."""
     tasks = _tasks(quick, lr_rows, lr_features)
-    return tasks if epochs is None else {k: replace(t, epochs=epochs) for k, t in tasks.items()}
+    if epochs is None:
+        return tasks
+    given = epochs if isinstance(epochs, dict) else dict.fromkeys(tasks, epochs)
+    return {k: replace(t, epochs=given.get(k, t.epochs)) for k, t in tasks.items()}
 
 
 def _tasks(quick: bool, lr_rows: int, lr_features: int) -> dict[str, Task]:
@@ -61,6 +65,7 @@ def _tasks(quick: bool, lr_rows: int, lr_features: int) -> dict[str, Task]:
             ),
             "mlp": Task("mlp", "mlp", "digits", 1, "test_accuracy", 0.85, 4, 2),
             "lenet": Task("lenet", "lenet", "digits", 1, "test_accuracy", 0.85, 4, 2),
+            "cnn": Task("cnn", "cnn_bn", "digits", 1, "test_accuracy", 0.85, 4, 2),
         }
     # lr: the Bayes-optimal log loss of synthetic-lr is about 0.29; 0.30 is close to the optimum
     return {
@@ -69,6 +74,7 @@ def _tasks(quick: bool, lr_rows: int, lr_features: int) -> dict[str, Task]:
         ),
         "mlp": Task("mlp", "mlp", "mnist", 5, "test_accuracy", 0.97, 40, 2),
         "lenet": Task("lenet", "lenet", "mnist", 3, "test_accuracy", 0.98, 40, 2),
+        "cnn": Task("cnn", "cnn_bn", "mnist", 3, "test_accuracy", 0.98, 40, 2),
     }
 
 
@@ -86,11 +92,17 @@ class BenchSettings:
     workers: int = 2
     lr_rows: int = 1_000_000
     lr_features: int = 100
-    epochs: int | None = None  # every task's epochs instead of its own
+    epochs: int | dict[str, int] | None = None  # every task's epochs, or some tasks', instead
+    # of their own
     seed: int = 0
     hosts: int = 0  # worker hosts of the emulated cluster for the link rows; 0: no link rows
     links: list[str] = field(default_factory=lambda: ["1gbit", "100mbit"])
     compress: list[str] = field(default_factory=list)  # compressed bsp/async/easgd rows on links
+    tau_policies: list[str] = field(default_factory=lambda: ["auto", "loss"])  # easgd-async's
+    # adaptive rows on links
+    diloco_tau: int = DILOCO_TAU  # the diloco rows' period
+    fragments: list[int] = field(default_factory=list)  # a diloco row per count, synced in
+    # that many fragments (Streaming DiLoCo), over as many servers
     torch: bool = True  # the TorchDistributor row on links
     local: bool = True  # the rows on this host (off: only the link rows)
     links_run: dict[str, Any] = field(default_factory=dict)  # what the link rows measured, or
@@ -107,6 +119,7 @@ class BenchSettings:
         for what, given, known in (
             ("task", self.tasks, list(tasks)),
             ("sweep task", self.sweep_tasks, list(tasks)),
+            ("task", list(self.epochs) if isinstance(self.epochs, dict) else [], list(tasks)),
             ("strategy", self.strategies, list(STRATEGIES)),
             ("engine", self.engines, list(ENGINES)),
         ):
@@ -119,6 +132,13 @@ class BenchSettings:
             tc_rate(link)
         for kind in self.compress:
             make_config({"compress": kind})  # a bad name is refused before any row runs
+        for policy in self.tau_policies:
+            if policy not in ("auto", "loss"):
+                raise ConfigError(f"unknown tau policy {policy}; choose from auto, loss")
+        for count in self.fragments:  # fragment f is server f's keys; count must divide tau
+            make_config(
+                {"strategy": "diloco", "tau": self.diloco_tau, "fragments": count, "servers": count}
+            )
         if (self.out / "results.jsonl").exists():
             raise ConfigError(
                 f"{self.out} already holds a benchmark's results.jsonl; choose another --out"
@@ -157,6 +177,9 @@ def plan_rows(settings: BenchSettings, tasks: dict[str, Task]) -> list[Row]:
                 config = _config(settings, task, strategy, engine)
                 label = strategy if engine == "local" else f"{strategy} (spark)"
                 rows.append(Row(task, label, "ember", engine, config))
+            for label, config in _fragment_rows(settings, task, engine):
+                label = label if engine == "local" else f"{label} (spark)"
+                rows.append(Row(task, label, "ember", engine, config))
         if name in settings.sweep_tasks:
             for tau in settings.taus:
                 config = replace(_config(settings, task, Strategy.EASGD_ASYNC, "local"), tau=tau)
@@ -178,8 +201,9 @@ def tc_rate(link: str) -> str | None:
 
 def plan_link_rows(settings: BenchSettings, tasks: dict[str, Task], link: str) -> list[Row]:
     """The rows on the emulated cluster at one link rate: MLlib, TorchDistributor, every
-    strategy on the Spark engine across hosts, compressed bsp/async, the easgd-async tau sweep
-    and easgd-async with tau auto and loss, uncompressed and with each --compress codec."""
+    strategy on the Spark engine across hosts, diloco in --fragments, compressed bsp/async, the
+    easgd-async tau sweep and easgd-async with each --tau-policies policy (auto, loss),
+    uncompressed and with each --compress codec."""
     rows = []
     for name in settings.tasks:
         task = tasks[name]
@@ -192,6 +216,8 @@ def plan_link_rows(settings: BenchSettings, tasks: dict[str, Task], link: str) -
                 continue  # single runs once, on this host, for the speedups
             config = _config(settings, task, strategy, "spark", settings.hosts)
             rows.append(Row(task, strategy, "ember", "spark", config, link=link))
+        for label, config in _fragment_rows(settings, task, "spark", settings.hosts):
+            rows.append(Row(task, label, "ember", "spark", config, link=link))
         for kind in [k for k in settings.compress if k != "none"]:
             for strategy in (Strategy.BSP, Strategy.ASYNC):
                 config = _config(settings, task, strategy, "spark", settings.hosts)
@@ -201,7 +227,7 @@ def plan_link_rows(settings: BenchSettings, tasks: dict[str, Task], link: str) -
             continue
         easgd = _config(settings, task, Strategy.EASGD_ASYNC, "spark", settings.hosts)
         for kind in ["none", *[k for k in settings.compress if k != "none"]]:
-            for policy in ("auto", "loss"):
+            for policy in settings.tau_policies:
                 config = replace(easgd, tau_policy=policy, compress=kind).validate()
                 name = f"easgd-async tau={policy}" + ("" if kind == "none" else f" {kind}")
                 rows.append(Row(task, name, "ember", "spark", config, link=link))
@@ -215,6 +241,9 @@ def _config(
     settings: BenchSettings, task: Task, strategy: str, engine: str, workers: int = 0
 ) -> RunConfig:
     workers = 1 if strategy == Strategy.SINGLE else workers or settings.workers
+    # diloco's rounds want long periods (RunConfig's tau is easgd's 8; a user's --strategy
+    # diloco gets DILOCO_TAU, and the bench its own setting)
+    tau = settings.diloco_tau if strategy == Strategy.DILOCO else RunConfig.tau
     return RunConfig(
         data=task.data,
         model=task.model,
@@ -222,9 +251,25 @@ def _config(
         workers=workers,
         engine=engine,
         epochs=task.epochs,
+        tau=tau,
         lr=task.lr,
         seed=settings.seed,
         synthetic_samples=task.synthetic_samples,
         synthetic_features=task.synthetic_features,
         checkpoint_seconds=3600.0,  # the final checkpoint only: a row measures training
     ).validate()
+
+
+def _fragment_rows(
+    settings: BenchSettings, task: Task, engine: str, workers: int = 0
+) -> list[tuple[str, RunConfig]]:
+    """A diloco row per --fragments count above 1, when diloco is among the strategies, with
+    a server per fragment (fragment f is the keys of servers [f S/F, (f+1) S/F))."""
+    if Strategy.DILOCO not in settings.strategies:
+        return []
+    diloco = _config(settings, task, Strategy.DILOCO, engine, workers)
+    counts = [count for count in settings.fragments if count > 1]
+    return [
+        (f"diloco fragments={count}", replace(diloco, fragments=count, servers=count).validate())
+        for count in counts
+    ]

@@ -1,6 +1,6 @@
 """Models ember trains: the reference zoo and user factories, built by name from a seed.
 
-build_model  zoo.py  mlp, logreg, lenet or "package.module:function" -> seeded torch.nn.Module
+build_model  zoo.py  a built-in name or "package.module:function" -> seeded torch.nn.Module
 MODEL_NAMES  zoo.py  the built-in model names build_model accepts
 register_model, registered_model, model_label  zoo.py  a model object handed to ember.fit
 """

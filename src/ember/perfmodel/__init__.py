@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from ember.config import STRATEGIES, AlgorithmKind, ConsistencyKind, Strategy
+from ember.perfmodel.fragments import predict_fragments
 from ember.perfmodel.inputs import CALIBRATION_TAU as CALIBRATION_TAU
 from ember.perfmodel.inputs import COMPRESSIONS as COMPRESSIONS
 from ember.perfmodel.inputs import FLOAT_BYTES as FLOAT_BYTES
@@ -63,6 +64,7 @@ class Prediction:
     bound: str  # what sets the period: worker, server, cpu or network
     compute: float = 0.0  # seconds of the worker's own computing per period
     bounds: Mapping[str, float] = field(default_factory=dict)  # every candidate period
+    fragments: int = 1  # diloco's --fragments: synced a fragment at a time, overlapped
 
     @property
     def compute_bound(self) -> bool:
@@ -77,12 +79,17 @@ def predict(
     network: Network,
     tau: float = 1,
     servers: int = 1,
+    fragments: int = 1,
 ) -> Prediction:
     """Predicted samples/s of `strategy` on `workers` workers; tau is easgd's communication
     period and sgd's n_push (both: minibatches between exchanges; a mean one for a run whose
-    tau moved)."""
+    tau moved). `fragments` above 1 is diloco's Streaming DiLoCo (perfmodel/fragments.py)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    if fragments > 1:
+        if strategy != Strategy.DILOCO:
+            raise ValueError(f"fragments apply to diloco only, not {strategy!r}")
+        return predict_fragments(workers, calibration, network, tau, servers, fragments)
     mode = Strategy(strategy)
     algorithm, consistency = mode.algorithm, mode.consistency
     c, n = _on_link(calibration, network), workers

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ember.config import ConsistencyKind, Strategy
+from ember.perfmodel.fragments import fragments_closing_seconds
 from ember.perfmodel.inputs import Calibration
 
 if TYPE_CHECKING:
@@ -22,10 +23,13 @@ def closing_seconds(prediction: Prediction, steps: int | None = None) -> float:
     point spread evenly over the period, so that of an exchange of X seconds in a period of
     P, X^2 / 2P is left on average. The final exchanges of workers that end together queue on
     the server's link as exchanges back to back do (the network bound's cycle). The other
-    strategies' last push goes with their last step."""
+    strategies' last push goes with their last step; diloco's fragments each push their last
+    steps (perfmodel/fragments.py)."""
     mode = Strategy(prediction.strategy)
     if not mode.periodic:
         return 0.0
+    if prediction.fragments > 1:
+        return fragments_closing_seconds(prediction)
     tau = max(1, round(prediction.tau))
     since = None if steps is None else steps % tau  # steps since the last exchange began
     if not mode.overlaps_exchange:  # a round of its own, unless the last step's was the last

@@ -24,6 +24,7 @@ class ExchangeResult:
     bytes_pushed: int
     bytes_pulled: int
     staleness: int  # largest, over shards, of server updates between this worker's read and write
+    tau: int | None = None  # the period the servers' round names (diloco's --tau auto), if any
 
 
 class PSClient:
@@ -66,6 +67,7 @@ class PSClient:
         self.seq = 0
         self.clock = 0
         self.step = 0  # the caller's local step, sent along as the resume point
+        self.tau: int | None = None  # a period to name with every push (diloco's rank 0, auto)
         self.ranges: list[tuple[int, int]] = []
 
     def register(self) -> dict[str, int]:
@@ -119,6 +121,7 @@ class PSClient:
             sum(p.nbytes for p in parts if p is not None),
             pulled,
             max(h.get("staleness", 0) for h, _ in replies),
+            _named_tau(replies[0][0]),
         )
 
     def pull(self, out: np.ndarray) -> ExchangeResult:
@@ -178,6 +181,8 @@ class PSClient:
         }
         if part is not None:
             header["keys"] = list(self.ranges[index])
+        if op == "push" and self.tau is not None:
+            header["tau"] = self.tau
         # EASGD's pull (its start at the center) is full precision; its pushes are encoded.
         coded = op == "push" or (op == "pull" and not self.differences)
         if self.links is not None and coded:
@@ -268,6 +273,12 @@ class _Backoff:
             ) from None
         time.sleep(self.pause)
         self.pause = min(2 * self.pause, BACKOFF[1])
+
+
+def _named_tau(header: dict[str, Any]) -> int | None:
+    """The period a reply names for the next rounds, when it names a valid one."""
+    tau = header.get("tau")
+    return tau if isinstance(tau, int) and not isinstance(tau, bool) and tau >= 1 else None
 
 
 def fetch_state(

@@ -70,6 +70,7 @@ class PushPull(CodedExchanges):
         self.arriving: dict[bytes, Held] = {}  # peer -> push whose payload is on the wire
         self.fold = Fold(shard, rule, clocks, replies, counters, rejected)
         self.views = Views()  # of the workers that compress
+        self.named_tau: int | None = None  # the period rank 0 named (diloco, --tau auto)
 
     @property
     def mid_update(self) -> bool:
@@ -99,7 +100,14 @@ class PushPull(CodedExchanges):
         header_bool(header, "pull")  # every field is checked before the request changes anything
         header_bool(header, "resync")
         codec = check_codec(header)
+        named = header_int(header, "tau", 1, MAX_STEP) if "tau" in header else None
         worker.last_seq = seq
+        if named is not None:
+            # diloco's --tau auto: rank 0's push names the period for every worker, and every
+            # reply of the round carries it. A BSP round's replies leave only once every
+            # push of the round is in, rank 0's too, and before any push of the next, so all
+            # workers read the same value from the same round.
+            self.named_tau = named
         if header["op"] == "pull":
             self.held.append(Held(request, worker, None, codec=codec))
             self.drain()
@@ -320,13 +328,16 @@ class PushPull(CodedExchanges):
         last read, as of the moment after its own push (`step`)."""
         pushed = held.payload is not None
         staleness = max(0, step - held.worker.pulled_at - 1) if pushed else 0
-        return {
+        fields = {
             "op": "ok",
             "seq": held.request.header["seq"],
             "clock": clock,
             "step": step,
             "staleness": staleness,
         }
+        if self.named_tau is not None:
+            fields["tau"] = self.named_tau
+        return fields
 
     def forget_dead_streams(self) -> None:
         """A push whose worker died mid-stream (replaced by a new incarnation, or dropped for

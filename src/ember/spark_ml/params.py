@@ -58,7 +58,7 @@ class EmberParams(
     model: Param[str] = Param(
         Params._dummy(),
         "model",
-        "the model: a built-in name (mlp, logreg, lenet), 'package.module:factory' or a"
+        "the model: a built-in name (mlp, logreg, lenet, cnn_bn), 'package.module:factory' or a"
         " module-level factory function the executors can import",
         # a factory function is kept as the "module:name" its executors import it by, which
         # is also what ML persistence can write

@@ -1,0 +1,84 @@
+"""`ember bench`'s diloco rows: whole-model at --diloco-tau and in --fragments beside
+easgd-async's fixed and adaptive rows, on this host and on links. No root needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ember.bench.rows import BenchSettings, make_tasks, plan_link_rows, plan_rows
+from ember.config import DILOCO_TAU
+from ember.errors import ConfigError
+
+TASKS = make_tasks(False, 1000, 10)
+
+
+def test_link_rows_have_diloco_whole_and_in_fragments_beside_easgd_async(tmp_path: Path) -> None:
+    settings = BenchSettings(
+        out=tmp_path, tasks=["mlp", "cnn"], strategies=["single", "diloco", "allreduce"],
+        sweep_tasks=["mlp", "cnn"], taus=[64], tau_policies=["auto"], diloco_tau=234,
+        fragments=[2], hosts=2, mllib=False, torch=False,
+    )  # fmt: skip
+    rows = plan_link_rows(settings, TASKS, "100mbit")
+    labels = [(r.task.name, r.label) for r in rows]
+    expected = ["diloco", "allreduce", "diloco fragments=2", "easgd-async tau=auto",
+                "easgd-async tau=64"]  # fmt: skip
+    assert labels == [(task, label) for task in ("mlp", "cnn") for label in expected]
+    configs = {r.label: r.config for r in rows if r.task.name == "cnn"}
+    whole, streamed = configs["diloco"], configs["diloco fragments=2"]
+    assert whole is not None and streamed is not None
+    assert (whole.tau, whole.fragments, whole.servers) == (234, 1, 1)
+    # fragment f is the keys of server f: as many servers as fragments
+    assert (streamed.tau, streamed.fragments, streamed.servers) == (234, 2, 2)
+    assert streamed.workers == 2 and streamed.engine == "spark"
+    assert rows[0].task.model == "mlp" and rows[-1].task.model == "cnn_bn"
+
+
+def test_diloco_rows_here_take_diloco_s_default_tau_not_easgd_s(tmp_path: Path) -> None:
+    settings = BenchSettings(
+        out=tmp_path, tasks=["mlp"], strategies=["easgd-async", "diloco"], taus=[],
+        fragments=[1, 4], mllib=False,
+    )  # fmt: skip
+    rows = {r.label: r.config for r in plan_rows(settings, TASKS)}
+    assert set(rows) == {"easgd-async", "diloco", "diloco fragments=4"}  # 1: the whole model
+    assert rows["easgd-async"].tau == 8  # type: ignore[union-attr]
+    assert rows["diloco"].tau == DILOCO_TAU  # type: ignore[union-attr]
+    assert rows["diloco fragments=4"].servers == 4  # type: ignore[union-attr]
+
+
+def test_fragment_rows_come_only_with_the_diloco_strategy(tmp_path: Path) -> None:
+    settings = BenchSettings(
+        out=tmp_path, tasks=["mlp"], strategies=["allreduce"], fragments=[2], sweep_tasks=[],
+        hosts=2, mllib=False, torch=False,
+    )  # fmt: skip
+    assert [r.label for r in plan_link_rows(settings, TASKS, "1gbit")] == ["allreduce"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"fragments": [3]}, "fragments must divide tau; got fragments 3 with tau 200"),
+        ({"tau_policies": ["often"]}, "unknown tau policy often; choose from auto, loss"),
+    ],
+)
+def test_bad_diloco_and_policy_settings_are_refused_before_any_row_runs(
+    tmp_path: Path, fields: dict, message: str
+) -> None:
+    settings = BenchSettings(out=tmp_path, **fields)
+    with pytest.raises(ConfigError) as raised:
+        settings.validate(TASKS)
+    assert str(raised.value) == message
+
+
+def test_epochs_may_be_given_per_task_and_the_others_keep_their_own() -> None:
+    tasks = make_tasks(False, 1000, 10, {"cnn": 1, "mlp": 2})
+    assert (tasks["cnn"].epochs, tasks["mlp"].epochs, tasks["lenet"].epochs) == (1, 2, 3)
+    assert make_tasks(False, 1000, 10, 4)["cnn"].epochs == 4
+
+
+def test_bench_epochs_flag_takes_a_count_or_task_count_pairs() -> None:
+    from ember.bench.commands import _epochs
+
+    assert _epochs("3") == 3
+    assert _epochs("mlp=3, cnn=1") == {"mlp": 3, "cnn": 1}
