@@ -7,12 +7,9 @@ from typing import Any
 
 import pytest
 
-from ember.algorithms import WorkerContext
 from ember.algorithms.agreed import AGREED_MAX, AGREED_MIN, AgreedPeriod
-from ember.algorithms.diloco import make_diloco
 from ember.config import RunConfig
 from ember.errors import ConfigError
-from tests.conftest import SECRET
 from tests.integration.test_diloco_oracles import _diloco
 
 pytestmark = pytest.mark.timeout(60)
@@ -39,12 +36,12 @@ def test_every_worker_runs_the_period_rank_0_names_from_the_same_round() -> None
     assert first.lengths[START] == 5 and first.lengths[agreed] == (STEPS - 40) // agreed
 
 
-def test_fragments_refuse_an_adaptive_tau_when_the_worker_starts() -> None:
+def test_fragments_refuse_an_adaptive_tau_before_anything_starts() -> None:
     config = RunConfig(
         strategy="diloco", workers=1, servers=2, fragments=2, tau=8, tau_policy="auto"
     )  # fmt: skip
     with pytest.raises(ConfigError) as raised:
-        make_diloco(WorkerContext(config, 0, 1, [], SECRET))
+        config.validate()
     assert str(raised.value) == (
         "tau auto applies to diloco without --fragments: the fragments sync on a fixed"
         " schedule of tau / fragments steps; give an integer tau"

@@ -11,7 +11,7 @@ import numpy as np
 
 from ember.algorithms.base import CommStats, Optimizer, WorkerContext
 from ember.algorithms.flat import FlatModel
-from ember.errors import ConfigError, EmberError
+from ember.errors import EmberError
 from ember.ps import ExchangeResult, PSClient
 
 
@@ -30,14 +30,7 @@ class StreamingDiLoCo:
     and an exchange that comes back before the next step is plain DiLoCo."""
 
     def __init__(self, context: WorkerContext) -> None:
-        config = context.config
-        if config.tau_policy != "fixed":
-            # each fragment's stagger is tau / F steps from step 0, and a restarted worker
-            # finds its place by it: a period that changed mid-run would leave no such place
-            raise ConfigError(
-                f"tau {config.tau_policy} applies to diloco without --fragments: the fragments"
-                " sync on a fixed schedule of tau / fragments steps; give an integer tau"
-            )
+        config = context.config  # a fixed tau: config refuses --tau auto with --fragments
         self.context, self.stats = context, CommStats()
         self.count, self.stagger = config.fragments, config.tau // config.fragments
         self.flat: FlatModel | None = None

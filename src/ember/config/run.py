@@ -210,6 +210,13 @@ class RunConfig:
         """Fragment f is the keys of servers / fragments servers, synced tau / fragments steps
         after the one before it."""
         _at_least("fragments", self.fragments, 1)
+        if self.fragments > 1 and self.tau_policy != "fixed":
+            # each fragment's stagger is tau / F steps from step 0, and a restarted worker
+            # finds its place by it: a period that changed mid-run would leave no such place
+            raise ConfigError(
+                f"tau {self.tau_policy} applies to diloco without --fragments: the fragments"
+                " sync on a fixed schedule of tau / fragments steps; give an integer tau"
+            )
         if self.fragments > 1 and self.mode is not Strategy.DILOCO:
             raise ConfigError(
                 f"fragments applies to strategy diloco only; got {self.fragments} with strategy"
