@@ -44,7 +44,7 @@ def take_objects(fields: dict[str, Any], test_data: tuple[Any, Any] | None) -> D
     objects, taken out of `fields` (which then hold their names and labels): the dataset to
     train on, if arrays were given."""
     engine = fields.get("engine", "local")
-    _label_functions(fields, engine)
+    label_functions(fields, engine)
     dataset = None
     if not isinstance(fields.get("data", ""), (str, Path)):
         from ember.data.files import arrays_dataset
@@ -68,7 +68,7 @@ def take_objects(fields: dict[str, Any], test_data: tuple[Any, Any] | None) -> D
     return dataset
 
 
-def _label_functions(fields: dict[str, Any], engine: str) -> None:
+def label_functions(fields: dict[str, Any], engine: str) -> None:
     """A loss given as a callable or nn.Module, metrics given as callables (or a list of names
     and callables), an optimizer as a torch.optim class or a callable building one from the
     parameters, and a schedule as a callable building one from the optimizer, become names

@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from ember.api import run_config
+from ember.api import label_functions, run_config
 from ember.errors import ConfigError
 
 
@@ -39,6 +39,7 @@ def fit(
     if fields.setdefault("engine", "spark") != "spark":
         raise ConfigError(f"ember.spark.fit runs on engine 'spark', got {fields['engine']!r}")
     fields["model"] = _model_spec(model)
+    label_functions(fields, "spark")  # a loss, metrics or optimizer given as objects
     if df is None:
         from ember.engines import train
 

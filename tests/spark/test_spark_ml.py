@@ -223,3 +223,51 @@ def test_bad_params_are_refused_naming_them() -> None:
         ember.spark.EmberEstimator(runFields={"workers": 3})
     with pytest.raises(ConfigError, match=r"model must be a name, 'package\.module:factory'"):
         ember.spark.EmberEstimator(model=lambda input_shape, num_classes: None)
+
+
+@pytest.fixture(scope="module")
+def regression_rows(spark: Any) -> Any:
+    """8 features in a vector column, a double label linear in them with a little noise, and
+    an is_test flag on a fifth of the rows."""
+    from pyspark.ml.linalg import Vectors
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(3000, 8))
+    y = x @ rng.normal(size=8) + 0.1 * rng.normal(size=3000)
+    rows = [
+        (Vectors.dense(f), float(t), i % 5 == 0) for i, (f, t) in enumerate(zip(x, y, strict=True))
+    ]
+    return spark.createDataFrame(rows, ["features", "y", "is_test"]).cache()
+
+
+def test_a_regression_estimator_reports_rmse_through_regression_evaluator(
+    regression_rows, tmp_path
+) -> None:
+    from pyspark.ml.evaluation import RegressionEvaluator
+
+    estimator = ember.spark.EmberEstimator(
+        loss="mse",
+        labelCol="y",
+        validationIndicatorCol="is_test",
+        strategy="bsp",
+        workers=2,
+        epochs=3,
+        lr=1e-3,
+        runFields={"out": str(tmp_path / "run"), "optimizer": "adam"},
+    )
+    model = estimator.fit(regression_rows)
+    summary = model.summary
+    assert summary["loss"] == "mse" and summary["test_rmse"] < 0.5  # the labels' std is ~3
+    test = regression_rows.filter("is_test")
+    scored = model.transform(test)
+    types = {f.name: f.dataType.simpleString() for f in scored.schema.fields}
+    assert types["prediction"] == "double" and "probability" not in types
+    rmse = RegressionEvaluator(labelCol="y", metricName="rmse").evaluate(scored)
+    assert rmse == pytest.approx(summary["test_rmse"], rel=1e-4)
+
+
+def test_regression_labels_that_are_not_finite_are_refused_naming_the_column(spark) -> None:
+    rows = [([1.0, 2.0], 0.5), ([3.0, 4.0], float("nan"))] * 20
+    df = spark.createDataFrame(rows, ["features", "y"])
+    with pytest.raises(ConfigError, match=r"column 'y' has \d+ labels that are NaN or Inf"):
+        ember.spark.fit(df=df, label_col="y", loss="mse", strategy="bsp", workers=2)

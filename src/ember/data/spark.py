@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -51,14 +52,38 @@ class FrameFacts:
         return rows, not keep
 
 
-def training_frame(df: Any, features_col: str, label_col: str) -> tuple[Any, FrameFacts]:
-    """Select `features` (array<float>) and `label` (bigint) from `df` and check every row in one
-    Spark job; raise ConfigError naming the column for anything a worker could not train on."""
+def training_frame(
+    df: Any, features_col: str, label_col: str, targets: str = "classes"
+) -> tuple[Any, FrameFacts]:
+    """Select `features` (array<float>) and `label` from `df` and check every row in one Spark
+    job; raise ConfigError naming the column for anything a worker could not train on. The
+    label is bigint class indices >= 0 when `targets` is "classes", else finite floats."""
     from pyspark.sql import functions as F
+
+    features = features_array(df, features_col)
+    _label_type(df, label_col)
+    checked = df.select(features.alias(FEATURES), F.col(label_col).cast("double").alias(LABEL))
+    facts = _facts(checked, features_col, label_col, targets)
+    kind = "bigint" if targets == "classes" else "float"
+    return checked.select(FEATURES, F.col(LABEL).cast(kind).alias(LABEL)), facts
+
+
+def label_targets(df: Any, label_col: str, targets: str | None) -> str:
+    """The kind of targets `df`'s label column holds for the loss's `targets` kind
+    (objective.targets_of): a user's loss (None) takes integer columns as classes and
+    fractional ones as values."""
+    from pyspark.sql import types as T
+
+    if targets is not None:
+        return targets
+    integral = isinstance(_label_type(df, label_col), (T.IntegralType, T.BooleanType))
+    return "classes" if integral else "values"
+
+
+def _label_type(df: Any, label_col: str) -> Any:
     from pyspark.sql import types as T
 
     fields = {f.name: f.dataType for f in df.schema.fields}
-    features = features_array(df, features_col)
     if label_col not in fields:
         raise ConfigError(
             f"DataFrame has no label column {label_col!r} (columns: {', '.join(fields)})"
@@ -68,9 +93,7 @@ def training_frame(df: Any, features_col: str, label_col: str) -> tuple[Any, Fra
         raise ConfigError(
             f"column {label_col!r} must hold numeric labels, got {ltype.simpleString()}"
         )
-    checked = df.select(features.alias(FEATURES), F.col(label_col).cast("double").alias(LABEL))
-    facts = _facts(checked, features_col, label_col)
-    return checked.select(FEATURES, F.col(LABEL).cast("bigint").alias(LABEL)), facts
+    return ltype
 
 
 def features_array(df: Any, features_col: str) -> Any:
@@ -112,7 +135,15 @@ _FACT_FIELDS = (
 _FACTS_DDL = ", ".join(f"{n} {'double' if n == 'max_label' else 'long'}" for n in _FACT_FIELDS)
 
 
-def _facts(frame: Any, features_col: str, label_col: str) -> FrameFacts:
+# what a partition's bad_labels counts, by the kind of targets
+_BAD_LABELS = {
+    "classes": "labels that are not integers >= 0",
+    "values": "labels that are NaN or Inf",
+    "binary": "labels that are NaN or Inf",
+}
+
+
+def _facts(frame: Any, features_col: str, label_col: str, targets: str) -> FrameFacts:
     from pyspark.sql import functions as F
 
     f, bad = F.col(FEATURES), lambda v: v.isNull() | F.isnan(v) | (F.abs(v) == _INF)
@@ -124,7 +155,8 @@ def _facts(frame: Any, features_col: str, label_col: str) -> FrameFacts:
     )
     # Counted in the tasks, not by a groupBy on spark_partition_id(): the optimizer may fold
     # that into a driver-side scan of a local relation, and then every row is in partition 0.
-    found = [r.asDict() for r in per_row.mapInArrow(_partition_facts, _FACTS_DDL).collect()]
+    counts = partial(_partition_facts, targets == "classes")
+    found = [r.asDict() for r in per_row.mapInArrow(counts, _FACTS_DDL).collect()]
     total = lambda key: sum(int(r[key] or 0) for r in found)  # noqa: E731
     rows = total("rows")
     if rows == 0:
@@ -133,7 +165,7 @@ def _facts(frame: Any, features_col: str, label_col: str) -> FrameFacts:
         ("null_features", features_col, "null rows"),
         ("bad_values", features_col, "rows with a null, NaN or Inf value"),
         ("null_labels", label_col, "null rows"),
-        ("bad_labels", label_col, "labels that are not integers >= 0"),
+        ("bad_labels", label_col, _BAD_LABELS[targets]),
     ):
         if total(key):
             raise ConfigError(f"column {column!r} has {total(key)} {what}")
@@ -154,8 +186,9 @@ def _facts(frame: Any, features_col: str, label_col: str) -> FrameFacts:
     )
 
 
-def _partition_facts(batches: Iterable[Any]) -> Iterable[Any]:
-    """In a task: one row of counts over this partition's per-row checks."""
+def _partition_facts(classes: bool, batches: Iterable[Any]) -> Iterable[Any]:
+    """In a task: one row of counts over this partition's per-row checks; a label is bad when
+    not finite, or, as `classes`, not an integer >= 0."""
     import pyarrow as pa
     import pyarrow.compute as pc
     from pyspark import TaskContext
@@ -177,32 +210,50 @@ def _partition_facts(batches: Iterable[Any]) -> Iterable[Any]:
             "min_width": widths["min"].as_py(),
             "max_width": widths["max"].as_py(),
             "null_labels": label.null_count,
-            "bad_labels": len(y) - int(np.sum((np.rint(finite) == finite) & (finite >= 0))),
+            "bad_labels": len(y) - int(np.sum(_good(finite) if classes else finite.size)),
             "max_label": float(finite.max()) if finite.size else 0.0,
         }
     types = {n: pa.float64() if n == "max_label" else pa.int64() for n in _FACT_FIELDS}
     yield pa.RecordBatch.from_pylist([facts], schema=pa.schema(list(types.items())))
 
 
+def _good(labels: np.ndarray) -> np.ndarray:
+    return (np.rint(labels) == labels) & (labels >= 0)
+
+
 def dataframe_dataset(
-    df: Any, features_col: str, label_col: str, test_df: Any, seed: int
+    df: Any,
+    features_col: str,
+    label_col: str,
+    test_df: Any,
+    seed: int,
+    targets: str | None = "classes",
 ) -> tuple[Any, FrameFacts, Dataset]:
     """The checked training frame, its facts, and a driver-side Dataset holding the test set:
-    `test_df`, or a seeded tenth of `df` held out. Only the test rows reach the driver."""
+    `test_df`, or a seeded tenth of `df` held out. Only the test rows reach the driver. The
+    labels are the loss's `targets` kind (objective.targets_of): int64 classes, or float32
+    values (a one-wide output) for "values" and "binary"."""
+    kind = label_targets(df, label_col, targets)
     if test_df is None:
         df, test_df = df.randomSplit([0.9, 0.1], seed=seed)
-    frame, facts = training_frame(df, features_col, label_col)
-    test, test_facts = training_frame(test_df, features_col, label_col)
+    frame, facts = training_frame(df, features_col, label_col, kind)
+    test, test_facts = training_frame(test_df, features_col, label_col, kind)
     if test_facts.width != facts.width:
         raise ConfigError(
             f"column {features_col!r} holds {facts.width} values per row in df but"
             f" {test_facts.width} in test_df"
         )
-    x_test, y_test = table_arrays(test.toArrow(), (facts.width,))
-    classes = max(2, facts.max_label + 1, test_facts.max_label + 1)
+    name, shape = f"spark:{features_col}", (facts.width,)
+    if kind == "classes":
+        x_test, y_test = table_arrays(test.toArrow(), shape)
+        outputs = max(2, facts.max_label + 1, test_facts.max_label + 1)
+    else:  # what table_arrays takes the targets' kind from: a Dataset of float32 targets
+        row = np.zeros((1, facts.width), np.float32)
+        like = Dataset(name, row, row[:, 0], row, row[:, 0], 1, shape)
+        x_test, y_test = table_arrays(test.toArrow(), shape, like)
+        outputs = 1
     # The training rows stay in Spark; the test rows stand in for them so the Dataset is whole.
-    name = f"spark:{features_col}"
-    return frame, facts, Dataset(name, x_test, y_test, x_test, y_test, classes, (facts.width,))
+    return frame, facts, Dataset(name, x_test, y_test, x_test, y_test, outputs, shape)
 
 
 def frame_from_arrays(spark: Any, x: np.ndarray, y: np.ndarray, partitions: int) -> Any:

@@ -3,6 +3,7 @@ its ML persistence (Spark's params metadata beside the run's model.json and mode
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,9 @@ from pyspark.ml.util import (
 from ember.data.spark import features_array
 from ember.errors import CheckpointError, ConfigError
 from ember.export import JSON_LIMIT, MODEL_FILE, MODEL_JSON, load_bytes
+from ember.objective import targets_of
 from ember.spark_ml.params import EmberParams
-from ember.spark_ml.scoring import RESULT, scorer
+from ember.spark_ml.scoring import CLASSES, VALUE, VALUES, scorer
 
 MODEL_DIR = "model"  # beside Spark's metadata/: the run's two model files, as a run wrote them
 
@@ -29,7 +31,9 @@ MODEL_DIR = "model"  # beside Spark's metadata/: the run's two model files, as a
 class EmberModel(Model, EmberParams, MLReadable["EmberModel"], MLWritable):
     """The model an EmberEstimator trained. `transform(df)` adds `predictionCol` (the class
     index, double) and `probabilityCol` (the softmax of the model's output, an ML vector),
-    scored on the executors a whole Arrow batch at a time; rows never reach the driver.
+    or for a loss whose targets are values (mse, l1, huber, bce_with_logits) the model's raw
+    output as `predictionCol` alone (a double for a one-wide output, else an array), scored
+    on the executors a whole Arrow batch at a time; rows never reach the driver.
 
     `summary` and `run_dir` are the run's (None for a loaded model); `torch_model()` gives
     the nn.Module."""
@@ -83,18 +87,26 @@ class EmberModel(Model, EmberParams, MLReadable["EmberModel"], MLWritable):
         self._require_weights()
         features = features_array(dataset, self.getFeaturesCol())
         where = str(self.run_dir or MODEL_DIR)
-        body = scorer(self._described, self._weights, self._factory(), where)
+        result = self._result()
+        body = scorer(self._described, self._weights, self._factory(), where, result)
         # pyspark's stubs have no overload for an iterator UDF that returns a struct
-        score = pandas_udf(body, RESULT)  # type: ignore[call-overload]
+        score = pandas_udf(body, result)  # type: ignore[call-overload]
         scored = f"__ember_scores_{self.uid}"
         frame = dataset.withColumn(scored, score(features))
         prediction, probability = self.getPredictionCol(), self.getProbabilityCol()
         if prediction:
             frame = frame.withColumn(prediction, F.col(f"{scored}.prediction"))
-        if probability:
+        if probability and result == CLASSES:
             vector = array_to_vector(F.col(f"{scored}.probability"))
             frame = frame.withColumn(probability, vector)
         return frame.drop(scored)
+
+    def _result(self) -> str:
+        """What transform adds: classes for a classifier's loss (and a user's loss), else the
+        raw output, one double for a one-wide output (model.json's num_classes)."""
+        if targets_of(str(self.getOrDefault(self.loss))) in ("classes", None):
+            return CLASSES
+        return VALUE if json.loads(self._described).get("num_classes") == 1 else VALUES
 
     def write(self) -> MLWriter:
         return _Writer(self)

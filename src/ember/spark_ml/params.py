@@ -25,6 +25,7 @@ OWN_FIELDS = {
     "lr": "lr",
     "tau": "tau",
     "batchSize": "batch_size",
+    "loss": "loss",
 }
 # Not run fields at all: the estimator decides them.
 _NOT_FIELDS = {"model", "engine", "data"}
@@ -51,7 +52,8 @@ class EmberParams(
     HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol, HasValidationIndicatorCol
 ):
     """featuresCol (an ML vector or a numeric array), labelCol, predictionCol (the class
-    index, double), probabilityCol (the class probabilities, an ML vector),
+    index, double; a regression's output), probabilityCol (the class probabilities, an ML
+    vector; none for a regression),
     validationIndicatorCol (true marks the rows the run is scored on; unset: a seeded tenth
     of the rows), the model factory and the run's fields."""
 
@@ -77,6 +79,13 @@ class EmberParams(
     )
     batchSize: Param[int] = Param(
         Params._dummy(), "batchSize", "per-worker minibatch", TypeConverters.toInt
+    )
+    loss: Param[str] = Param(
+        Params._dummy(),
+        "loss",
+        "the loss: cross_entropy (labels are classes), mse, l1, huber (values),"
+        " bce_with_logits or package.module:function",
+        TypeConverters.toString,
     )
     runFields: Param[dict[str, Any]] = Param(
         Params._dummy(),

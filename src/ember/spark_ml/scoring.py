@@ -13,22 +13,27 @@ import torch
 from ember.errors import ConfigError
 from ember.export import Shape, load_bytes
 
-RESULT = "prediction double, probability array<double>"  # what a scorer yields per row
+# What a scorer yields per row: a classifier's class index and probabilities, or a
+# regression's raw output (one value, or an array of the output's values).
+CLASSES = "prediction double, probability array<double>"
+VALUE, VALUES = "prediction double", "prediction array<double>"
 _cache: dict[str, tuple[torch.nn.Module, Shape]] = {}  # one model per Python worker process
 
 
 def scorer(
-    described: bytes, weights: bytes, factory: str, where: str
+    described: bytes, weights: bytes, factory: str, where: str, result: str = CLASSES
 ) -> Callable[[Iterator[pd.Series]], Iterator[pd.DataFrame]]:
-    """A pandas_udf body: batches of feature arrays in, class index and probabilities out.
-    The model's files travel in its closure, which Spark ships once per task (and
-    broadcasts when large); a Python worker that Spark reuses keeps the model it built."""
+    """A pandas_udf body: batches of feature arrays in, `result` out (CLASSES: the class
+    index and probabilities; VALUE or VALUES: the raw output). The model's files travel in
+    its closure, which Spark ships once per task (and broadcasts when large); a Python
+    worker that Spark reuses keeps the model it built."""
 
     def score(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
         # torch's threads: Spark sets OMP_NUM_THREADS to the task's cores (spark.task.cpus)
         module, (shape, _) = _model(described, weights, factory, where)
         for features in batches:
-            yield _scores(module, features, shape)
+            outputs = _outputs(module, features, shape)
+            yield _classes(outputs) if result == CLASSES else _values(outputs, result)
 
     return score
 
@@ -42,7 +47,7 @@ def _model(described: bytes, weights: bytes, factory: str, where: str) -> tuple[
 
 
 @torch.no_grad()
-def _scores(module: torch.nn.Module, features: pd.Series, shape: tuple[int, ...]) -> pd.DataFrame:
+def _outputs(module: torch.nn.Module, features: pd.Series, shape: tuple[int, ...]) -> torch.Tensor:
     if features.isna().any():
         raise ConfigError(f"the features column has {int(features.isna().sum())} null rows")
     width = int(np.prod(shape))
@@ -53,16 +58,27 @@ def _scores(module: torch.nn.Module, features: pd.Series, shape: tuple[int, ...]
             f" (input shape {list(shape)})"
         )
     inputs = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
-    logits = module(inputs.reshape(len(x), *shape))
+    outputs: torch.Tensor = module(inputs.reshape(len(x), *shape))
+    return outputs.double()
+
+
+def _classes(logits: torch.Tensor) -> pd.DataFrame:
     if logits.ndim != 2:
         raise ConfigError(
             f"the model's output has shape {list(logits.shape)}; transform scores a"
             " classifier's (rows, classes) output"
         )
-    probabilities = torch.softmax(logits.double(), dim=1).numpy()
+    probabilities = torch.softmax(logits, dim=1).numpy()
     return pd.DataFrame(
         {
             "prediction": probabilities.argmax(axis=1).astype(np.float64),
             "probability": list(probabilities),
         }
     )
+
+
+def _values(outputs: torch.Tensor, result: str) -> pd.DataFrame:
+    flat = outputs.reshape(len(outputs), -1).numpy()
+    if result == VALUE:  # a one-wide output, as a column of doubles
+        return pd.DataFrame({"prediction": flat[:, 0]})
+    return pd.DataFrame({"prediction": list(flat)})

@@ -37,6 +37,7 @@ from ember.engines.spark.task import UNREACHABLE, train_partition
 from ember.engines.userrun import NoModel
 from ember.errors import WorkerFailed
 from ember.metrics import JobFailure, RunEvent
+from ember.objective import targets_of
 from ember.ps import fetch_state
 from ember.spec import (
     UserLoop,
@@ -115,7 +116,10 @@ def train_dataframe(
     warm_up = start_warm_up(df.sparkSession, config.workers)
     with Progress(show_progress) as progress:
         progress.phase("reading the DataFrame")
-        frame, facts, data = dataframe_dataset(df, features_col, label_col, test_df, config.seed)
+        targets = targets_of(config.loss)  # the labels' kind: classes, or values
+        frame, facts, data = dataframe_dataset(
+            df, features_col, label_col, test_df, config.seed, targets
+        )
         with Run(_prepare(config, data), progress) as run:
             if run.servers is not None:
                 run.servers.where = run_placement(config, df.sparkSession)
