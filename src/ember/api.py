@@ -20,6 +20,7 @@ def fit(
     config_file: str | None = None,
     show_progress: bool = False,
     test_data: tuple[Any, Any] | None = None,
+    mlflow: bool | None = None,
     **fields: Any,
 ) -> Any:
     """Train with the same fields as `ember train` (e.g. model="mlp", strategy="bsp",
@@ -28,15 +29,17 @@ def fit(
     one (called with input_shape= and num_classes= if it takes them); `data` an (x, y) pair
     of arrays or CPU tensors, and `test_data` another (without it, the last tenth of `data`
     is held out for testing). Objects reach the workers as the engine ships code to its own
-    processes, never over ember's wire."""
+    processes, never over ember's wire. `mlflow`: log the run to MLflow (one MLflow run:
+    params, epoch metrics, the model); None does so when an MLflow run is active."""
     from ember.engines import train
+    from ember.tracking import tracked
 
     fields = {k.replace("-", "_"): v for k, v in fields.items()}
     dataset = take_objects(fields, test_data)
     config = run_config(fields, config_file)
     if config.engine == "local":  # Spark's workers and ember's servers never import __main__
         require_main_guard("ember.fit", "its workers")
-    return train(config, show_progress, dataset)
+    return tracked(mlflow, config, lambda: train(config, show_progress, dataset))
 
 
 def take_objects(fields: dict[str, Any], test_data: tuple[Any, Any] | None) -> Dataset | None:

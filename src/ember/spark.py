@@ -20,6 +20,7 @@ def fit(
     test_df: Any = None,
     config_file: str | None = None,
     show_progress: bool = False,
+    mlflow: bool | None = None,
     **fields: Any,
 ) -> Any:
     """Train `model` on DataFrame `df` (features: array<float>, array<double> or a Spark ML
@@ -30,7 +31,8 @@ def fit(
     tenth of `df` held out; either is collected to the driver for the final evaluation, the
     training rows never are. Other fields are those of `ember.fit` (strategy, workers,
     epochs, ...). Without `df`, trains on `data=` like `ember.fit(engine="spark")`. Returns
-    a RunResult (.summary, .model, .run_dir).
+    a RunResult (.summary, .model, .run_dir). `mlflow` logs the job to one MLflow run (None:
+    when an MLflow run is active), as ember.fit does.
 
     It may be called from a script's top-level code (a spark-submit script): the parameter
     servers are fresh interpreters that never import the script, and Spark runs the workers.
@@ -40,16 +42,22 @@ def fit(
         raise ConfigError(f"ember.spark.fit runs on engine 'spark', got {fields['engine']!r}")
     fields["model"] = _model_spec(model)
     label_functions(fields, "spark")  # a loss, metrics or optimizer given as objects
-    if df is None:
-        from ember.engines import train
+    from ember.tracking import tracked
 
-        return train(run_config(fields, config_file), show_progress)
-    if fields.get("data") is not None:
+    if df is not None and fields.get("data") is not None:
         raise ConfigError("pass either df or data to ember.spark.fit, not both")
-    from ember.engines.spark import train_dataframe
-
     config = run_config(fields, config_file)
-    return train_dataframe(config, df, features_col, label_col, test_df, show_progress)
+
+    def train() -> Any:
+        if df is None:
+            from ember.engines import train
+
+            return train(config, show_progress)
+        from ember.engines.spark import train_dataframe
+
+        return train_dataframe(config, df, features_col, label_col, test_df, show_progress)
+
+    return tracked(mlflow, config, train)
 
 
 def _model_spec(model: str | Callable[..., Any]) -> str:

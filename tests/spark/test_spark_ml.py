@@ -67,20 +67,34 @@ def log_loss(frame: Any) -> float:
 
 
 @pytest.fixture(scope="module")
-def fitted(frames: tuple[Any, Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
+def mnist_frames(spark: Any) -> tuple[Any, Any]:
+    """As `frames`, of all 70,000 MNIST images."""
+    from ember.data import load_dataset
+
+    mnist = load_dataset("mnist")
+    train = pixel_frame(spark, mnist.x_train, mnist.y_train, False)
+    test = pixel_frame(spark, mnist.x_test, mnist.y_test, True)
+    return train.unionByName(test), test
+
+
+@pytest.fixture(scope="module")
+def fitted(mnist_frames: tuple[Any, Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A pipeline fit on all of MNIST's training images, scored on its 10,000 test images."""
     run = tmp_path_factory.mktemp("pipeline") / "run"
-    return pipeline(strategy="bsp", epochs=3, runFields={"out": str(run)}).fit(frames[0])
+    fields = {"out": str(run), "optimizer": "adam"}
+    return pipeline(strategy="bsp", epochs=3, lr=1e-3, runFields=fields).fit(mnist_frames[0])
 
 
-def test_a_pipeline_trains_and_its_transform_scores_as_the_run_did(fitted, frames) -> None:
+@pytest.mark.timeout(900)  # the fit on MNIST, on two shared cores
+def test_a_pipeline_trains_and_its_transform_scores_as_the_run_did(fitted, mnist_frames) -> None:
     from pyspark.ml.linalg import VectorUDT
 
     model = fitted.stages[-1]
     assert isinstance(model, ember.spark.EmberModel)
     assert (model.run_dir / "model.safetensors").is_file()
     summary = model.summary
-    assert summary["engine"] == "spark" and summary["test_accuracy"] >= 0.9
-    test = frames[1]
+    assert summary["engine"] == "spark" and summary["test_accuracy"] >= 0.97
+    test = mnist_frames[1]
     scored = fitted.transform(test)
     assert set(test.columns) < set(scored.columns)  # the input's columns are all kept
     types = {f.name: f.dataType for f in scored.schema.fields}
@@ -108,27 +122,27 @@ def test_an_ember_model_scores_an_array_column_as_torch_does(fitted, spark, digi
     assert [r["prediction"] for r in scored] == expected.astype(float).tolist()
 
 
-@pytest.mark.timeout(600)  # three whole runs: two candidates and the refit
-def test_train_validation_split_over_tau_picks_one_and_its_model_transforms(
+@pytest.mark.timeout(900)  # five whole runs: two candidates on two folds, and the refit
+def test_cross_validator_over_tau_picks_one_and_its_model_transforms(
     frames, tmp_path, monkeypatch
 ) -> None:
     from pyspark.ml.evaluation import MulticlassClassificationEvaluator
-    from pyspark.ml.tuning import ParamGridBuilder, TrainValidationSplit
+    from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 
     monkeypatch.chdir(tmp_path)  # each fit writes its own runs/<timestamp>-... directory
     flow = pipeline(strategy="easgd-async", epochs=1)
     estimator = flow.getStages()[-1]
     grid = ParamGridBuilder().addGrid(estimator.tau, [1, 16]).build()
     evaluator = MulticlassClassificationEvaluator(labelCol="digit", metricName="accuracy")
-    tuned = TrainValidationSplit(
-        estimator=flow, estimatorParamMaps=grid, evaluator=evaluator, trainRatio=0.8, seed=1
+    tuned = CrossValidator(
+        estimator=flow, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2, seed=1
     ).fit(frames[0])
-    metrics = tuned.validationMetrics
+    metrics = tuned.avgMetrics
     assert len(metrics) == 2 and all(m > 0.5 for m in metrics)
     best = tuned.bestModel.stages[-1]
     assert best.getOrDefault("tau") == [1, 16][int(np.argmax(metrics))]
     assert best.summary["config"]["tau"] == best.getOrDefault("tau")
-    assert len(list((tmp_path / "runs").iterdir())) == 3  # two candidates, then the refit
+    assert len(list((tmp_path / "runs").iterdir())) == 5  # 2 candidates x 2 folds, the refit
     assert accuracy(tuned.transform(frames[1])) > 0.8
 
 

@@ -18,6 +18,7 @@ MAX_LINES = 400
 LAYERS: list[set[str]] = [
     {"_version", "errors", "metrics", "userfile"},
     {"network", "tau", "training", "objective", "flags", "strategies", "units", "returns"},
+    {"tracking"},
     {"config"},
     {"wire", "data", "checkpoint", "perfmodel", "emulated"},
     {"models"},
@@ -39,6 +40,7 @@ PARTS = set().union(*LAYERS)
 # Third-party packages only some parts may import.
 CONFINED = {
     "zmq": ("wire",),
+    "mlflow": ("tracking.py",),
     "pyspark": (
         "engines/spark/",
         "data/spark.py",

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
+from ember import tracking
 from ember.checkpoint import latest_valid_checkpoint
 from ember.engines.phases import PeakMemory, Timeline, pids_of
 from ember.engines.process import reap
@@ -91,6 +92,7 @@ class Run:
             return
         record = self.described(record)
         self.setup.metrics.write(record)
+        tracking.record(record)  # worker 0's epoch evaluations, when MLflow tracks the run
         self.progress.update(record)
         if record.get("kind") == "done":
             self.done[record["rank"]] = record

@@ -23,7 +23,8 @@ class EmberEstimator(
     beside the driver) and returns an EmberModel.
 
     Params: featuresCol, labelCol, predictionCol, probabilityCol, validationIndicatorCol,
-    model (the factory), strategy, workers, epochs, lr, tau, batchSize, and runFields for any
+    model (the factory), loss, strategy, workers, epochs, lr, tau, batchSize, mlflow (log each
+    fit to an MLflow run; unset: when one is active), and runFields for any
     other field of ember.spark.fit: `EmberEstimator(model="mlp", workers=2, tau=4,
     runFields={"servers": 2})`. Each fit writes a run directory as ember.spark.fit does
     (runFields' `out`, else runs/<timestamp>-<strategy>-<pid>)."""
@@ -58,6 +59,7 @@ class EmberEstimator(
             features_col=self.getFeaturesCol(),
             label_col=self.getLabelCol(),
             test_df=test,
+            mlflow=self.getOrDefault(self.mlflow) if self.isDefined(self.mlflow) else None,
             **self.run_fields(),
         )
         model = EmberModel.from_files(result.run_dir, factory, result.summary)

@@ -87,6 +87,12 @@ class EmberParams(
         " bce_with_logits or package.module:function",
         TypeConverters.toString,
     )
+    mlflow: Param[bool] = Param(
+        Params._dummy(),
+        "mlflow",
+        "log each fit to an MLflow run of its own (unset: when an MLflow run is active)",
+        TypeConverters.toBoolean,
+    )
     runFields: Param[dict[str, Any]] = Param(
         Params._dummy(),
         "runFields",
