@@ -82,7 +82,7 @@ def fitted(mnist_frames: tuple[Any, Any], tmp_path_factory: pytest.TempPathFacto
     """A pipeline fit on all of MNIST's training images, scored on its 10,000 test images."""
     run = tmp_path_factory.mktemp("pipeline") / "run"
     fields = {"out": str(run), "optimizer": "adam"}
-    return pipeline(strategy="bsp", epochs=3, lr=1e-3, runFields=fields).fit(mnist_frames[0])
+    return pipeline(strategy="bsp", epochs=6, lr=1e-3, runFields=fields).fit(mnist_frames[0])
 
 
 @pytest.mark.timeout(900)  # the fit on MNIST, on two shared cores
@@ -285,3 +285,34 @@ def test_regression_labels_that_are_not_finite_are_refused_naming_the_column(spa
     df = spark.createDataFrame(rows, ["features", "y"])
     with pytest.raises(ConfigError, match=r"column 'y' has \d+ labels that are NaN or Inf"):
         ember.spark.fit(df=df, label_col="y", loss="mse", strategy="bsp", workers=2)
+
+
+def test_an_estimator_fit_in_an_active_mlflow_run_logs_one_child_run(
+    regression_rows, tmp_path, monkeypatch
+) -> None:
+    import torch
+
+    mlflow = pytest.importorskip("mlflow", reason="pip install -e '.[mlflow]' (in dev too)")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow 3 asks for a database
+    mlflow.set_tracking_uri((tmp_path / "mlruns").as_uri())
+    experiment = mlflow.set_experiment("ember-spark").experiment_id
+    estimator = ember.spark.EmberEstimator(
+        loss="mse", labelCol="y", validationIndicatorCol="is_test", strategy="bsp", workers=2,
+        epochs=1, runFields={"out": str(tmp_path / "run")},
+    )  # fmt: skip
+    try:
+        with mlflow.start_run() as parent:
+            model = estimator.fit(regression_rows)
+        runs = mlflow.MlflowClient().search_runs([experiment])
+        logged = model.summary["mlflow"]
+        child = next(r for r in runs if r.info.run_id != parent.info.run_id)
+        assert len(runs) == 2 and child.info.run_id == logged["run_id"]  # one run per fit
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert child.data.params["loss"] == "mse" and child.data.params["engine"] == "spark"
+        assert child.data.metrics["test_rmse"] == pytest.approx(model.summary["test_rmse"])
+        x = torch.randn(5, 8)
+        with torch.no_grad():
+            expected = model.torch_model()(x)
+            assert torch.allclose(mlflow.pytorch.load_model(logged["model_uri"])(x), expected)
+    finally:
+        mlflow.set_tracking_uri(None)
