@@ -173,7 +173,7 @@ def test_a_saved_pipeline_model_loads_and_predicts_the_same(fitted, frames, tmp_
     assert alone.transform(fitted.transform(frames[1])).select(*columns).collect() == before
 
 
-def test_a_saved_estimator_loads_with_its_params(tmp_path) -> None:
+def test_a_saved_estimator_loads_with_its_params(spark, tmp_path) -> None:
     estimator = ember.spark.EmberEstimator(model="lenet", tau=3, runFields={"servers": 2})
     estimator.save(str(tmp_path / "estimator"))
     loaded = ember.spark.EmberEstimator.load(str(tmp_path / "estimator"))
