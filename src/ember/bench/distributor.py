@@ -89,11 +89,10 @@ def train_ddp(job_text: str) -> str:
                 clock += time.perf_counter() - started
                 samples += batch * world
                 if rank == 0 and evaluates_after(epoch * steps + step, steps, job["eval_every"]):
-                    accuracy, test_loss = evaluate(model, dataset.x_test, dataset.y_test)
-                    value = accuracy if metric == "test_accuracy" else test_loss
-                    curve.append([clock, samples, value])
+                    scores = evaluate(model, dataset.x_test, dataset.y_test)
+                    curve.append([clock, samples, scores[metric]])
         if rank == 0:
-            accuracy, test_loss = evaluate(model, dataset.x_test, dataset.y_test)
+            scores = evaluate(model, dataset.x_test, dataset.y_test)
         # Every rank leaves together. A rank that had torn its process group down while rank 0
         # still evaluated once aborted at exit on a loaded host, and torchrun's agents then
         # waited out their exit barrier (300 s) before the row could end.
@@ -108,8 +107,8 @@ def train_ddp(job_text: str) -> str:
         per_step = 2 * 2 * (world - 1) / world * parameters * world
         return json.dumps(
             {
-                "test_accuracy": accuracy,
-                "test_loss": test_loss,
+                "test_accuracy": scores["test_accuracy"],
+                "test_loss": scores["test_loss"],
                 "samples": samples,
                 "train_seconds": clock,
                 "samples_per_second": samples / clock if clock > 0 else None,
@@ -119,7 +118,7 @@ def train_ddp(job_text: str) -> str:
                 "t_comm_seconds": None,
                 "curve": [
                     *curve,
-                    [clock, samples, accuracy if metric == "test_accuracy" else test_loss],
+                    [clock, samples, scores[metric]],
                 ],
             }
         )
