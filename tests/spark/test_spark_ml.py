@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,7 @@ def log_loss(frame: Any) -> float:
 
 
 @pytest.fixture(scope="module")
-def mnist_frames(spark: Any) -> tuple[Any, Any]:
+def mnist_frames(spark: Any) -> Iterator[tuple[Any, Any]]:
     """As `frames`, of all 70,000 MNIST images."""
     from ember.data import load_dataset
 
@@ -79,7 +80,10 @@ def mnist_frames(spark: Any) -> tuple[Any, Any]:
     train = pixel_frame(spark, mnist.x_train, mnist.y_train, False)
     test = pixel_frame(spark, mnist.x_test, mnist.y_test, True)
     # cached: the scaler's fit, the run's row checks and its training each read every row
-    return train.unionByName(test).cache(), test.cache()
+    frames = train.unionByName(test).cache(), test.cache()
+    yield frames
+    for frame in frames:  # the shared session's heap goes back to the tests after these
+        frame.unpersist(blocking=True)
 
 
 @pytest.fixture(scope="module")
