@@ -8,8 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ember.config.run import RunConfig
-from ember.strategies import AlgorithmKind, ConsistencyKind, Strategy
+from ember.config.run import RunConfig, StrategyNamed
 
 # Every field of RunConfig in exactly one part (tests/unit/test_config_parts.py holds it so).
 PARTS: dict[str, tuple[str, ...]] = {
@@ -38,7 +37,7 @@ def part_of(name: str) -> str:
 
 
 @dataclass(frozen=True)
-class ServerSettings:
+class ServerSettings(StrategyNamed):
     """What a parameter server reads of a run: its update rule (the optimizer by name with
     its schedule, easgd's moving rate, diloco's outer step), its consistency, the workers it
     expects and its bounds. Of the training part it takes only what its rule needs."""
@@ -74,15 +73,3 @@ class ServerSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-    @property
-    def mode(self) -> Strategy:
-        return Strategy(self.strategy)
-
-    @property
-    def algorithm(self) -> AlgorithmKind:
-        return self.mode.algorithm
-
-    @property
-    def consistency(self) -> ConsistencyKind:
-        return self.mode.consistency

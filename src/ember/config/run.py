@@ -33,8 +33,27 @@ CODECS = ("none", "fp16", "bf16", "int8")  # how exchanges travel; see ps/codec.
 DILOCO_TAU = 200
 
 
+class StrategyNamed:
+    """What a strategy's name implies, for settings that hold it as `strategy`."""
+
+    strategy: str
+
+    @property
+    def mode(self) -> Strategy:
+        """The strategy as a Strategy, which answers what its name implies."""
+        return Strategy(self.strategy)
+
+    @property
+    def algorithm(self) -> AlgorithmKind:
+        return self.mode.algorithm
+
+    @property
+    def consistency(self) -> ConsistencyKind:
+        return self.mode.consistency
+
+
 @dataclass
-class RunConfig:
+class RunConfig(StrategyNamed):
     """Everything a run needs; the CLI flags, the YAML file and `ember.fit` all fill this."""
 
     data: str = "mnist"  # mnist | digits | synthetic-lr | path to .npz, .parquet or an IDX folder
@@ -96,19 +115,6 @@ class RunConfig:
     eval_deferred: bool = False  # copy the parameters at each evaluation, evaluate after training
     tensorboard: bool = False  # also write scalars as TensorBoard event files
     extra: dict[str, Any] = field(default_factory=dict)  # reserved for engine-specific settings
-
-    @property
-    def mode(self) -> Strategy:
-        """The strategy as a Strategy, which answers what its name implies."""
-        return Strategy(self.strategy)
-
-    @property
-    def algorithm(self) -> AlgorithmKind:
-        return self.mode.algorithm
-
-    @property
-    def consistency(self) -> ConsistencyKind:
-        return self.mode.consistency
 
     @property
     def uses_server(self) -> bool:
