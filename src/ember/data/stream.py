@@ -269,8 +269,11 @@ def _read_batch(piece: Piece, shape: tuple[int, ...] | None) -> tuple[np.ndarray
 
 
 def _numpy(column: Any) -> np.ndarray:
+    """The column's values; a view of Arrow's buffer when one chunk holds them (the shuffle
+    pool copies the rows out), else one copy."""
     chunks = column.chunks if hasattr(column, "chunks") else [column]
-    return np.concatenate([c.to_numpy(zero_copy_only=False) for c in chunks])
+    arrays = [c.to_numpy(zero_copy_only=False) for c in chunks]
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 def _checked(
@@ -284,8 +287,9 @@ def _checked(
         )
     if len(x) != piece.rows or len(y) != piece.rows:
         raise ConfigError(f"{where}: holds {len(x)} rows and {len(y)} labels, not {piece.rows}")
-    # as a file read whole is checked; a row is counted from the piece's first
-    return _validated(where, x, y, "features", "labels")
+    # as a file read whole is checked; a row is counted from the piece's first. The rows
+    # may stay views of the piece's Arrow buffers: the shuffle pool copies them out.
+    return _validated(where, x, y, "features", "labels", views=True)
 
 
 __all__ = ["Piece", "StreamPlan", "plan_files", "plan_npy", "read_piece"]
