@@ -4,13 +4,18 @@ executor's local directory, streams its epochs from there, and leaves nothing be
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 import ember.spark
 from ember.data.spill import SPILL_PREFIX
+from tests.processes import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -72,3 +77,33 @@ def test_a_retried_streaming_stage_leaves_no_spill_of_either_attempt(
     # removed it, and their own went when their tasks ended
     dirs = local_dirs(spark)
     assert all(list(d.glob(f"{SPILL_PREFIX}*")) == [] for d in dirs)
+
+
+def test_ctrl_c_on_a_streaming_spark_run_leaves_no_spill_and_no_process(tmp_path) -> None:
+    # its own driver (a session of its own), so that its executors' local directory is
+    # known and Ctrl-C reaches it as in a terminal
+    local, out = tmp_path / "local", tmp_path / "run"
+    local.mkdir()
+    flags = ["--engine", "spark", "--master", "local[2]", "--data", "digits"]
+    flags += ["--data-mode", "stream", "--epochs", "500", "--strategy", "easgd-async"]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "ember", "train", *flags, "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "SPARK_LOCAL_DIRS": str(local)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        spilled = lambda: len(list(local.rglob(f"{SPILL_PREFIX}*"))) == 2  # noqa: E731
+        assert wait_for(spilled, 150), "the tasks did not spill"
+        children = psutil.Process(launcher.pid).children(recursive=True)
+        launcher.send_signal(signal.SIGINT)
+        _, err = launcher.communicate(timeout=60)
+        assert launcher.returncode == 130, err
+        _, alive = psutil.wait_procs(children, timeout=15)
+        assert alive == []
+        assert wait_for(lambda: list(local.rglob(f"{SPILL_PREFIX}*")) == [], 15)
+    finally:
+        launcher.kill()
+        launcher.wait(30)

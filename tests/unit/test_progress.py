@@ -113,3 +113,12 @@ def test_the_progress_line_says_when_training_is_input_bound() -> None:
         progress.update({"kind": "eval", "epoch": 1, "epoch_end": True, "test_accuracy": 0.5})
         assert progress.input_bound() == "input-bound: 60% of the time waiting on data"
     assert out.getvalue().rstrip().endswith("input-bound: 60% of the time waiting on data")
+
+
+def test_a_note_the_workers_send_alike_is_said_once() -> None:
+    out = io.StringIO()
+    with Progress(stream=out) as progress:
+        for rank in (0, 1, 0):
+            progress.update({"kind": "note", "rank": rank, "text": "ember: data mode auto: …"})
+        progress.update({"kind": "note", "rank": 1, "text": "ember: another"})
+    assert out.getvalue().splitlines() == ["ember: data mode auto: …", "ember: another"]

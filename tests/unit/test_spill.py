@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -110,3 +111,56 @@ def test_a_spill_damaged_mid_stream_is_one_error_naming_it_and_the_batch(local_d
         stream = shard_batches(WorkerSpec(config, 0, 1), partition.dataset(PROBE, 900))
         with pytest.raises(ConfigError, match=rf"spilled partition {file}, batch \d+: cannot"):
             list(stream.epoch(0))
+
+
+# A task's Python worker as Spark runs it: spills its partition, then trains until killed.
+SPILLING_TASK = """
+import sys, time
+import numpy as np
+from ember.config import RunConfig
+from ember.data.spill import partition_data
+from tests.unit.test_spill import PROBE, batches
+config = RunConfig(data_mode="stream").validate()
+with partition_data(batches(300), PROBE, config, rows=None):
+    print("spilled", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_spill_is_removed_when_its_task_is_killed_with_sigkill(local_dir: Path) -> None:
+    # what Spark does to a cancelled task's Python worker (a Ctrl-C on the driver): no
+    # `finally` runs in it; the janitor it started removes the spill
+    task = subprocess.Popen(
+        [sys.executable, "-c", SPILLING_TASK],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert task.stdout is not None and task.stdout.readline() == "spilled\n"
+        (spill,) = spills(local_dir)
+        assert (spill / "partition.arrow").stat().st_size > 0
+        task.kill()
+        task.wait(10)
+        deadline = time.monotonic() + 10
+        while spill.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not spill.exists()
+    finally:
+        task.kill()
+        task.wait(10)
+
+
+def test_auto_streams_a_partition_too_big_for_the_executor_and_says_why(
+    local_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ember.data.spill
+
+    with partition_data(batches(300), PROBE, mode("auto"), rows=300) as partition:
+        assert partition.plan is None and partition.said == ""  # 300 rows fit
+    monkeypatch.setattr(ember.data.spill, "AUTO_FRACTION", 10**12)  # now nothing does
+    with partition_data(batches(300), PROBE, mode("auto"), rows=300) as partition:
+        assert partition.plan is not None and len(spills(local_dir)) == 1
+        assert partition.said.startswith("ember: data mode auto: the Spark tasks stream")
+        assert "GiB of training rows a task" in partition.said
+    assert spills(local_dir) == []

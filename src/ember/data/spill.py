@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -26,6 +28,30 @@ from ember.data.streamhost import AUTO_FRACTION, StreamedDataset, streamed_mode
 
 SPILL_PREFIX = "ember-spill-"  # then the pid of the Python worker that wrote it
 
+# Run beside a task that spills: removes the spill once the task's Python worker is gone,
+# however it went. Spark kills a cancelled task's worker with SIGKILL (a Ctrl-C on the
+# driver, a stage cancelled), and no `finally` of its own runs then. It ends by itself when
+# the folder is gone (the task removed it) or the worker is.
+JANITOR = """
+import os, select, shutil, sys, time
+folder, pid = sys.argv[1], int(sys.argv[2])
+try:
+    handle = os.pidfd_open(pid)
+except (AttributeError, OSError):
+    handle = None
+while os.path.isdir(folder):
+    if handle is not None:
+        if select.select([handle], [], [], 1.0)[0]:
+            break
+    else:
+        time.sleep(1.0)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+shutil.rmtree(folder, ignore_errors=True)
+"""
+
 
 @dataclass
 class Partition:
@@ -35,6 +61,7 @@ class Partition:
     x: np.ndarray | None = None
     y: np.ndarray | None = None
     plan: StreamPlan | None = None
+    said: str = ""  # why data mode auto streams it: one line for the driver to print
 
     def dataset(self, probe: Dataset, rows: int) -> Dataset:
         """The first `rows` of the partition to train on, with `probe`'s test rows."""
@@ -63,17 +90,33 @@ def partition_data(
     --data-mode stream it spills; under auto when the `rows` each worker trains on (None: not
     known) would take more than 1/AUTO_FRACTION of this host's memory."""
     shape, mode = tuple(probe.input_shape), streamed_mode(config)
-    if mode == "memory" or (mode == "auto" and not _too_big(rows, shape)):
+    said = _too_big(rows, shape) if mode == "auto" else ""
+    if mode == "memory" or (mode == "auto" and not said):
         x, y = partition_arrays(batches, shape, like=probe)
         yield Partition(len(x), x, y)
         return
     folder = spill_folder()
+    janitor = start_janitor(folder)
     try:
         pieces = _spill(batches, folder / "partition.arrow")
         plan = StreamPlan(pieces, shape, probe.num_classes)
-        yield Partition(plan.rows, plan=plan)
+        yield Partition(plan.rows, plan=plan, said=said)
     finally:  # success, an error, or the generator closed by a cancelled task
         shutil.rmtree(folder, ignore_errors=True)
+        janitor.kill()
+        janitor.wait(10)
+
+
+def start_janitor(folder: Path) -> subprocess.Popen[bytes]:
+    """A process that removes `folder` when this one dies (JANITOR). A session of its own:
+    what kills this process's group leaves it to do its work."""
+    return subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", JANITOR, str(folder), str(os.getpid())],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def spill_folder() -> Path:
@@ -110,9 +153,17 @@ def _spill(batches: Iterable[Any], path: Path) -> tuple[Piece, ...]:
     return tuple(p for p in pieces if p.rows)
 
 
-def _too_big(rows: int | None, shape: tuple[int, ...]) -> bool:
+def _too_big(rows: int | None, shape: tuple[int, ...]) -> str:
+    """Why `rows` rows of `shape` are streamed under auto on this executor; "" if they fit."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return rows is not None and rows * (int(np.prod(shape)) * 4 + 8) * AUTO_FRACTION > memory
+    size = (rows or 0) * (int(np.prod(shape)) * 4 + 8)
+    if size * AUTO_FRACTION <= memory:
+        return ""
+    return (
+        f"ember: data mode auto: the Spark tasks stream their partitions from the executors'"
+        f" local disks ({size / 2**30:.1f} GiB of training rows a task, more than"
+        f" 1/{AUTO_FRACTION} of an executor host's {memory / 2**30:.1f} GiB of memory)"
+    )
 
 
-__all__ = ["Partition", "partition_data", "spill_folder"]
+__all__ = ["Partition", "partition_data", "spill_folder", "start_janitor"]

@@ -48,6 +48,7 @@ class Progress:
         self.epoch, self.score = 0, ("accuracy", float("nan"))  # worker 0's latest headline
         self._said_epoch = 0  # the last epoch a line was printed for
         self.diverged: set[int] = set()  # ranks whose NaN loss was said (once each)
+        self.said: set[str] = set()  # the workers' notes, each said once for all of them
         self._phase_began = time.monotonic()
 
     def phase(self, name: str) -> None:
@@ -114,6 +115,9 @@ class Progress:
                 f" {record['step']} (epoch {record['epoch']}): training has diverged; a lower"
                 " --lr usually helps"
             )
+        elif kind == "note" and record["text"] not in self.said:
+            self.said.add(record["text"])
+            self.note(record["text"])
         elif kind in ("rejoin", "failure"):
             self.note(f"{kind}: {record}")
         if kind in ("worker", "eval") and self.training:

@@ -113,6 +113,8 @@ def _train(
         if sender is not None and record.get("kind") != RETURNED:  # rows carry it, once
             sender.send({**record, "incarnation": incarnation})
 
+    if partition.said:
+        report({"kind": "note", "rank": rank, "text": partition.said})
     try:
         if meeting is None:
             report(_loop(spec)(spec, report, dataset=data))
