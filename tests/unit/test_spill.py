@@ -164,3 +164,21 @@ def test_auto_streams_a_partition_too_big_for_the_executor_and_says_why(
         assert partition.said.startswith("ember: data mode auto: the Spark tasks stream")
         assert "GiB of training rows a task" in partition.said
     assert spills(local_dir) == []
+
+
+def test_a_spilled_partition_of_values_streams_its_float_targets(local_dir: Path) -> None:
+    # a regression's partition: two values a row (a list column), each the row's id + 0.5
+    values = []
+    for batch in batches(300):
+        ids = batch.column("features").flatten().to_numpy()[::2]
+        label = pa.array(list(np.stack([ids + 0.5, ids + 0.5], axis=1)), pa.list_(pa.float32()))
+        values.append(pa.record_batch({"features": batch.column("features"), "label": label}))
+    probe = Dataset("probe", *(np.zeros((4, 2), np.float32), np.zeros((4, 2), np.float32)) * 2,
+                    2, (2,))  # fmt: skip
+    with partition_data(values, probe, mode("stream"), rows=300) as partition:
+        assert partition.plan is not None and partition.plan.targets == "values"
+        config = RunConfig(workers=1, batch_size=50, data_mode="stream", loss="mse").validate()
+        stream = shard_batches(WorkerSpec(config, 0, 1), partition.dataset(probe, 300))
+        for x, y in stream.epoch(0):
+            assert tuple(y.shape) == (50, 2) and np.allclose(y[:, 1].numpy(), x[:, 0] + 0.5)
+    assert spills(local_dir) == []

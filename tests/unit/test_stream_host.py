@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import torch
 
 from ember.config import RunConfig
 from ember.data import streamhost
@@ -107,12 +110,50 @@ def test_auto_leaves_files_it_cannot_plan_to_the_loader_and_its_whole_error(
         host_run_data(config(path, "stream"), print)
 
 
-def test_a_loss_whose_targets_are_not_classes_is_held_in_memory_or_refused_streaming(
-    parquet: Path, monkeypatch: pytest.MonkeyPatch
+def values_parquet(folder: Path, outputs: int) -> Path:
+    """Rows whose targets are values: a number a row, or a list of `outputs` numbers, each
+    a row's id plus (k + 1)/10 so that a batch says which rows and outputs it holds."""
+    folder.mkdir()
+    ids = np.arange(1000, dtype=np.float32)
+    x = np.repeat(ids[:, None], 4, axis=1)
+    y = ids[:, None] + np.arange(1, outputs + 1, dtype=np.float32) / 10
+    label = pa.array(list(y), type=pa.list_(pa.float32())) if outputs > 1 else pa.array(y[:, 0])
+    table = pa.table({"features": pa.array(list(x), type=pa.list_(pa.float32())), "label": label})
+    pq.write_table(table.slice(0, 900), folder / "train.parquet", row_group_size=100)
+    pq.write_table(table.slice(900), folder / "test.parquet")
+    return folder
+
+
+@pytest.mark.parametrize("outputs", [1, 3])
+def test_values_stream_with_their_rows_for_a_loss_on_values(tmp_path: Path, outputs: int) -> None:
+    data = values_parquet(tmp_path / "values", outputs)
+    run = config(data, "stream", loss="mse")
+    host = host_run_data(run, print)
+    try:
+        files = host.files
+        assert isinstance(files, StreamFiles) and files.plan is not None
+        assert files.plan.targets == "values" and files.num_classes == outputs
+        dataset = files.shard(0, 2)
+        shape = (outputs,) if outputs > 1 else ()
+        assert dataset.y_test.dtype == np.float32 and dataset.y_test.shape == (100, *shape)
+        spec = WorkerSpec(run, 0, 2, own_rows=True)
+        seen = []
+        for x, y in shard_batches(spec, dataset).epoch(0):
+            assert y.dtype == torch.float32 and tuple(y.shape[1:]) == shape
+            ids = x[:, 0].numpy()
+            expected = ids[:, None] + np.arange(1, outputs + 1) / 10
+            assert np.allclose(y.numpy().reshape(len(ids), -1), expected)  # each row's own
+            seen.append(ids)
+        assert len(np.unique(np.concatenate(seen))) == 900 // 2 // 32 * 32
+    finally:
+        host.close()
+
+
+def test_float_labels_under_a_class_loss_stream_as_one_error_naming_the_row_group(
+    tmp_path: Path,
 ) -> None:
-    with pytest.raises(ConfigError, match=r"--data-mode stream takes class labels .* 'mse'"):
-        host_run_data(config(parquet, "stream", loss="mse"), print)
-    monkeypatch.setattr(streamhost, "AUTO_FRACTION", 10**9)  # auto would stream any data
-    host = host_run_data(config(parquet, "auto", loss="mse"), print)
-    host.close()
-    assert not isinstance(host.files, StreamFiles)
+    data = values_parquet(tmp_path / "values", 1)
+    # 0.1-steps are not classes: the planner reads the first row group and says so
+    with pytest.raises(ConfigError, match=r"train.parquet.*label"):
+        host = host_run_data(config(data, "stream"), print)
+        host.close()

@@ -148,7 +148,6 @@ def _read_parquet(path: Path, targets: str | None = "classes") -> tuple[np.ndarr
     """Read the `features` list column and `label` column of a file or folder, no per-row loop;
     a loss on values takes a `label` of numbers or of equal-length lists of them."""
     import pyarrow as pa  # lazily: pyarrow is slow to import and most runs use no Parquet
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     where = f"data path {path}"
@@ -161,46 +160,64 @@ def _read_parquet(path: Path, targets: str | None = "classes") -> tuple[np.ndarr
         table = source.read(columns=["features", "label"])
     except (pa.ArrowException, OSError) as exc:
         raise ConfigError(f"{where}: cannot read as Parquet ({exc})") from exc
+    try:
+        x, y = parquet_columns(table, targets)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return _validated(where, x, y, "column 'features'", "column 'label'", targets)
+
+
+def parquet_columns(table: Any, targets: str | None = "classes") -> tuple[np.ndarray, np.ndarray]:
+    """A table's `features` (a list of numbers) and `label` as arrays, their layout checked
+    (errors name no file: the caller's place goes first); the values are checked by
+    _validated. A loss on values takes a `label` of numbers or of equal-length lists. The
+    arrays may be read-only views of the table's buffers."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     features, label = table.column("features"), table.column("label")
     ftype, ltype = features.type, label.type
     is_list = pa.types.is_list(ftype) or pa.types.is_large_list(ftype)
     if not (is_list or pa.types.is_fixed_size_list(ftype)):
-        raise ConfigError(
-            f"{where}: column 'features' must be a list of numbers, got {ftype}{_hint(ftype)}"
-        )
+        raise ConfigError(f"column 'features' must be a list of numbers, got {ftype}{_hint(ftype)}")
     if not (pa.types.is_integer(ftype.value_type) or pa.types.is_floating(ftype.value_type)):
-        raise ConfigError(f"{where}: column 'features' must hold numbers, got {ftype}")
+        raise ConfigError(f"column 'features' must hold numbers, got {ftype}")
     listed = targets != "classes" and (
         pa.types.is_list(ltype) or pa.types.is_fixed_size_list(ltype)
     )
     if listed:
         lengths = pc.list_value_length(label).to_numpy(zero_copy_only=False)
         if label.null_count or len(set(lengths.tolist())) > 1:
-            raise ConfigError(f"{where}: column 'label' holds lists of unequal lengths or nulls")
+            raise ConfigError("column 'label' holds lists of unequal lengths or nulls")
         label = pc.list_flatten(label)
     number = pa.types.is_integer(label.type) or pa.types.is_floating(label.type)
     if not (number or pa.types.is_boolean(label.type)):
-        raise ConfigError(f"{where}: column 'label' must hold integer labels, got {ltype}")
+        raise ConfigError(f"column 'label' must hold integer labels, got {ltype}")
     for name, column in (("features", features), ("label", label)):
         if column.null_count:
-            raise ConfigError(f"{where}: column {name!r} has {column.null_count} null rows")
+            raise ConfigError(f"column {name!r} has {column.null_count} null rows")
     if len(table) == 0:
-        raise ConfigError(f"{where}: column 'features' has no rows")
+        raise ConfigError("column 'features' has no rows")
     lengths = pc.list_value_length(features).to_numpy()
     width = int(lengths[0])
     if (lengths != width).any():
         row = int(np.argmax(lengths != width))
         raise ConfigError(
-            f"{where}: column 'features' is ragged: row 0 has {width} values, row {row} has"
-            f" {lengths[row]}"
+            f"column 'features' is ragged: row 0 has {width} values, row {row} has {lengths[row]}"
         )
     flat = pc.list_flatten(features)
     if width == 0 or flat.null_count:
-        raise ConfigError(f"{where}: column 'features' has empty lists or nulls inside lists")
-    x = flat.to_numpy().reshape(len(table), width)
-    y = label.to_numpy()
-    y = y.reshape(len(table), -1) if listed else y
-    return _validated(where, x, y, "column 'features'", "column 'label'", targets)
+        raise ConfigError("column 'features' has empty lists or nulls inside lists")
+    x = _values(flat).reshape(len(table), width)
+    y = _values(label)
+    return x, (y.reshape(len(table), -1) if listed else y)
+
+
+def _values(column: Any) -> np.ndarray:
+    """A column's values; a view of Arrow's buffer when one chunk holds them, else one copy."""
+    chunks = column.chunks if hasattr(column, "chunks") else [column]
+    arrays = [c.to_numpy(zero_copy_only=False) for c in chunks]
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 # How Spark writes a pyspark.ml.linalg vector column (VectorUDT) to Parquet

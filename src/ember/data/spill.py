@@ -24,7 +24,7 @@ from ember.config import RunConfig
 from ember.data.datasets import Dataset
 from ember.data.spark import partition_arrays
 from ember.data.stream import Piece, StreamPlan
-from ember.data.streamhost import AUTO_FRACTION, StreamedDataset, streamed_mode
+from ember.data.streamhost import AUTO_FRACTION, StreamedDataset, no_targets
 
 SPILL_PREFIX = "ember-spill-"  # then the pid of the Python worker that wrote it
 
@@ -72,7 +72,7 @@ class Partition:
         return StreamedDataset(
             "partition",
             empty,
-            np.empty(0, np.int64),
+            no_targets(self.plan),
             probe.x_test,
             probe.y_test,
             probe.num_classes,
@@ -89,7 +89,7 @@ def partition_data(
     """The partition's Arrow `batches` as a Partition while the task trains. Under the run's
     --data-mode stream it spills; under auto when the `rows` each worker trains on (None: not
     known) would take more than 1/AUTO_FRACTION of this host's memory."""
-    shape, mode = tuple(probe.input_shape), streamed_mode(config)
+    shape, mode = tuple(probe.input_shape), config.data_mode
     said = _too_big(rows, shape) if mode == "auto" else ""
     if mode == "memory" or (mode == "auto" and not said):
         x, y = partition_arrays(batches, shape, like=probe)
@@ -99,7 +99,8 @@ def partition_data(
     janitor = start_janitor(folder)
     try:
         pieces = _spill(batches, folder / "partition.arrow")
-        plan = StreamPlan(pieces, shape, probe.num_classes)
+        targets = "classes" if probe.y_test.dtype == np.int64 else "values"
+        plan = StreamPlan(pieces, shape, probe.num_classes, targets, probe.y_test.shape[1:])
         yield Partition(plan.rows, plan=plan, said=said)
     finally:  # success, an error, or the generator closed by a cancelled task
         shutil.rmtree(folder, ignore_errors=True)

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ember.data.files import _hint, _validated
+from ember.data.datasets import Dataset
+from ember.data.files import _validated, parquet_columns
 from ember.data.store import ArrayFile
 from ember.errors import ConfigError
 
@@ -55,7 +56,9 @@ class StreamPlan:
 
     pieces: tuple[Piece, ...]
     input_shape: tuple[int, ...]
-    num_classes: int
+    num_classes: int  # the model's output width: classes, or values a row
+    targets: str = "classes"  # as objective.targets_of: classes, or values / binary (floats)
+    target_shape: tuple[int, ...] = ()  # one row's targets: () for a class or a number
 
     @property
     def rows(self) -> int:
@@ -90,18 +93,18 @@ def _window(pieces: tuple[Piece, ...], lo: int, hi: int) -> tuple[Piece, ...]:
     return tuple(kept)
 
 
-def plan_files(path: Path) -> StreamPlan:
-    """A Parquet file or folder, a folder of .npz shards, or a folder of x_train.npy and
-    y_train.npy: its rows as pieces, from the files' metadata (and the first piece's width)."""
+def plan_files(path: Path, targets: str | None = "classes") -> StreamPlan:
+    """A Parquet file or folder, or a folder of .npz shards: its rows as pieces, from the
+    files' metadata (and the first piece's width), with targets as the loss takes them."""
     if path.is_file() and path.suffix == ".parquet":
-        return _plan_parquet([path])
+        return _plan_parquet([path], targets)
     if path.is_dir():
         parquet = _listed(path, ".parquet")
         if parquet:
-            return _plan_parquet(parquet)
+            return _plan_parquet(parquet, targets)
         npz = _listed(path, ".npz")
         if npz:
-            return _plan_npz(npz)
+            return _plan_npz(npz, targets)
     raise ConfigError(
         f"data path {path}: cannot be streamed; expected a .parquet file or a folder of"
         " .parquet or .npz files"
@@ -115,16 +118,18 @@ def _listed(folder: Path, suffix: str) -> list[Path]:
 
 
 def plan_npy(x: ArrayFile, y: ArrayFile, rows: int, num_classes: int) -> StreamPlan:
-    """The first `rows` rows of an x/y pair of .npy files, in windows of about WINDOW_BYTES."""
+    """The first `rows` rows of an x/y pair of .npy files, in windows of about WINDOW_BYTES;
+    float targets are values, as the loader wrote them for a loss on values."""
     step = max(1, WINDOW_BYTES // max(1, x.row_bytes))
     pieces = tuple(
         Piece("npy", x.path, start // step, start, min(start + step, rows), labels=y.path)
         for start in range(0, rows, step)
     )
-    return StreamPlan(pieces, tuple(x.shape[1:]), num_classes)
+    targets = "values" if np.dtype(y.dtype).kind == "f" else "classes"
+    return StreamPlan(pieces, tuple(x.shape[1:]), num_classes, targets, tuple(y.shape[1:]))
 
 
-def _plan_parquet(paths: list[Path]) -> StreamPlan:
+def _plan_parquet(paths: list[Path], targets: str | None) -> StreamPlan:
     import pyarrow as pa  # lazily: slow to import, and most runs read no Parquet
     import pyarrow.parquet as pq
 
@@ -146,33 +151,45 @@ def _plan_parquet(paths: list[Path]) -> StreamPlan:
             rows = meta.row_group(group).num_rows
             if rows:
                 pieces.append(Piece("parquet", str(path), group, 0, rows))
+            if targets in ("values", "binary") or not rows:  # no classes to count
+                continue
             stats = meta.row_group(group).column(label).statistics
-            if stats is not None and stats.has_min_max and rows:
+            if stats is not None and stats.has_min_max:
                 top = max(top, int(stats.max))
-            elif rows:  # no statistics: read this group's labels alone
+            else:  # no statistics: read this group's labels alone
                 top = max(top, int(read_piece(pieces[-1])[1].max()))
-    return _planned(pieces, top, paths)
+    return _planned(pieces, top, paths, targets)
 
 
-def _plan_npz(paths: list[Path]) -> StreamPlan:
+def _plan_npz(paths: list[Path], targets: str | None) -> StreamPlan:
     pieces, top = [], 0
     for path in paths:
         shapes = {key: _npz_shape(path, key) for key in NPZ_KEYS}
-        if len(shapes["x"]) < 2 or shapes["y"] != shapes["x"][:1]:
+        per_row = shapes["y"][:1] == shapes["x"][:1] and (
+            len(shapes["y"]) == 1 or targets != "classes"
+        )
+        if len(shapes["x"]) < 2 or not per_row:
             raise ConfigError(
-                f"data file {path}: x must be (rows, features...) and y one label per row;"
+                f"data file {path}: x must be (rows, features...) and y a target per row;"
                 f" got x {shapes['x']}, y {shapes['y']}"
             )
         pieces.append(Piece("npz", str(path), 0, 0, shapes["x"][0]))
-        top = max(top, int(read_piece(pieces[-1])[1].max()))  # the labels are small
-    return _planned(pieces, top, paths)
+        if targets not in ("values", "binary"):
+            top = max(top, int(read_piece(pieces[-1], targets=targets)[1].max()))  # small
+    return _planned(pieces, top, paths, targets)
 
 
-def _planned(pieces: list[Piece], top: int, paths: list[Path]) -> StreamPlan:
+def _planned(pieces: list[Piece], top: int, paths: list[Path], targets: str | None) -> StreamPlan:
+    """The plan of `pieces`: one row's shapes from the first, the output width from the
+    classes seen (`top`, the largest label) or the values a row holds. A loss that takes
+    its targets as they are (None) gets classes for integer labels, values for floats."""
     if not pieces:
         raise ConfigError(f"data files {', '.join(map(str, paths))}: no rows")
-    x, _ = read_piece(replace(pieces[0], stop=pieces[0].start + 1))
-    return StreamPlan(tuple(pieces), tuple(x.shape[1:]), max(2, top + 1))
+    x, y = read_piece(replace(pieces[0], stop=pieces[0].start + 1), targets=targets)
+    kind = targets or ("classes" if y.dtype == np.int64 else "values")
+    target_shape = tuple(y.shape[1:])
+    width = max(2, top + 1) if kind == "classes" else max(1, int(np.prod(target_shape)))
+    return StreamPlan(tuple(pieces), tuple(x.shape[1:]), width, kind, target_shape)
 
 
 def _npz_shape(path: Path, key: str) -> tuple[int, ...]:
@@ -191,14 +208,17 @@ def _npz_shape(path: Path, key: str) -> tuple[int, ...]:
     return tuple(int(d) for d in shape)
 
 
-def read_piece(piece: Piece, shape: tuple[int, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The piece's rows as float32 features and int64 labels, this process's own memory;
-    `shape` (one row's) is checked when given: a file whose width changed is an error."""
+def read_piece(
+    piece: Piece, shape: tuple[int, ...] | None = None, targets: str | None = "classes"
+) -> tuple[np.ndarray, np.ndarray]:
+    """The piece's rows as float32 features and their targets as the loss takes them (int64
+    classes, float32 values); `shape` (one row's) is checked when given: a file whose width
+    changed is an error. The rows may be read-only views of what was read."""
     try:
         if piece.kind == "parquet":
-            x, y = _read_row_group(piece)
+            x, y = _read_row_group(piece, targets)
         elif piece.kind == "ipc":
-            x, y = _read_batch(piece, shape)
+            x, y = _read_batch(piece, shape, targets)
         elif piece.kind == "npy":
             x = ArrayFile.open(piece.path).read(piece.start, piece.stop)
             y = ArrayFile.open(piece.labels).read(piece.start, piece.stop)
@@ -209,12 +229,11 @@ def read_piece(piece: Piece, shape: tuple[int, ...] | None = None) -> tuple[np.n
         raise ConfigError(f"{piece.where}: {exc}") from exc
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
         raise ConfigError(f"{piece.where}: cannot read ({type(exc).__name__}: {exc})") from exc
-    return _checked(piece, x, y, shape)
+    return _checked(piece, x, y, shape, targets)
 
 
-def _read_row_group(piece: Piece) -> tuple[np.ndarray, np.ndarray]:
+def _read_row_group(piece: Piece, targets: str | None) -> tuple[np.ndarray, np.ndarray]:
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     try:
@@ -223,35 +242,14 @@ def _read_row_group(piece: Piece) -> tuple[np.ndarray, np.ndarray]:
             table = source.read_row_group(
                 piece.index, columns=["features", "label"], use_threads=False
             )
-        table = table.slice(piece.start, piece.rows)
-        features, label = table.column("features"), table.column("label")
-        ftype = features.type
-        if not (pa.types.is_list(ftype) or pa.types.is_large_list(ftype)) and not (
-            pa.types.is_fixed_size_list(ftype)
-        ):
-            raise ConfigError(
-                f"column 'features' must be a list of numbers, got {ftype}{_hint(ftype)}"
-            )
-        if not pa.types.is_integer(ftype.value_type) and not pa.types.is_floating(ftype.value_type):
-            raise ConfigError(f"column 'features' must hold numbers, got {ftype}")
-        if not (pa.types.is_integer(label.type) or pa.types.is_floating(label.type)):
-            raise ConfigError(f"column 'label' must hold integer labels, got {label.type}")
-        if features.null_count or label.null_count:
-            raise ConfigError("null rows in column 'features' or 'label'")
-        lengths = pc.list_value_length(features).to_numpy()
-        width = int(lengths[0]) if len(lengths) else 0
-        if (lengths != width).any() or width == 0:
-            raise ConfigError(f"column 'features' is ragged or empty (row 0 has {width} values)")
-        flat = pc.list_flatten(features)
-        if flat.null_count:
-            raise ConfigError("column 'features' has nulls inside lists")
-        x = _numpy(flat).reshape(piece.rows, width)
-        return x, _numpy(label)
+        return parquet_columns(table.slice(piece.start, piece.rows), targets)
     except pa.ArrowException as exc:  # a truncated or corrupt file, found mid-stream
         raise ConfigError(f"cannot read as Parquet ({type(exc).__name__}: {exc})") from exc
 
 
-def _read_batch(piece: Piece, shape: tuple[int, ...] | None) -> tuple[np.ndarray, np.ndarray]:
+def _read_batch(
+    piece: Piece, shape: tuple[int, ...] | None, targets: str | None
+) -> tuple[np.ndarray, np.ndarray]:
     """One record batch of a spill, mapped only while its rows are copied out."""
     import pyarrow as pa
 
@@ -263,21 +261,34 @@ def _read_batch(piece: Piece, shape: tuple[int, ...] | None) -> tuple[np.ndarray
         with pa.memory_map(piece.path) as source:
             batch = pa.ipc.open_file(source).get_batch(piece.index)
             table = pa.Table.from_batches([batch]).slice(piece.start, piece.rows)
-            return table_arrays(table, shape)  # copies: nothing refers to the mapping after
+            like = _kinds_of(shape, targets, table)
+            return table_arrays(table, shape, like)  # copies: nothing refers to the mapping after
     except pa.ArrowException as exc:
         raise ConfigError(f"cannot read ({type(exc).__name__}: {exc})") from exc
 
 
-def _numpy(column: Any) -> np.ndarray:
-    """The column's values; a view of Arrow's buffer when one chunk holds them (the shuffle
-    pool copies the rows out), else one copy."""
-    chunks = column.chunks if hasattr(column, "chunks") else [column]
-    arrays = [c.to_numpy(zero_copy_only=False) for c in chunks]
-    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+def _kinds_of(shape: tuple[int, ...], targets: str | None, table: Any) -> Dataset | None:
+    """A one-row dataset of the spill's kinds, which table_arrays converts its rows to: None
+    for class labels, float32 values of the label column's width otherwise."""
+    import pyarrow as pa
+
+    if targets == "classes":
+        return None
+    label = table.column("label").type
+    width = (label.list_size,) if pa.types.is_fixed_size_list(label) else ()
+    if pa.types.is_list(label) and table.num_rows:
+        width = (len(table.column("label")[0]),)
+    one = np.zeros((1, *shape), np.float32)
+    return Dataset("spill", one, np.zeros((1, *width), np.float32), one, np.zeros((1, *width),
+                   np.float32), max(1, int(np.prod(width))), shape)  # fmt: skip
 
 
 def _checked(
-    piece: Piece, x: np.ndarray, y: np.ndarray, shape: tuple[int, ...] | None
+    piece: Piece,
+    x: np.ndarray,
+    y: np.ndarray,
+    shape: tuple[int, ...] | None,
+    targets: str | None,
 ) -> tuple[np.ndarray, np.ndarray]:
     where = piece.where
     if shape is not None and tuple(x.shape[1:]) != tuple(shape):
@@ -289,7 +300,7 @@ def _checked(
         raise ConfigError(f"{where}: holds {len(x)} rows and {len(y)} labels, not {piece.rows}")
     # as a file read whole is checked; a row is counted from the piece's first. The rows
     # may stay views of the piece's Arrow buffers: the shuffle pool copies them out.
-    return _validated(where, x, y, "features", "labels", views=True)
+    return _validated(where, x, y, "features", "labels", targets, views=True)
 
 
 __all__ = ["Piece", "StreamPlan", "plan_files", "plan_npy", "read_piece"]

@@ -60,7 +60,7 @@ class StreamFiles(DataFiles):
         return StreamedDataset(
             self.name,
             empty,
-            np.empty(0, dtype=np.int64),
+            no_targets(self.plan) if self.plan else np.empty(0, np.int64),
             a["x_test"].rows(0, self.test_rows, mode),
             a["y_test"].rows(0, self.test_rows, mode),
             self.num_classes,
@@ -76,14 +76,14 @@ class StreamFiles(DataFiles):
 def host_run_data(config: RunConfig, say: Callable[[str], None]) -> HostData:
     """config.data for this host's workers under config.data_mode: laid out once to map
     (memory), or planned to stream from its files (stream; auto when it is big)."""
-    mode, path = streamed_mode(config), Path(config.data).expanduser()
+    mode, path = config.data_mode, Path(config.data).expanduser()
     if config.data not in DATASET_NAMES and _streamable(path):
         if mode == "memory" and _npz_only(path):
             raise ConfigError(
                 f"data path {path}: a folder of .npz shards is only streamed; pass"
                 " --data-mode stream or auto"
             )
-        plans = _file_plans(path, mode) if mode != "memory" else None
+        plans = _file_plans(path, mode, targets_of(config.loss)) if mode != "memory" else None
         if plans and (mode == "stream" or _too_big(config.data, plans[0], say)):
             return _hosted(config.data, *plans)
     host = host_data(
@@ -102,18 +102,27 @@ def host_run_data(config: RunConfig, say: Callable[[str], None]) -> HostData:
     return host
 
 
-def streamed_mode(config: RunConfig) -> str:
-    """config.data_mode, where a stream can serve the run's loss: streams carry float32
-    features and integer class labels (cross-entropy's targets), so auto holds other kinds
-    of targets in memory, and stream refuses them with the way out."""
-    if targets_of(config.loss) == "classes" or config.data_mode == "memory":
-        return config.data_mode
-    if config.data_mode == "stream":
-        raise ConfigError(
-            f"--data-mode stream takes class labels (loss cross_entropy); loss {config.loss!r}"
-            " trains on other targets: pass --data-mode memory"
-        )
-    return "memory"
+def parquet_files_to_stream(config: RunConfig, say: Callable[[str], None]) -> list[Path]:
+    """The Parquet files a Spark run under config.data_mode reads in its tasks rather than
+    on the driver: [train, test] of a folder holding that split, [path] for any other
+    Parquet file or folder; [] when the rows are loaded on the driver (memory, not
+    Parquet, or auto with rows that fit)."""
+    mode, path = config.data_mode, Path(config.data).expanduser()
+    if mode == "memory" or config.data in DATASET_NAMES or not _streamable(path):
+        return []
+    if path.is_dir() and not any(path.rglob("*.parquet")):
+        return []  # .npz shards: loaded on the driver
+    plans = _file_plans(path, mode, targets_of(config.loss))
+    if plans is None or (mode == "auto" and not _too_big(config.data, plans[0], say)):
+        return []
+    train, test = path / "train.parquet", path / "test.parquet"
+    return [train, test] if path.is_dir() and train.is_file() and test.is_file() else [path]
+
+
+def no_targets(plan: StreamPlan) -> np.ndarray:
+    """Zero rows of `plan`'s targets: a streamed dataset's y_train."""
+    dtype = np.int64 if plan.targets == "classes" else np.float32
+    return np.empty((0, *plan.target_shape), dtype=dtype)
 
 
 def stream_batches(dataset: StreamedDataset, rank: int, world: int, config: RunConfig) -> Counted:
@@ -136,6 +145,7 @@ def stream_batches(dataset: StreamedDataset, rank: int, world: int, config: RunC
         config.seed,
         rank,
         config.shuffle_buffer,
+        (plan.targets, plan.target_shape),
     )
     return Counted(inner, "stream")
 
@@ -159,23 +169,23 @@ def _npz_only(path: Path) -> bool:
     return path.is_dir() and not any(path.rglob("*.parquet")) and any(path.rglob("*.npz"))
 
 
-def _file_plans(path: Path, mode: str) -> tuple[StreamPlan, StreamPlan] | None:
+def _file_plans(path: Path, mode: str, targets: str | None) -> tuple[StreamPlan, StreamPlan] | None:
     """The training rows to stream and the test rows to hold: train.parquet and test.parquet
     when the folder has both, else the last max(1, n // 10) rows held out, as in memory.
     Under auto, None for files that cannot be planned: loading them says why, in full."""
     try:
-        return _planned_split(path)
+        return _planned_split(path, targets)
     except ConfigError:
         if mode == "auto":
             return None
         raise
 
 
-def _planned_split(path: Path) -> tuple[StreamPlan, StreamPlan]:
+def _planned_split(path: Path, targets: str | None) -> tuple[StreamPlan, StreamPlan]:
     train, test = path / "train.parquet", path / "test.parquet"
     if path.is_dir() and train.is_file() and test.is_file():
-        return plan_files(train), plan_files(test)
-    whole = plan_files(path)
+        return plan_files(train, targets), plan_files(test, targets)
+    whole = plan_files(path, targets)
     if whole.rows < 2:
         raise ConfigError(f"data path {path}: only {whole.rows} row; need 2 to hold out a test set")
     return whole.split(whole.rows - max(1, whole.rows // 10))
@@ -197,9 +207,15 @@ def _too_big(name: str, plan: StreamPlan, say: Callable[[str], None]) -> bool:
 def _hosted(name: str, train: StreamPlan, test: StreamPlan) -> HostData:
     """Plans of a user's files: the test rows read into .npy files (small), the training
     rows left where they are."""
-    held = [read_piece(piece, train.input_shape) for piece in test.pieces]
+    held = [read_piece(piece, train.input_shape, train.targets) for piece in test.pieces]
     x, y = np.concatenate([h[0] for h in held]), np.concatenate([h[1] for h in held])
-    classes = max(train.num_classes, int(y.max()) + 1)
+    if tuple(y.shape[1:]) != train.target_shape:
+        raise ConfigError(
+            f"data path {name}: the test rows' targets have shape {tuple(y.shape[1:])}, the"
+            f" training rows' {train.target_shape}"
+        )
+    classes = max(train.num_classes, int(y.max()) + 1) if train.targets == "classes" else 0
+    classes = classes or train.num_classes
     scratch = _scratch(x.nbytes + y.nbytes)  # removed with the run, as host_data's copies
     try:
         arrays = {
@@ -215,4 +231,12 @@ def _hosted(name: str, train: StreamPlan, test: StreamPlan) -> HostData:
         raise
 
 
-__all__ = ["StreamFiles", "StreamedDataset", "counted", "host_run_data", "stream_batches"]
+__all__ = [
+    "StreamFiles",
+    "StreamedDataset",
+    "counted",
+    "host_run_data",
+    "no_targets",
+    "parquet_files_to_stream",
+    "stream_batches",
+]

@@ -107,8 +107,10 @@ class StreamBatches:
         seed: int,
         rank: int,
         shuffle_buffer: int,
+        targets: tuple[str, tuple[int, ...]] = ("classes", ()),  # their kind and a row's shape
     ) -> None:
         self.pieces, self.shape, self.num_classes = pieces, tuple(input_shape), num_classes
+        self.targets = targets
         self.rows, self.batch_size = sum(p.rows for p in pieces), batch_size
         self.key, self.buffer = (seed, rank), max(1, shuffle_buffer)
         self.counters = DataCounters("stream")
@@ -143,10 +145,13 @@ class StreamBatches:
         if ahead is not None:
             ahead[1].close()
         order = np.random.default_rng([*self.key, epoch, 0]).permutation(len(self.pieces))
-        pool = ShufflePool(self.buffer, self.shape, np.random.default_rng([*self.key, epoch, 1]))
+        rng = np.random.default_rng([*self.key, epoch, 1])
+        kind, target_shape = self.targets
+        dtype = np.int64 if kind == "classes" else np.float32
+        pool = ShufflePool(self.buffer, self.shape, rng, (dtype, target_shape))
         return ReadAhead(
             [self.pieces[i] for i in order],
-            (self.shape, self.num_classes),
+            (self.shape, self.num_classes, kind),
             pool,
             self.counters,
             lambda: self._read_next(epoch + 1),
@@ -187,11 +192,17 @@ class ShufflePool:
     holds `capacity`; after that each row that goes in takes the slot of a row drawn uniformly
     from those held, which comes out. Two copies a row: into its slot, and out of it."""
 
-    def __init__(self, capacity: int, shape: tuple[int, ...], rng: np.random.Generator) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        shape: tuple[int, ...],
+        rng: np.random.Generator,
+        targets: tuple[type, tuple[int, ...]] = (np.int64, ()),  # their dtype and a row's shape
+    ) -> None:
         self.capacity, self.rng, self.held = capacity, rng, 0
-        self.shape = shape
+        self.shape, self.targets = shape, targets
         self.x = np.empty((0, *shape), dtype=np.float32)
-        self.y = np.empty(0, dtype=np.int64)
+        self.y: np.ndarray = np.empty((0, *targets[1]), dtype=targets[0])
 
     def add(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Take a chunk (at most `capacity` rows) in; the rows it displaced, in random order
@@ -215,7 +226,8 @@ class ShufflePool:
         return self.x[order], self.y[order]
 
     def _grow(self, rows: int) -> None:
-        x, y = np.empty((rows, *self.shape), np.float32), np.empty(rows, np.int64)
+        x = np.empty((rows, *self.shape), np.float32)
+        y: np.ndarray = np.empty((rows, *self.targets[1]), self.targets[0])
         x[: self.held], y[: self.held] = self.x[: self.held], self.y[: self.held]
         self.x, self.y = x, y
 
@@ -229,12 +241,12 @@ class ReadAhead:
     def __init__(
         self,
         pieces: list[Piece],
-        rows: tuple[tuple[int, ...], int],  # one row's shape, and the classes of its labels
+        rows: tuple[tuple[int, ...], int, str],  # a row's shape, the output width, targets' kind
         pool: ShufflePool,
         counters: DataCounters,
         then: Callable[[], None],
     ) -> None:
-        self.pieces, (self.shape, self.num_classes), self.pool = pieces, rows, pool
+        self.pieces, (self.shape, self.num_classes, self.kind), self.pool = pieces, rows, pool
         self.counters, self.then = counters, then
         self.queue: queue.Queue[object] = queue.Queue(maxsize=READ_AHEAD)
         self.stop = threading.Event()
@@ -284,8 +296,8 @@ class ReadAhead:
         try:
             for piece in self.pieces:
                 self.reading = piece
-                x, y = read_piece(piece, self.shape)
-                if len(y) and y.max() >= self.num_classes:
+                x, y = read_piece(piece, self.shape, self.kind)
+                if self.kind == "classes" and len(y) and y.max() >= self.num_classes:
                     raise ConfigError(
                         f"{piece.where}: label {int(y.max())} is outside [0,"
                         f" {self.num_classes}), the classes the model was built for"
