@@ -79,6 +79,35 @@ def test_a_retried_streaming_stage_leaves_no_spill_of_either_attempt(
     assert all(list(d.glob(f"{SPILL_PREFIX}*")) == [] for d in dirs)
 
 
+def test_a_parquet_path_streamed_on_spark_is_read_by_spark_not_the_driver(
+    spark, tmp_path, monkeypatch
+) -> None:
+    from ember.data import files
+    from ember.data.generate import generate
+
+    data = tmp_path / "lr"
+    written = generate("synthetic-lr", 2000 * (16 * 4 + 8), data, features=16,
+                       row_group_bytes=20_000)  # fmt: skip
+    loaded: list[str] = []
+    monkeypatch.setattr(files, "load_parquet", lambda *a, **k: loaded.append(a) or 1 / 0)
+    result = ember.fit(
+        engine="spark",
+        data=str(data),
+        data_mode="stream",
+        model="logreg",
+        workers=2,
+        epochs=2,
+        lr=0.1,
+        out=str(tmp_path / "run"),
+    )
+    summary = result.summary
+    assert loaded == []  # the driver never read the training rows
+    assert summary["data_mode"] == "stream" and summary["engine"] == "spark"
+    # Spark's partitions of the file, repartitioned to 2 tasks, each read whole each epoch
+    assert summary["rows_read"] == 2 * written.train_rows
+    assert summary["test_accuracy"] > 0.75
+
+
 def test_ctrl_c_on_a_streaming_spark_run_leaves_no_spill_and_no_process(tmp_path) -> None:
     # its own driver (a session of its own), so that its executors' local directory is
     # known and Ctrl-C reaches it as in a terminal

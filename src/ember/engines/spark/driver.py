@@ -16,6 +16,7 @@ from ember.config import RunConfig
 from ember.data import Dataset
 from ember.data.datasets import check_shards, train_pixels
 from ember.data.spark import FrameFacts, dataframe_dataset, frame_from_arrays, frame_from_pixels
+from ember.data.streamhost import parquet_files_to_stream
 from ember.engines.progress import Progress
 from ember.engines.run import Run
 from ember.engines.rundir import RunResult, RunSetup, prepare_run
@@ -62,6 +63,12 @@ def train_spark(
     (ember.run) is what the tasks run in place of the built-in loop."""
     check_supported(config)
     check_before_start(config)
+    files = parquet_files_to_stream(config, print) if dataset is None and loop is None else []
+    if files:  # rows bigger than the driver's share: Spark reads them, the tasks spill them
+        with session(config, show_progress) as (spark, _):
+            frames = [spark.read.parquet(str(file)) for file in files]
+            test = frames[1] if len(frames) > 1 else None
+            return train_dataframe(config, frames[0], test_df=test, show_progress=show_progress)
     began = time.perf_counter()
     with Progress(show_progress) as progress:
         progress.phase("loading data")
