@@ -38,10 +38,18 @@ def test_stream_mode_plans_the_training_rows_and_holds_the_test_split(parquet: P
         files = host.files
         assert isinstance(files, StreamFiles) and files.plan is not None
         assert (files.train_rows, files.test_rows, files.input_shape) == (5555, 555, (16,))
-        assert set(files.arrays) == {"x_test", "y_test"}  # no training row was copied
+        assert set(files.arrays) == {"x_test", "y_test"}  # no training row is held
+        # the row groups were decoded once into .npy files on disk, streamed in windows
+        assert host.scratch is not None and not str(host.scratch).startswith("/dev/shm")
+        assert {p.kind for p in files.plan.pieces} == {"npy"}
+        assert (host.scratch / "x_train.npy").stat().st_size > 5555 * 16 * 4
+        assert said == [
+            f"ember: streaming {parquet} from a copy decoded once into {host.scratch}"
+            " (0.0 GiB; removed when the run ends)"
+        ]
         dataset = files.shard(1, 2)
         assert isinstance(dataset, StreamedDataset) and len(dataset.x_train) == 0
-        assert dataset.x_test.shape == (555, 16) and said == []
+        assert dataset.x_test.shape == (555, 16)
         spec = WorkerSpec(config(parquet, "stream"), 1, 2, own_rows=True)
         batches = shard_batches(spec, dataset)
         assert batches.rows == 5555 // 2
@@ -71,8 +79,24 @@ def test_auto_streams_data_bigger_than_its_share_of_memory_and_says_so_in_one_li
         host = host_run_data(config(data, "auto"), said.append)
         host.close()
         assert isinstance(host.files, StreamFiles)
-    assert len(said) == 2 and said[0].startswith(f"ember: data mode auto: streaming {parquet}")
-    assert "GiB of memory)" in said[0]
+    assert len(said) == 3 and said[0].startswith(f"ember: data mode auto: streaming {parquet}")
+    assert "GiB of memory)" in said[0] and said[1].startswith(f"ember: streaming {parquet} from")
+
+
+def test_without_room_on_disk_for_a_decoded_copy_the_row_groups_stream_in_place(
+    parquet: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(streamhost, "_disk_room", lambda needed: False)
+    said: list[str] = []
+    host = host_run_data(config(parquet, "stream"), said.append)
+    try:
+        files = host.files
+        assert isinstance(files, StreamFiles) and files.plan is not None
+        assert {p.kind for p in files.plan.pieces} == {"parquet"} and said == []
+        batches = shard_batches(WorkerSpec(config(parquet, "stream"), 0, 2), files.shard(0, 2))
+        assert sum(len(y) for _, y in batches.epoch(0)) == 5555 // 2 // 32 * 32
+    finally:
+        host.close()
 
 
 def test_a_named_dataset_streams_from_the_files_it_is_laid_out_in() -> None:

@@ -82,9 +82,10 @@ def _idx_folder(spec: str) -> Path | None:
     return path if spec and path.is_dir() and find_idx_files(path) else None
 
 
-def _scratch(needed: int) -> Path:
-    """A fresh folder for this run's copy, after removing those of launchers that died."""
-    root = scratch_root(needed)
+def _scratch(needed: int, on_disk: bool = False) -> Path:
+    """A fresh folder for this run's copy, after removing those of launchers that died: in
+    shared memory when it has room for `needed` bytes, unless `on_disk`."""
+    root = None if on_disk else scratch_root(needed)
     base = Path(root) if root is not None else Path(tempfile.gettempdir())
     for old in base.glob(f"{_SCRATCH_PREFIX}*"):
         pid = old.name[len(_SCRATCH_PREFIX) :].split("-", 1)[0]
