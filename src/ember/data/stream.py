@@ -298,6 +298,8 @@ def _checked(
         )
     if len(x) != piece.rows or len(y) != piece.rows:
         raise ConfigError(f"{where}: holds {len(x)} rows and {len(y)} labels, not {piece.rows}")
+    if piece.kind == "npy":  # ember's own layout: its rows were checked as they were written
+        return x, y
     # as a file read whole is checked; a row is counted from the piece's first. The rows
     # may stay views of the piece's Arrow buffers: the shuffle pool copies them out.
     return _validated(where, x, y, "features", "labels", targets, views=True)
