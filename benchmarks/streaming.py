@@ -7,10 +7,10 @@ engine and Spark `local[2]`, where each task spills its partition and streams fr
   row groups, `ember data generate`) streamed for one epoch with logreg: each worker's peak
   resident set (VmHWM, which each worker reports in summary.json's data_per_worker), the PSS
   summed over the run's processes (sampled every 0.5 s) and samples/s.
-- **subset**: a `--subset` set (default 1GB) of the same kind, one epoch streamed and one in
-  memory, back to back in rotating order, `--repeat` times: samples/s streamed over in memory,
-  with logreg (a row costs less to train than to decode from Parquet: the data path's worst
-  case) and with mlp (256-256-256-2 on these rows: compute-bound).
+- **subset**: a `--subset` set (default 1GB) of the same kind, `--subset-epochs` (default 3)
+  streamed and in memory, back to back in rotating order, `--repeat` times: samples/s
+  streamed over in memory, with logreg (a row costs less to train than to decode from
+  Parquet: the data path's worst case) and with mlp (256-256-256-2 on these rows).
 - **read paths**: one process reads the subset's training rows as a worker's read-ahead thread
   does, from its Parquet row groups, and from a Spark task's spill of the same rows (Arrow IPC,
   written once from record batches of 10,000 rows as Spark hands them): microseconds a row for
@@ -24,8 +24,8 @@ within 0.3 points. --quick: a 40MB big set, 20MB subset, mnist-like of 8MB for 1
 repeat. The data sets are written under --keep DIR (and reused there), else in a temporary
 folder removed at the end.
 
-Usage: python benchmarks/streaming.py [--size 4GB] [--subset 1GB] [--mnist-epochs E]
-       [--engines local,spark] [--keep DIR] [--repeat R] [--quick] [--out F.json]
+Usage: python benchmarks/streaming.py [--size 4GB] [--subset 1GB] [--subset-epochs E]
+       [--mnist-epochs E] [--engines local,spark] [--keep DIR] [--repeat R] [--quick] [--out F.json]
 """
 
 from __future__ import annotations
@@ -108,6 +108,7 @@ def main() -> None:
     parser.add_argument("--size", default="4GB", help="the big set's bytes of training rows")
     parser.add_argument("--subset", default="1GB", help="the set run streamed and in memory")
     parser.add_argument("--mnist-epochs", type=int, default=3)
+    parser.add_argument("--subset-epochs", type=int, default=3, help="epochs of the subset's runs")
     parser.add_argument("--keep", type=Path, default=None, help="write (and reuse) data here")
     parser.add_argument("--engines", default="local,spark", help="local, spark or both")
     args = parser.parse_args()
@@ -116,6 +117,7 @@ def main() -> None:
         parser.error(f"--engines: no engine {sorted(unknown)}; choose from {sorted(ENGINES)}")
     if args.quick:
         args.size, args.subset, args.mnist_epochs, args.repeat = "40MB", "20MB", 1, 1
+        args.subset_epochs = 1
     root = args.keep or Path(tempfile.mkdtemp(prefix="ember-streaming-"))
     runs = Path(tempfile.mkdtemp(prefix="ember-streaming-runs-"))
     try:
@@ -215,7 +217,7 @@ def measure_engine(
     for repeat in range(args.repeat):
         modes = ("stream", "memory") if repeat % 2 == 0 else ("memory", "stream")
         for model in MODELS:
-            flags = ["--epochs", "1", *logreg, "--model", model]
+            flags = ["--epochs", str(args.subset_epochs), *logreg, "--model", model]
             speed = {m: train(subset, m, runs / m, *flags)["samples_per_second"] for m in modes}
             ratios[model].append(speed["stream"] / speed["memory"])
             memory_speeds[model].append(speed["memory"])
