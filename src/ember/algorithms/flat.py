@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ember.devices import stages
+
 
 @dataclass
 class _BufferSlot:
@@ -72,7 +74,9 @@ class FlatModel:
     ship gradients ask for them; the others let autograd allocate them. The buffer keys of
     `grads` are staging room: autograd never writes there."""
 
-    def __init__(self, module: torch.nn.Module, flat_grads: bool = True) -> None:
+    def __init__(
+        self, module: torch.nn.Module, flat_grads: bool = True, staged: bool | None = None
+    ) -> None:
         self.module = module
         self.flat_grads = flat_grads
         params = [p for p in module.parameters() if p.requires_grad]
@@ -80,8 +84,11 @@ class FlatModel:
         self.param_size = sum(p.numel() for p in params)
         self.buffer_size = sum(buffer.numel() for *_, buffer in buffers)
         self.size = self.param_size + self.buffer_size
-        self.params = torch.empty(self.size, dtype=torch.float32)
-        self.grads = torch.zeros(self.size if flat_grads else 0, dtype=torch.float32)
+        # the module's device (a model moves there before it is flattened)
+        self.device = params[0].device if params else torch.device("cpu")
+        self.params = torch.empty(self.size, dtype=torch.float32, device=self.device)
+        size = self.size if flat_grads else 0
+        self.grads = torch.zeros(size, dtype=torch.float32, device=self.device)
         offset = 0
         for p in params:
             n = p.numel()
@@ -96,8 +103,18 @@ class FlatModel:
             self.slots.append(_BufferSlot(owner, leaf, name, slot, buffer.shape, buffer.dtype))
             offset += n
         self.gather_buffers()
-        self.params_np: np.ndarray = self.params.numpy()
-        self.grads_np: np.ndarray = self.grads.numpy()
+        # Where the exchange reads and writes: the flat vector itself on the CPU; on a GPU a
+        # host copy (pinned, so copies to and from the device run at full speed), which
+        # to_host and from_host bring level with the device's at the algorithms' exchanges.
+        self.staged = stages(str(self.device)) if staged is None else staged
+        self.host, self.grads_host = self.params, self.grads
+        if self.staged:
+            pinned = self.device.type == "cuda"
+            self.host = torch.empty(self.size, dtype=torch.float32, pin_memory=pinned)
+            self.grads_host = torch.empty(len(self.grads), dtype=torch.float32, pin_memory=pinned)
+            self.host.copy_(self.params)
+        self.params_np: np.ndarray = self.host.numpy()
+        self.grads_np: np.ndarray = self.grads_host.numpy()
 
     @property
     def buffers(self) -> torch.Tensor:
@@ -146,6 +163,35 @@ class FlatModel:
             self.grads.zero_()  # never None: that would detach .grad from the flat buffer
         else:
             self.module.zero_grad(set_to_none=True)
+
+    def to_host(self) -> np.ndarray:
+        """params_np level with the parameters, after gather_buffers; returned. A copy from
+        the device where the vector is staged, else nothing: params_np is the vector."""
+        if self.staged:
+            self.host.copy_(self.params)
+        return self.params_np
+
+    def from_host(self) -> None:
+        """The parameters set to params_np after an exchange wrote there, before
+        scatter_buffers: a copy to the device where staged, else nothing."""
+        if self.staged:
+            self.params.copy_(self.host)
+
+    def subtract(self, values: np.ndarray) -> None:
+        """x -= values (a host vector, easgd's elastic difference) in the parameters where
+        they are, leaving steps taken since params_np was last brought level in place."""
+        if self.staged:
+            self.params.sub_(torch.from_numpy(values).to(self.device))
+        else:
+            self.params_np -= values
+
+    def host_grads(self, grads: torch.Tensor) -> np.ndarray:
+        """A gradient vector of the device (flat.grads, or a sum of them) as the host array
+        a push sends: its own memory on the CPU, a copy in the staging buffer where staged."""
+        if not self.staged:
+            return grads.numpy()
+        self.grads_host.copy_(grads)
+        return self.grads_np
 
     def load(self, values: np.ndarray | torch.Tensor) -> None:
         self.params.copy_(torch.as_tensor(values).reshape(-1))
