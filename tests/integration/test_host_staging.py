@@ -91,6 +91,18 @@ def test_a_staged_worker_trains_exactly_as_one_that_exchanges_in_place(fields) -
         np.testing.assert_array_equal(ours, theirs)
 
 
+def test_what_a_staged_flat_model_hands_over_is_the_vector_as_it_was_then() -> None:
+    flat = FlatModel(_model(), staged=True)
+    flat.gather_buffers()
+    before = flat.params.numpy().copy()
+    flat.hand_over()
+    with torch.no_grad():
+        flat.params += 1.0  # compute goes on while the exchanger copies
+    taken = np.empty(flat.size, np.float32)
+    flat.take_over(taken)
+    np.testing.assert_array_equal(taken, before)
+
+
 def test_a_staged_flat_model_subtracts_where_the_parameters_are_not_in_its_stale_copy() -> None:
     """easgd-async applies e after compute moved on from the snapshot: only x -= e, never the
     host copy written back over the steps taken since."""
@@ -104,3 +116,30 @@ def test_a_staged_flat_model_subtracts_where_the_parameters_are_not_in_its_stale
     flat.subtract(elastic)
     np.testing.assert_array_equal(flat.params.numpy(), moved - elastic)
     np.testing.assert_array_equal(flat.params_np, snapshot)  # the host copy was not used
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["in-place", "staged"])
+def test_easgd_async_sends_the_parameters_its_worker_holds(staged) -> None:
+    """At alpha 1 the center becomes what a worker sends: with tau past the run's steps, the
+    one exchange is the final one, of the parameters as training left them."""
+    steps = 6
+    config = RunConfig(strategy="easgd-async", workers=1, lr=0.1, tau=100, alpha=1.0).validate()
+    start = FlatModel(_model(), flat_grads=False)
+    with running_servers(
+        start.params_np.copy(), make_update_rule(config, steps), "async",
+        buffers_from=start.param_size, expected_workers=1,
+    ) as (server,):  # fmt: skip
+        flat = FlatModel(_model(), flat_grads=False, staged=staged)
+        algorithm = make_algorithm(WorkerContext(config, 0, 1, [server.address], SECRET))
+        algorithm.start(flat, torch.optim.SGD(flat.module.parameters(), lr=config.lr))
+        for step in range(steps):
+            flat.zero_grad()
+            inputs, labels = _batch(step, 0)
+            F.cross_entropy(flat.module(inputs), labels).backward()
+            algorithm.after_backward(step)
+        flat.gather_buffers()
+        trained = flat.params.numpy().copy()  # where the parameters are (staged: not params_np)
+        algorithm.finish()
+        served = fetch_state([server.address], SECRET)[0]["params"]
+    assert not np.allclose(trained, start.params_np)
+    np.testing.assert_allclose(served, trained, rtol=1e-6, atol=1e-6)

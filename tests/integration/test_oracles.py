@@ -231,8 +231,9 @@ def _set_flat(module: torch.nn.Module, values: np.ndarray) -> None:
             offset += p.numel()
 
 
+@pytest.mark.parametrize("staged", [False, True], ids=["in-place", "staged"])
 @pytest.mark.parametrize("compress", ["none", "int8"])
-def test_worker_zero_knows_the_center_of_its_latest_exchange(compress: str) -> None:
+def test_worker_zero_knows_the_center_of_its_latest_exchange(compress: str, staged) -> None:
     # The center worker 0 evaluates is derived from its exchanges, not fetched: alone with the
     # server, its last exchange leaves the center it derives equal to the served one.
     steps, lr, alpha = 12, 0.1, 0.3
@@ -244,7 +245,7 @@ def test_worker_zero_knows_the_center_of_its_latest_exchange(compress: str) -> N
     with running_servers(_flat(_model()), EASGDRule(alpha), "async", expected_workers=1) as (
         server,
     ):
-        flat = FlatModel(_model())
+        flat = FlatModel(_model(), staged=staged)  # staged: the exchanger copies x_i to the host
         algorithm = AsyncEASGD(WorkerContext(config, 0, 1, [server.address], SECRET))
         algorithm.start(flat, torch.optim.SGD(flat.module.parameters(), lr=lr))
         assert algorithm.center is None  # no exchange yet: worker 0 evaluates its own

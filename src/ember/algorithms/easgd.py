@@ -157,6 +157,8 @@ class AsyncEASGD(_EASGDBase):
                 if self._stop:
                     break
                 client.step = self._snapshot_step  # the resume point the servers record
+                if self.flat.staged:  # the copy to the host is this thread's, not compute's
+                    self.flat.take_over(self.snapshot)
                 result = client.push(self.snapshot, reply_into=self.elastic)
                 self._last_result = result
                 self._arrived.set()
@@ -202,7 +204,10 @@ class AsyncEASGD(_EASGDBase):
         assert self.flat is not None
         self._idle.clear()
         self.flat.gather_buffers()  # buffers move elastically with the parameters
-        np.copyto(self.snapshot, self.flat.to_host())
+        if self.flat.staged:
+            self.flat.hand_over()  # the exchanger brings it to the host (take_over)
+        else:
+            np.copyto(self.snapshot, self.flat.params_np)
         self._snapshot_step = self.exchanged_at = step
         self._due.set()
 

@@ -4,6 +4,7 @@ float32 buffer, and its gradients as another."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -115,6 +116,9 @@ class FlatModel:
             self.host.copy_(self.params)
         self.params_np: np.ndarray = self.host.numpy()
         self.grads_np: np.ndarray = self.grads_host.numpy()
+        self.kept: torch.Tensor | None = None  # hand_over's copy, made on first use
+        self._copier: Any = None  # on a GPU: the CUDA stream take_over copies on, and
+        self._kept_at: Any = None  # the event hand_over's copy is done at
 
     @property
     def buffers(self) -> torch.Tensor:
@@ -184,6 +188,30 @@ class FlatModel:
             self.params.sub_(torch.from_numpy(values).to(self.device))
         else:
             self.params_np -= values
+
+    def hand_over(self) -> None:
+        """Keep a copy of the vector (after gather_buffers) where it is, for take_over on
+        another thread: the training thread pays a copy on the device, not one to the host."""
+        if self.kept is None:
+            self.kept = torch.empty_like(self.params)
+            if self.device.type == "cuda":
+                self._copier = torch.cuda.Stream(self.device)
+                self._kept_at = torch.cuda.Event()
+        self.kept.copy_(self.params)
+        if self._kept_at is not None:
+            self._kept_at.record()  # on the training thread's stream, after the copy
+
+    def take_over(self, target: np.ndarray) -> None:
+        """The copy hand_over kept, into host memory `target`; on a GPU on a CUDA stream of
+        the calling thread's own, which waits only for that copy, not for later steps."""
+        assert self.kept is not None, "take_over before hand_over"
+        if self._copier is None:
+            np.copyto(target, self.kept.numpy())
+            return
+        with torch.cuda.stream(self._copier):
+            self._copier.wait_event(self._kept_at)
+            torch.from_numpy(target).copy_(self.kept, non_blocking=True)
+        self._copier.synchronize()
 
     def host_grads(self, grads: torch.Tensor) -> np.ndarray:
         """A gradient vector of the device (flat.grads, or a sum of them) as the host array
