@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ember.errors import ConfigError, EmberError
+from ember.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # what --device takes
 # Set to 1, a worker on the CPU stages its exchanges through a host copy of its parameters as
@@ -86,24 +86,24 @@ def place_task(requested: str, assigned: Sequence[str], count: int) -> Placement
         return Placement("cpu", gpu)
     if _index(requested) is not None:  # the user's own choice, on every task alike
         if count <= _index(requested):  # type: ignore[operator]
-            raise EmberError(f"device {requested!r}: this executor sees {count} CUDA device(s)")
+            raise ConfigError(f"device {requested!r}: this executor sees {count} CUDA device(s)")
         return Placement(requested, gpu, exclusive=False)
     if gpu is None:
         if requested == "cuda":
-            raise EmberError(
+            raise ConfigError(
                 "device 'cuda': Spark assigned this task no GPU; have the cluster schedule one"
                 f" per task ({SPARK_GPU_CONF} with a discovery script), or use --device auto"
             )
         return Placement("cpu")
     if count == 0:
         if requested == "cuda":
-            raise EmberError(
+            raise ConfigError(
                 f"device 'cuda': Spark assigned this task GPU {gpu}, but torch sees no CUDA"
                 " device in its executor"
             )
         return Placement("cpu", gpu)
     if not gpu.isdigit() or int(gpu) >= count:
-        raise EmberError(
+        raise ConfigError(
             f"Spark assigned this task GPU address {gpu!r}, which is not one of the CUDA"
             f" indices 0 to {count - 1} this executor sees"
         )

@@ -8,7 +8,7 @@ import pytest
 import ember.devicework as devicework
 from ember.config import RunConfig
 from ember.devices import Placement, check_device, needs_count, place_local, place_task, stages
-from ember.errors import ConfigError, EmberError
+from ember.errors import ConfigError
 
 
 @pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:0", "cuda:12"])
@@ -61,16 +61,16 @@ def test_a_spark_task_on_the_cpu_still_records_its_assigned_gpu() -> None:
 
 
 def test_cuda_on_a_spark_task_without_a_gpu_says_how_to_schedule_one() -> None:
-    with pytest.raises(EmberError) as caught:
+    with pytest.raises(ConfigError) as caught:
         place_task("cuda", [], 4)
     assert str(caught.value) == (
         "device 'cuda': Spark assigned this task no GPU; have the cluster schedule one per task"
         " (spark.task.resource.gpu.amount=1 and spark.executor.resource.gpu.amount with a"
         " discovery script), or use --device auto"
     )
-    with pytest.raises(EmberError, match="assigned this task GPU 3, but torch sees no CUDA"):
+    with pytest.raises(ConfigError, match="assigned this task GPU 3, but torch sees no CUDA"):
         place_task("cuda", ["3"], 0)
-    with pytest.raises(EmberError, match="GPU address 'gpu-a', which is not one of the CUDA"):
+    with pytest.raises(ConfigError, match="GPU address 'gpu-a', which is not one of the CUDA"):
         place_task("auto", ["gpu-a"], 2)
 
 
