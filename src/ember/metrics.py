@@ -285,10 +285,20 @@ def summarize_workers(results: list[dict[str, Any]], wall_seconds: float) -> dic
 
 
 def _device_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Where each worker computed, and each Spark task's assigned GPU where it had one."""
+    """Where each worker computed, the GPUs several workers shared (ranks by device), and
+    each Spark task's assigned GPU where it had one."""
     found = {str(r["rank"]): r.get("device", "cpu") for r in results if "rank" in r}
     gpus = {str(r["rank"]): r["gpu"] for r in results if r.get("gpu") is not None}
-    return {"devices": found, **({"gpu_addresses": gpus} if gpus else {})}
+    ranks: dict[str, list[int]] = {}
+    for rank, device in found.items():
+        if device != "cpu":
+            ranks.setdefault(device, []).append(int(rank))
+    shared = {device: sorted(on) for device, on in ranks.items() if len(on) > 1}
+    return {
+        "devices": found,
+        **({"gpus_shared": shared} if shared else {}),
+        **({"gpu_addresses": gpus} if gpus else {}),
+    }
 
 
 def _data_summary(results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import ember.devicework as devicework
 from ember.config import RunConfig
 from ember.devices import Placement, check_device, needs_count, place_local, place_task, stages
 from ember.errors import ConfigError
+from ember.metrics import summarize_workers
 
 
 @pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:0", "cuda:12"])
@@ -102,3 +103,18 @@ def test_the_cpu_stages_only_when_told_to(monkeypatch) -> None:
     assert not stages("cpu") and stages("cuda:0")
     monkeypatch.setenv("EMBER_HOST_STAGING", "1")
     assert stages("cpu")
+
+
+def test_the_summary_names_each_workers_device_and_the_gpus_workers_shared() -> None:
+    done = [
+        {"rank": 0, "device": "cuda:0", "gpu": None},
+        {"rank": 1, "device": "cuda:1", "gpu": None},
+        {"rank": 2, "device": "cuda:0", "gpu": None},
+    ]
+    figures = summarize_workers(done, 1.0)
+    assert figures["devices"] == {"0": "cuda:0", "1": "cuda:1", "2": "cuda:0"}
+    assert figures["gpus_shared"] == {"cuda:0": [0, 2]}
+    assert "gpu_addresses" not in figures
+    tasks = [{"rank": 0, "device": "cpu", "gpu": "5"}, {"rank": 1, "device": "cpu", "gpu": "6"}]
+    figures = summarize_workers(tasks, 1.0)
+    assert figures["gpu_addresses"] == {"0": "5", "1": "6"} and "gpus_shared" not in figures
