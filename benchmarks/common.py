@@ -8,6 +8,9 @@ import multiprocessing as mp
 import os
 import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -55,6 +58,22 @@ def run_settings(args: argparse.Namespace) -> tuple[int, int, str]:
     """(epochs, repeats, data) of the flags: --quick's one epoch of digits, once."""
     epochs, repeat = (1, 1) if args.quick else (args.epochs, args.repeat)
     return epochs, repeat, args.data or ("digits" if args.quick else "mnist")
+
+
+def ember_train(flags: Sequence[str], source: Path, seconds: float) -> dict[str, Any]:
+    """summary.json of one `ember train` process with `flags`, ember imported from `source`
+    (a checkout's src/); RuntimeError with its error output when it fails."""
+    with tempfile.TemporaryDirectory(prefix="ember-bench-") as tmp:
+        out = Path(tmp) / "run"
+        command = [sys.executable, "-m", "ember", "train", "--out", str(out), *flags]
+        env = {**os.environ, "PYTHONPATH": str(source)}
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=seconds, check=False
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+        summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    return summary
 
 
 def set_threads() -> None:

@@ -15,15 +15,11 @@ the main job with PYTHONPATH=SRC beside this checkout's (SRC: an older checkout'
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import make_parser
+from common import ember_train, make_parser
 
 HERE = Path(__file__).resolve().parents[1] / "src"
 ADAMW = ["--optimizer", "adamw", "--lr", "1e-3", "--weight-decay", "0.01"]
@@ -38,17 +34,8 @@ RUN_SECONDS = 900  # one training process, at most
 
 def train(args: list[str], source: Path, data: str, epochs: int) -> dict[str, Any]:
     """One `ember train` of the main job with `args`, ember imported from `source`."""
-    with tempfile.TemporaryDirectory(prefix="ember-bench-") as tmp:
-        out = Path(tmp) / "run"
-        command = [sys.executable, "-m", "ember", "train", "--data", data]
-        command += ["--epochs", str(epochs), "--out", str(out), *args]
-        env = {**os.environ, "PYTHONPATH": str(source)}
-        done = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=RUN_SECONDS, check=False
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
-        summary = json.loads((out / "summary.json").read_text())
+    flags = ["--data", data, "--epochs", str(epochs), *args]
+    summary = ember_train(flags, source, RUN_SECONDS)
     return {k: summary[k] for k in ("samples_per_second", "test_accuracy", "train_seconds")}
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
@@ -16,6 +16,26 @@ from tests import peers
 from tests.processes import kill_stray_children
 
 SECRET = b"s" * 32
+
+
+def on_threads(work: Callable[[int], None], count: int, seconds: float = 30.0) -> None:
+    """work(rank) for ranks 0 to count - 1, each on a thread of its own; fails with what
+    they raised, or when one has not ended within `seconds`."""
+    errors: list[BaseException] = []
+
+    def guarded(rank: int) -> None:
+        try:
+            work(rank)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(rank,)) for rank in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(seconds)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads), f"a worker thread ran past {seconds:g}s"
 
 
 @contextmanager

@@ -12,6 +12,7 @@ import torch
 from ember.algorithms import FlatModel
 from ember.data.batches import as_tensor, model_inputs
 from ember.data.datasets import IGNORED_CLASS
+from ember.devicework import inputs_to
 from ember.models.losses import fit_to_targets, forward, make_loss, resolve_function
 from ember.objective import METRICS, metric_names, targets_of
 
@@ -55,13 +56,15 @@ def evaluate_with(
 ) -> Scores:
     """evaluate() of flat's module with `params` in place of its own, which it has back after."""
     flat.gather_buffers()
-    own = flat.params_np.copy()
+    own = flat.to_host().copy()
     flat.params_np[:] = params
+    flat.from_host()
     flat.scatter_buffers()
     try:
         return evaluate(flat.module, x, y, loss, metrics)
     finally:
         flat.params_np[:] = own
+        flat.from_host()
         flat.scatter_buffers()
 
 
@@ -76,8 +79,10 @@ def evaluate_batches(
     training = model.training  # given back as it was: a loaded model stays in eval mode
     model.eval()
     tally = Tally(loss, metric_names(loss, metrics))
+    device = next(model.parameters(), torch.empty(0)).device
     for x, y in batches:
-        tally.add(forward(model, model_inputs(x)).float(), as_tensor(y))
+        outputs = forward(model, inputs_to(model_inputs(x), device)).float()
+        tally.add(outputs if device.type == "cpu" else outputs.cpu(), as_tensor(y))
     model.train(training)
     return tally.scores()
 

@@ -25,8 +25,12 @@ HELP = {
     "scheduler": "constant | step (x0.1 at each third) | cosine (to 0) | onecycle | linear (to"
     " 0): the learning rate over the run's optimizer steps; a server's advance with its clock",
     "warmup_steps": "optimizer steps over which the learning rate rises linearly to --lr",
-    "precision": "32 | bf16-mixed: the forward pass in float32, or under autocast to bfloat16"
-    " with float32 parameters, gradients, exchanges and servers (docs/training.md)",
+    "precision": "32 | bf16-mixed | 16-mixed: the forward pass in float32, or under autocast to"
+    " bfloat16 or float16 (16-mixed with a gradient scaler) with float32 parameters, gradients,"
+    " exchanges and servers (docs/gpu.md)",
+    "device": "auto | cpu | cuda | cuda:N: where workers compute; auto takes a GPU where torch"
+    " sees one (local: worker i on GPU i mod the GPUs; Spark: the GPU the task was assigned),"
+    " else the CPU (docs/gpu.md)",
     "loss": "cross_entropy (class indices) | mse | l1 | huber (float targets) | bce_with_logits"
     " | package.module:function taking (output, target) (docs/training.md)",
     "metrics": "comma-separated held-out metrics: accuracy, rmse, mae, r2 or"

@@ -144,6 +144,8 @@ class WorkerDone(Record):
     comm: Mapping[str, Any] = _merged()  # CommStats.as_record(): exchanges, bytes, staleness
     tau: Mapping[str, Any] = _merged()  # easgd: tau_policy, tau_final, tau_median
     data: Mapping[str, Any] = _merged()  # data_mode, rows_read, data_wait_seconds, ...
+    device: str = "cpu"  # where it computed: cpu or cuda:N
+    gpu: str | None = None  # the GPU address Spark assigned its task, used or not
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -278,6 +280,24 @@ def summarize_workers(results: list[dict[str, Any]], wall_seconds: float) -> dic
         "staleness_max": max((r.get("staleness_max", 0) for r in results), default=0),
         **_tau_summary(results),
         **_data_summary(results),
+        **_device_summary(results),
+    }
+
+
+def _device_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where each worker computed, the GPUs several workers shared (ranks by device), and
+    each Spark task's assigned GPU where it had one."""
+    found = {str(r["rank"]): r.get("device", "cpu") for r in results if "rank" in r}
+    gpus = {str(r["rank"]): r["gpu"] for r in results if r.get("gpu") is not None}
+    ranks: dict[str, list[int]] = {}
+    for rank, device in found.items():
+        if device != "cpu":
+            ranks.setdefault(device, []).append(int(rank))
+    shared = {device: sorted(on) for device, on in ranks.items() if len(on) > 1}
+    return {
+        "devices": found,
+        **({"gpus_shared": shared} if shared else {}),
+        **({"gpu_addresses": gpus} if gpus else {}),
     }
 
 

@@ -149,7 +149,9 @@ def plan_report(
         else f"all on this host, {network.cores or c.cores} cores"
     )
     lines = [
-        f"calibrated here: {c.t_comp * 1e3:.2f} ms per batch of {c.batch_size};"
+        f"calibrated here: {c.t_comp * 1e3:.2f} ms per batch of {c.batch_size} on {c.device}"
+        + (f" in {c.precision}" if c.precision != "32" else "")
+        + ";"
         f" one exchange of {2 * FLOAT_BYTES * c.parameters / 1e6:.2f} MB takes"
         f" {c.exchange_wall * 1e3:.2f} ms ({c.server_cpu * 1e3:.2f} ms of server CPU)"
         + (f"; compressed to {c.exchange_bytes / 1e6:.2f} MB" if c.compression != 1 else ""),

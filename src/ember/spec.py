@@ -42,6 +42,9 @@ class WorkerSpec:
     train_fn: Callable[..., Any] | None = None
     train_args: tuple[Any, ...] = ()
     layout: Layout | None = None  # the servers' flat state, which the loop's model must fit
+    # a Spark task's GPU addresses as Spark assigned them (none: it schedules no GPUs); None
+    # on the local engine, where a worker's rank picks its GPU
+    gpus: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

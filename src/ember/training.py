@@ -19,9 +19,10 @@ WORKER_OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad", "adamax", "na
 # Optimizers that need whole-tensor norms or the whole model: never on a key-range shard.
 WHOLE_TENSOR = ("lamb", "lars", "lbfgs", "adafactor", "muon", "shampoo")
 SCHEDULERS = ("constant", "step", "cosine", "onecycle", "linear")
-# "32": float32 throughout; "bf16-mixed": the forward pass under autocast to bfloat16, with
-# float32 parameters, gradients, exchanges and servers (so --compress is independent of it)
-PRECISIONS = ("32", "bf16-mixed")
+# "32": float32 throughout; "bf16-mixed" and "16-mixed": the forward pass under autocast to
+# bfloat16 or float16 (16-mixed with a gradient scaler), with float32 parameters, gradients,
+# exchanges and servers (so --compress is independent of it)
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 ONECYCLE_PCT, ONECYCLE_DIV, ONECYCLE_FINAL_DIV = 0.3, 25.0, 1e4  # torch's OneCycleLR defaults
 STEP_GAMMA, STEP_COUNT = 0.1, 3  # "step": lr x 0.1 at each third of training
 

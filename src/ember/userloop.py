@@ -16,6 +16,7 @@ from ember.algorithms.flat import flat_layout
 from ember.config import RunConfig
 from ember.data import Dataset, shard_indices
 from ember.data.batches import Batch, MemoryBatches
+from ember.devicework import placement, take
 from ember.errors import ConfigError, EmberError
 from ember.metrics import LoopProgress, WorkerDone, WorkerStart
 from ember.returns import RETURNED, UnencodableValue, encode
@@ -120,6 +121,8 @@ class LoopContext:
         self.samples = 0  # rows served by data.batches
         self.start_step = spec.initial_step  # where this incarnation began: the servers say
         self.optimizer: Optimizer | None = None
+        self.placement = placement(self.config, spec.rank, spec.world, spec.gpus)
+        self.device = take(self.placement)  # where the function's model and batches belong
         self.data = WorkerData(spec, dataset, self)
         self.total_steps = self.epochs * self.data.steps_per_epoch
         self._send = report
@@ -198,6 +201,8 @@ class LoopContext:
             t_comp=self._t_comp(now),
             comm=self._stats().as_record(),
             tau=period.summary() if period is not None else {},
+            device=self.placement.device,
+            gpu=self.placement.gpu,
         ).to_json()
 
     def _served(self) -> int:
@@ -231,7 +236,9 @@ class Optimizer:
         # each parameter's gradient is a view of flat.grads, which the exchange sends
         self._views = [(p, p.grad) for p in model.parameters() if p.grad is not None]
         where = {name: getattr(spec, name) for name in _WHERE}
-        self.algorithm: Algorithm = make_algorithm(WorkerContext(config, **where))
+        exclusive = ctx.placement.exclusive
+        where_now = WorkerContext(config, **where, exclusive_device=exclusive)
+        self.algorithm: Algorithm = make_algorithm(where_now)
         local = optimizer if config.mode.local_optimizer else None
         self.steps = max(self.algorithm.start(flat, local), spec.initial_step)
         self._finished = False

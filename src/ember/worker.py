@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 import time
@@ -29,6 +28,7 @@ from ember.data import Dataset, shard_indices
 from ember.data.batches import Batch, Inputs, MemoryBatches, ShardBatches
 from ember.data.streamhost import StreamedDataset, counted, stream_batches
 from ember.data.streaming import data_wait_fraction, stream_record
+from ember.devicework import forward_precision, loss_scaler, on_device, placement, take
 from ember.evaluation import ends_epoch, evaluate, evaluate_with, evaluates_after
 from ember.metrics import (
     Divergence,
@@ -88,7 +88,7 @@ def run_worker(
             break
         epoch, index = divmod(step, steps_per_epoch)
         if index == 0 or step == first_step:  # a fresh order per epoch, fixed by the seed
-            batches = worker.batches.epoch(epoch, index)
+            batches = worker.epoch_batches(epoch, index)
         worker.step(step, *next(batches))
         if (step + 1) % config.log_every == 0 or step + 1 == total_steps:
             worker.log(step, epoch)
@@ -113,8 +113,13 @@ class Worker:
         self.batches: ShardBatches = shard_batches(spec, dataset)
         self.steps_per_epoch = self.batches.rows // config.batch_size
         register_objects(config.model, spec.model_object, spec.functions)
+        self.placement = placement(config, spec.rank, spec.world, spec.gpus)
+        self.device = device = take(self.placement)
         self.model = make_model(config, dataset)
-        self.autocast = forward_precision(config.precision)
+        if self.placement.cuda:  # parameters, buffers and so the optimizer's state
+            self.model.to(device)
+        self.autocast = forward_precision(config.precision, device)
+        self.scaler = loss_scaler(config.precision, self.model, device)
         self.loss = make_loss(config.loss)
         self.judged = (config.loss, config.metrics)  # what evaluations measure
         self.shape = (tuple(dataset.input_shape), dataset.num_classes)  # saved with checkpoints
@@ -136,6 +141,7 @@ class Worker:
             spec.incarnation,
             spec.rendezvous,
             spec.store,
+            exclusive_device=self.placement.exclusive,
         )
         self.algorithm = make_algorithm(context)
         self.first_step = max(self.algorithm.start(flat, optimizer), spec.initial_step)
@@ -149,7 +155,7 @@ class Worker:
         self.feeds_loss = self.period is not None and self.period.wants_loss
         self.t_comp = 0.0  # seconds of compute, without waits on the network
         # each step's loss since the last progress record, kept apart to name a NaN's step
-        self.losses, self.logged_steps = torch.zeros(config.log_every), 0
+        self.losses, self.logged_steps = torch.zeros(config.log_every, device=device), 0
         self.diverged = False  # a step's loss was NaN or infinite (said once)
         self.aside = 0.0  # seconds of evaluation and checkpointing inside the loop, not training
         self.snapshots: list[Snapshot] = []  # evaluation points not yet evaluated
@@ -169,6 +175,11 @@ class Worker:
         )
         self.started = self.last_log = self.last_checkpoint = time.perf_counter()
 
+    def epoch_batches(self, epoch: int, index: int) -> Iterator[Batch]:
+        """Epoch `epoch`'s batches from its `index`-th, on the worker's device."""
+        batches = self.batches.epoch(epoch, index)
+        return batches if self.device.type == "cpu" else on_device(batches, self.device)
+
     def step(self, step: int, inputs: Inputs, targets: torch.Tensor) -> None:
         """One training step on a batch: the hot path."""
         algorithm = self.algorithm
@@ -178,7 +189,11 @@ class Worker:
             # called here, not through losses.forward: one frame less under a model that raises
             outputs = self.model(**inputs) if isinstance(inputs, dict) else self.model(inputs)
         loss = self.loss(outputs.float(), targets)
-        loss.backward()
+        if self.scaler is None:
+            loss.backward()
+        else:  # 16-mixed: backward on the scaled loss, the gradients scaled back
+            self.scaler.backward(loss)
+            self.scaler.unscale()
         if self.feeds_loss:  # the loss trigger decides in after_backward
             self.period.add_loss(loss.item())  # type: ignore[union-attr]
         algorithm.after_backward(step)
@@ -269,7 +284,7 @@ class Worker:
         }
         if self.config.eval_deferred:
             self.flat.gather_buffers()
-            params = self.flat.params_np if center is None else center
+            params = self.flat.to_host() if center is None else center
             self.snapshots.append(Snapshot(params.copy(), point))
             if len(self.snapshots) * params.nbytes > SNAPSHOT_BYTES:
                 self.evaluate_snapshots()
@@ -333,14 +348,9 @@ class Worker:
             comm=self.algorithm.stats.as_record(),
             tau=period.summary() if period is not None else {},
             data=stream_record(self.batches),
+            device=self.placement.device,
+            gpu=self.placement.gpu,
         ).to_json()
-
-
-def forward_precision(precision: str) -> contextlib.AbstractContextManager[Any]:
-    """The context a training step's forward pass runs in for `precision`."""
-    if precision == "bf16-mixed":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def shard_batches(spec: WorkerSpec, dataset: Dataset) -> ShardBatches:
@@ -369,7 +379,7 @@ def _save_local(
     save_checkpoint(
         root,
         free_step(root, step),  # never collides with checkpoints a fallen-back resume left
-        {"params": flat.params_np.copy()},
+        {"params": flat.to_host().copy()},
         checkpoint_meta(spec.config, Layout(flat.param_size, flat.buffer_size), step, shape),
         keep=spec.config.keep_checkpoints,
     )

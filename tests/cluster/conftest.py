@@ -47,7 +47,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[netns.Cluster]
     if reason:
         missing(reason)
     logs = tmp_path_factory.mktemp("cluster")
-    running = netns.Cluster(HOSTS, logs, worker_cores=1, worker_memory="2g")
+    # each worker host offers one GPU that is not there (scripts/fake_gpus.sh), which tasks
+    # get only when their application asks Spark for GPUs
+    gpus = str(HERE / "scripts" / "fake_gpus.sh")
+    running = netns.Cluster(HOSTS, logs, worker_cores=1, worker_memory="2g", gpu_script=gpus)
     with running:
         _cluster.append(running)
         yield running

@@ -4,7 +4,6 @@ written in plain torch in the test."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
@@ -16,7 +15,7 @@ from ember.algorithms import DiLoCoRule, FlatModel, WorkerContext
 from ember.algorithms.diloco import make_diloco
 from ember.config import RunConfig
 from ember.ps import fetch_state
-from tests.conftest import SECRET, running_servers
+from tests.conftest import SECRET, on_threads, running_servers
 
 pytestmark = pytest.mark.timeout(60)
 FEATURES, CLASSES, BATCH, LR, INNER_MOMENTUM = 6, 3, 4, 0.1, 0.9
@@ -100,7 +99,6 @@ def _diloco(
     )  # fmt: skip
     flats = [FlatModel(_model(), flat_grads=False) for _ in range(workers)]
     rule = DiLoCoRule(outer_lr, outer_momentum)
-    errors: list[BaseException] = []
     buffers_from = flats[0].param_size
     with running_servers(
         _flat(_model()), rule, "bsp", shards, buffers_from=buffers_from, expected_workers=workers
@@ -108,31 +106,23 @@ def _diloco(
         addresses = [s.address for s in servers]
 
         def work(rank: int) -> None:
-            try:
-                flat = flats[rank]
-                algorithm = make_diloco(WorkerContext(config, rank, workers, addresses, SECRET))
-                if algorithms is not None:
-                    algorithms.append(algorithm)
-                period = getattr(algorithm, "period", None)
-                fed = period if period is not None and period.adaptive else None
-                algorithm.start(flat, _inner(flat.module))
-                for step in range(steps):
-                    flat.zero_grad()
-                    inputs, labels = _batch(data, step, rank, workers)
-                    F.cross_entropy(flat.module(inputs), labels).backward()
-                    algorithm.after_backward(step)
-                    if fed is not None:
-                        fed.add_step(step_seconds)
-                algorithm.finish()
-            except BaseException as exc:
-                errors.append(exc)
+            flat = flats[rank]
+            algorithm = make_diloco(WorkerContext(config, rank, workers, addresses, SECRET))
+            if algorithms is not None:
+                algorithms.append(algorithm)
+            period = getattr(algorithm, "period", None)
+            fed = period if period is not None and period.adaptive else None
+            algorithm.start(flat, _inner(flat.module))
+            for step in range(steps):
+                flat.zero_grad()
+                inputs, labels = _batch(data, step, rank, workers)
+                F.cross_entropy(flat.module(inputs), labels).backward()
+                algorithm.after_backward(step)
+                if fed is not None:
+                    fed.add_step(step_seconds)
+            algorithm.finish()
 
-        threads = [threading.Thread(target=work, args=(rank,)) for rank in range(workers)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
-        assert not errors, errors
+        on_threads(work, workers)
         state = fetch_state(addresses, SECRET)[0]
     for flat in flats:
         flat.gather_buffers()

@@ -183,7 +183,8 @@ def test_the_main_job_in_bf16_mixed_precision_reaches_the_float32_accuracy(tmp_p
     import ember
 
     result = ember.fit(precision="bf16-mixed", epochs=3, out=str(tmp_path / "run"))
-    assert result.summary["config"]["precision"] == "bf16-mixed"
+    assert result.summary["precision"] == result.summary["config"]["precision"] == "bf16-mixed"
+    assert result.summary["devices"] == {"0": "cpu", "1": "cpu"}  # auto, where no GPU is
     assert result.summary["test_accuracy"] >= 0.97
     # the parameters, exchanges and the model a run returns stay float32
     assert all(p.dtype == torch.float32 for p in result.model.parameters())
@@ -192,4 +193,18 @@ def test_the_main_job_in_bf16_mixed_precision_reaches_the_float32_accuracy(tmp_p
 def test_an_unknown_precision_is_one_error_naming_the_choices() -> None:
     with pytest.raises(ConfigError) as refused:
         RunConfig(precision="bf16").validate()
-    assert str(refused.value) == "precision must be one of 32, bf16-mixed; got 'bf16'"
+    assert str(refused.value) == "precision must be one of 32, bf16-mixed, 16-mixed; got 'bf16'"
+
+
+@pytest.mark.parametrize("strategy", ["single", "bsp"])
+def test_16_mixed_precision_trains_with_float32_parameters_and_exchanges(tmp_path, strategy):
+    import ember
+
+    workers = 1 if strategy == "single" else 2
+    out = str(tmp_path / "run")
+    result = ember.fit(data="digits", precision="16-mixed", strategy=strategy, workers=workers,
+                       epochs=2, device="cpu", out=out)  # fmt: skip
+    assert result.summary["precision"] == "16-mixed" and result.summary["device"] == "cpu"
+    assert set(result.summary["devices"].values()) == {"cpu"}
+    assert result.summary["test_accuracy"] >= 0.85
+    assert all(p.dtype == torch.float32 for p in result.model.parameters())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -21,7 +20,7 @@ from ember.algorithms import (
 )
 from ember.config import RunConfig
 from ember.ps import PSClient, fetch_state
-from tests.conftest import SECRET, running_servers
+from tests.conftest import SECRET, on_threads, running_servers
 
 pytestmark = pytest.mark.timeout(60)
 FEATURES, CLASSES, BATCH, WORKERS = 6, 3, 4, 2
@@ -59,33 +58,26 @@ def _run_workers(
     y: torch.Tensor,
     optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer | None],
     starts: dict[int, np.ndarray] | None = None,
+    staged: bool = False,
 ) -> list[FlatModel]:
-    """Run WORKERS workers on threads; `starts` receives each one's parameters after start()."""
-    flats = [FlatModel(_model()) for _ in range(WORKERS)]
-    errors: list[BaseException] = []
+    """Run WORKERS workers on threads; `starts` receives each one's parameters after start().
+    `staged`: their exchanges go through a host copy of the parameters, as on a GPU."""
+    flats = [FlatModel(_model(), staged=staged) for _ in range(WORKERS)]
 
     def work(rank: int) -> None:
-        try:
-            flat = flats[rank]
-            algo = algorithm(WorkerContext(config, rank, WORKERS, addresses, SECRET))
-            algo.start(flat, optimizer(flat.module))  # type: ignore[attr-defined]
-            if starts is not None:
-                starts[rank] = flat.params_np.copy()
-            for step in range(steps):
-                flat.zero_grad()
-                inputs, labels = _batch(x, y, step, rank)
-                F.cross_entropy(flat.module(inputs), labels).backward()
-                algo.after_backward(step)  # type: ignore[attr-defined]
-            algo.finish()  # type: ignore[attr-defined]
-        except BaseException as exc:
-            errors.append(exc)
+        flat = flats[rank]
+        algo = algorithm(WorkerContext(config, rank, WORKERS, addresses, SECRET))
+        algo.start(flat, optimizer(flat.module))  # type: ignore[attr-defined]
+        if starts is not None:
+            starts[rank] = flat.to_host().copy()
+        for step in range(steps):
+            flat.zero_grad()
+            inputs, labels = _batch(x, y, step, rank)
+            F.cross_entropy(flat.module(inputs), labels).backward()
+            algo.after_backward(step)  # type: ignore[attr-defined]
+        algo.finish()  # type: ignore[attr-defined]
 
-    threads = [threading.Thread(target=work, args=(rank,)) for rank in range(WORKERS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert not errors, errors
+    on_threads(work, WORKERS)
     return flats
 
 
@@ -192,7 +184,8 @@ def test_asynchronous_easgd_server_applies_each_exchange_as_the_equations_say() 
     np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_asynchronous_easgd_worker_applies_every_elastic_difference_exactly_once() -> None:
+@pytest.mark.parametrize("staged", [False, True], ids=["in-place", "staged"])
+def test_asynchronous_easgd_worker_applies_every_elastic_difference_exactly_once(staged) -> None:
     # Each exchange moves x_i by -e and the center by +e, so center + sum_i x_i changes only by
     # the workers' own optimizer steps: a lost or doubled exchange breaks this balance.
     steps, lr = 40, 0.05
@@ -221,11 +214,11 @@ def test_asynchronous_easgd_worker_applies_every_elastic_difference_exactly_once
     # another worker's first exchange may already have moved
     with running_servers(initial, EASGDRule(0.4), "async", expected_workers=WORKERS) as (server,):
         flats = _run_workers(
-            AsyncEASGD, config, [server.address], steps, x, y, recording_optimizer, starts
+            AsyncEASGD, config, [server.address], steps, x, y, recording_optimizer, starts, staged
         )
         served = fetch_state([server.address], SECRET)[0]["params"]
     total_moves = sum(module_moves[id(f.module)] for f in flats)
-    balance = served + sum(f.params_np for f in flats)
+    balance = served + sum(f.to_host() for f in flats)
     np.testing.assert_allclose(balance, initial + sum(starts.values()) + total_moves, atol=2e-4)
     assert not np.allclose(served, initial)  # the center did move
 
@@ -238,8 +231,9 @@ def _set_flat(module: torch.nn.Module, values: np.ndarray) -> None:
             offset += p.numel()
 
 
+@pytest.mark.parametrize("staged", [False, True], ids=["in-place", "staged"])
 @pytest.mark.parametrize("compress", ["none", "int8"])
-def test_worker_zero_knows_the_center_of_its_latest_exchange(compress: str) -> None:
+def test_worker_zero_knows_the_center_of_its_latest_exchange(compress: str, staged) -> None:
     # The center worker 0 evaluates is derived from its exchanges, not fetched: alone with the
     # server, its last exchange leaves the center it derives equal to the served one.
     steps, lr, alpha = 12, 0.1, 0.3
@@ -251,7 +245,7 @@ def test_worker_zero_knows_the_center_of_its_latest_exchange(compress: str) -> N
     with running_servers(_flat(_model()), EASGDRule(alpha), "async", expected_workers=1) as (
         server,
     ):
-        flat = FlatModel(_model())
+        flat = FlatModel(_model(), staged=staged)  # staged: the exchanger copies x_i to the host
         algorithm = AsyncEASGD(WorkerContext(config, 0, 1, [server.address], SECRET))
         algorithm.start(flat, torch.optim.SGD(flat.module.parameters(), lr=lr))
         assert algorithm.center is None  # no exchange yet: worker 0 evaluates its own

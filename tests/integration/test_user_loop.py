@@ -55,7 +55,9 @@ def train(kill_at: int | None = None, marker: str | None = None) -> dict[str, An
     with torch.no_grad():
         predicted = model(torch.from_numpy(np.asarray(ctx.data.x_test))).argmax(dim=1)
     accuracy = (predicted.numpy() == np.asarray(ctx.data.y_test)).mean()
-    return {"rank": ctx.rank, "world": ctx.world, "accuracy": accuracy, "weight": model[0].weight}
+    where = str(ctx.device)  # where the loop's model belongs: the CPU here, under auto
+    return {"rank": ctx.rank, "world": ctx.world, "accuracy": accuracy, "weight": model[0].weight,
+            "device": where}  # fmt: skip
 
 
 def first_time(incarnation: int, marker: str | None) -> bool:
@@ -107,6 +109,7 @@ def test_a_user_loop_trains_with_adamw_and_returns_rank_0s_value(
     assert isinstance(value["weight"], torch.Tensor) and value["weight"].shape == (32, 8)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["user_loop"] and summary["strategy"] == strategy
+    assert value["device"] == "cpu" and set(summary["devices"].values()) == {"cpu"}
     # the servers hold make_mlp's 354 parameters; without servers the launcher has no model
     assert summary["parameters"] == (0 if strategy in ("single", "allreduce") else 354)
     # 3600 training rows (a tenth held out), whole batches of 64 per worker

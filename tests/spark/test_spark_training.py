@@ -165,6 +165,9 @@ def test_data_names_train_on_spark_too(spark, tmp_path) -> None:
         data="digits", model="logreg", strategy="async", epochs=3, out=str(tmp_path / "run")
     )
     assert result.summary["engine"] == "spark" and result.summary["test_accuracy"] > 0.8
+    # a local master schedules no GPUs: each task under auto computes on the CPU, and says so
+    assert result.summary["devices"] == {"0": "cpu", "1": "cpu"}
+    assert "gpu_addresses" not in result.summary
     partitions = [
         r
         for r in read_metrics(tmp_path / "run" / "metrics.jsonl")

@@ -17,11 +17,21 @@ MAX_LINES = 400
 # (leaves <- wire <- ps <- algorithms <- worker <- engines <- bench, cli) cannot be reversed.
 LAYERS: list[set[str]] = [
     {"_version", "errors", "metrics", "userfile"},
-    {"network", "tau", "training", "objective", "flags", "strategies", "units", "returns"},
+    {
+        "network",
+        "tau",
+        "training",
+        "objective",
+        "flags",
+        "strategies",
+        "units",
+        "returns",
+        "devices",
+    },
     {"tracking"},
     {"config"},
     {"wire", "data", "checkpoint", "perfmodel", "emulated"},
-    {"models"},
+    {"models", "devicework"},
     {"plan", "spec"},
     {"ps"},
     {"algorithms"},

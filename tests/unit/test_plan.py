@@ -5,6 +5,7 @@ target beside bench rows."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -61,13 +62,20 @@ def test_an_unknown_compression_is_named_with_the_choices() -> None:
         wire_fraction("int3")
 
 
-def test_bad_compress_is_one_clear_error_before_any_calibration(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def no_calibration(*_: object) -> None:
-        raise AssertionError("calibrated before checking --compress")
+@pytest.fixture
+def no_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ember plan` fails the test if it calibrates: its flags are checked first."""
 
-    monkeypatch.setattr("ember.bench.calibrate.calibrate", no_calibration)
+    def calibrated(*_: object) -> None:
+        raise AssertionError("calibrated before checking the flags")
+
+    monkeypatch.setattr("ember.bench.calibrate.calibrate", calibrated)
+
+
+@pytest.mark.usefixtures("no_calibration")
+def test_bad_compress_is_one_clear_error_before_any_calibration(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert cli.main(["plan", "--compress", "int3", "--bandwidth", "1Gbit"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["ember: error: --compress 'int3': choose from none, fp16, bf16, int8"]
@@ -311,3 +319,29 @@ def test_an_adaptive_row_is_predicted_over_the_periods_it_ran() -> None:
     assert easgd["predicted_time_to_target"] == pytest.approx(
         1.5 * 30_000 / at_32.samples_per_second
     )
+
+
+def test_plan_calibrates_on_the_device_and_precision_it_is_given(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[tuple[str, str]] = []
+
+    def calibrated(config, _dataset):  # as measured on that device, in that precision
+        asked.append((config.device, config.precision))
+        return replace(MLP, device=config.device, precision=config.precision)
+
+    monkeypatch.setattr("ember.bench.calibrate.calibrate", calibrated)
+    monkeypatch.setattr("ember.worker.load_data", lambda *_: None)
+    argv = ["plan", "--workers", "1,2", "--taus", "8", "--device", "cpu"]
+    assert cli.main([*argv, "--precision", "bf16-mixed"]) == 0
+    assert asked == [("cpu", "bf16-mixed")]
+    assert " ms per batch of 64 on cpu in bf16-mixed;" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("no_calibration")
+def test_plan_on_cuda_without_cuda_is_one_error_before_any_calibration(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ember.config.run.cuda_count", lambda: 0)
+    assert cli.main(["plan", "--device", "cuda"]) == 2
+    assert capsys.readouterr().err.startswith("ember: error: device 'cuda' needs CUDA")

@@ -132,6 +132,8 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
             "t_comp": 1.5,
             **COMM,
             **DATA,
+            "device": "cpu",
+            "gpu": None,
         },
     ),
     (

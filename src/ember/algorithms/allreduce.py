@@ -1,4 +1,5 @@
-"""`allreduce`: gradient all-reduce through torch.distributed (gloo), no server: Horovod/DDP."""
+"""`allreduce`: gradient all-reduce through torch.distributed, no server: Horovod/DDP. NCCL
+between workers each on a GPU of its own, gloo otherwise (CPUs, or GPUs shared)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ class AllReduceSGD:
         self.flat, self.optimizer = flat, optimizer
         # a store the engine opened (Spark's tasks meet through allGather), else init_method
         meeting = {"store": ctx.store} if ctx.store is not None else {"init_method": ctx.rendezvous}
+        # NCCL needs a GPU per rank; gloo all-reduces CUDA tensors too, through the host
+        exclusive = flat.device.type == "cuda" and ctx.exclusive_device
         dist.init_process_group(
-            "gloo",
+            "nccl" if exclusive else "gloo",
             rank=ctx.rank,
             world_size=ctx.world,
             timeout=datetime.timedelta(seconds=ctx.config.request_timeout),

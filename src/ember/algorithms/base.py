@@ -28,6 +28,7 @@ class WorkerContext:
     incarnation: int = 0  # bumped each time this rank is restarted
     rendezvous: str = ""  # torch.distributed init_method for allreduce
     store: Any = None  # or the torch.distributed Store the engine met in (Spark's tasks)
+    exclusive_device: bool = True  # no other worker computes on this one's GPU (allreduce: NCCL)
 
     def client(self, servers: list[str] | None = None, differences: bool = False) -> PSClient:
         """This worker's client of `servers` (default: all of the run's). `differences`: the

@@ -63,6 +63,7 @@ class DiLoCo:
         self.client = ctx.client()  # pseudo-gradients: error feedback, as gradients
         resumed = self.client.register()
         self.client.pull(flat.params_np)  # a (re)started worker begins from the global ones
+        flat.from_host()
         flat.scatter_buffers()
         self.start_params = flat.params_np.copy()
         self.delta = np.empty_like(self.start_params)
@@ -80,7 +81,7 @@ class DiLoCo:
         flat, client = self.flat, self.client
         started = time.perf_counter()
         flat.gather_buffers()
-        np.subtract(self.start_params, flat.params_np, out=self.delta)
+        np.subtract(self.start_params, flat.to_host(), out=self.delta)
         client.step = step
         agreed = self.period if isinstance(self.period, AgreedPeriod) else None
         if agreed is not None:
@@ -90,6 +91,7 @@ class DiLoCo:
             # so the vector holds those again before the reply lands in it.
             np.copyto(flat.params_np, self.start_params)
             result = client.push(self.delta, flat.params_np, pull=True)
+            flat.from_host()
             flat.scatter_buffers()
             np.copyto(self.start_params, flat.params_np)
         else:

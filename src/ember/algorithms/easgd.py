@@ -67,6 +67,7 @@ class SyncEASGD(_EASGDBase):
         # in shared memory, the elastic difference is read where the server wrote it
         self.elastic = np.empty(flat.size, np.float32) if buffers is None else buffers[1]
         self.client.pull(flat.params_np)  # x_i starts at the center
+        flat.from_host()
         flat.scatter_buffers()
         return resumed["step"]
 
@@ -82,8 +83,9 @@ class SyncEASGD(_EASGDBase):
         self.client.step = step
         started = time.perf_counter()
         self.flat.gather_buffers()  # buffers move elastically with the parameters
-        result = self.client.push(self.flat.params_np, reply_into=self.elastic)
+        result = self.client.push(self.flat.to_host(), reply_into=self.elastic)
         self.flat.params_np -= self.elastic  # x_i -= alpha * (x_i - center)
+        self.flat.from_host()
         self.flat.scatter_buffers()
         self._keep_center(self.flat.params_np)  # the round's center commits only when complete
         self.stats.record(result, time.perf_counter() - started)
@@ -126,7 +128,8 @@ class AsyncEASGD(_EASGDBase):
             raise EmberError("exchanger thread did not start in time")
         self._arrived.clear()
         self._raise_if_failed()
-        flat.scatter_buffers()  # the exchanger pulled the center into the flat vector
+        flat.from_host()  # the exchanger pulled the center into the flat vector
+        flat.scatter_buffers()
         return self._resumed["step"]
 
     def _exchange_loop(self) -> None:
@@ -154,6 +157,8 @@ class AsyncEASGD(_EASGDBase):
                 if self._stop:
                     break
                 client.step = self._snapshot_step  # the resume point the servers record
+                if self.flat.staged:  # the copy to the host is this thread's, not compute's
+                    self.flat.take_over(self.snapshot)
                 result = client.push(self.snapshot, reply_into=self.elastic)
                 self._last_result = result
                 self._arrived.set()
@@ -171,7 +176,8 @@ class AsyncEASGD(_EASGDBase):
         if self._arrived.is_set():
             self._arrived.clear()
             self._raise_if_failed()
-            self.flat.params_np -= self.elastic
+            # the steps taken since the snapshot stay: only e moves x_i, where it is
+            self.flat.subtract(self.elastic)
             self.flat.scatter_buffers()
             self._keep_center(self.snapshot)  # the server moved the center by e at once
             self.stats.record(self._last_result, self._blocked)
@@ -198,7 +204,10 @@ class AsyncEASGD(_EASGDBase):
         assert self.flat is not None
         self._idle.clear()
         self.flat.gather_buffers()  # buffers move elastically with the parameters
-        np.copyto(self.snapshot, self.flat.params_np)
+        if self.flat.staged:
+            self.flat.hand_over()  # the exchanger brings it to the host (take_over)
+        else:
+            np.copyto(self.snapshot, self.flat.params_np)
         self._snapshot_step = self.exchanged_at = step
         self._due.set()
 

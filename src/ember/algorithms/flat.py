@@ -4,9 +4,12 @@ float32 buffer, and its gradients as another."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
+
+from ember.devices import stages
 
 
 @dataclass
@@ -72,7 +75,9 @@ class FlatModel:
     ship gradients ask for them; the others let autograd allocate them. The buffer keys of
     `grads` are staging room: autograd never writes there."""
 
-    def __init__(self, module: torch.nn.Module, flat_grads: bool = True) -> None:
+    def __init__(
+        self, module: torch.nn.Module, flat_grads: bool = True, staged: bool | None = None
+    ) -> None:
         self.module = module
         self.flat_grads = flat_grads
         params = [p for p in module.parameters() if p.requires_grad]
@@ -80,8 +85,11 @@ class FlatModel:
         self.param_size = sum(p.numel() for p in params)
         self.buffer_size = sum(buffer.numel() for *_, buffer in buffers)
         self.size = self.param_size + self.buffer_size
-        self.params = torch.empty(self.size, dtype=torch.float32)
-        self.grads = torch.zeros(self.size if flat_grads else 0, dtype=torch.float32)
+        # the module's device (a model moves there before it is flattened)
+        self.device = params[0].device if params else torch.device("cpu")
+        self.params = torch.empty(self.size, dtype=torch.float32, device=self.device)
+        size = self.size if flat_grads else 0
+        self.grads = torch.zeros(size, dtype=torch.float32, device=self.device)
         offset = 0
         for p in params:
             n = p.numel()
@@ -96,8 +104,21 @@ class FlatModel:
             self.slots.append(_BufferSlot(owner, leaf, name, slot, buffer.shape, buffer.dtype))
             offset += n
         self.gather_buffers()
-        self.params_np: np.ndarray = self.params.numpy()
-        self.grads_np: np.ndarray = self.grads.numpy()
+        # Where the exchange reads and writes: the flat vector itself on the CPU; on a GPU a
+        # host copy (pinned, so copies to and from the device run at full speed), which
+        # to_host and from_host bring level with the device's at the algorithms' exchanges.
+        self.staged = stages(str(self.device)) if staged is None else staged
+        self.host, self.grads_host = self.params, self.grads
+        if self.staged:
+            pinned = self.device.type == "cuda"
+            self.host = torch.empty(self.size, dtype=torch.float32, pin_memory=pinned)
+            self.grads_host = torch.empty(len(self.grads), dtype=torch.float32, pin_memory=pinned)
+            self.host.copy_(self.params)
+        self.params_np: np.ndarray = self.host.numpy()
+        self.grads_np: np.ndarray = self.grads_host.numpy()
+        self.kept: torch.Tensor | None = None  # hand_over's copy, made on first use
+        self._copier: Any = None  # on a GPU: the CUDA stream take_over copies on, and
+        self._kept_at: Any = None  # the event hand_over's copy is done at
 
     @property
     def buffers(self) -> torch.Tensor:
@@ -146,6 +167,59 @@ class FlatModel:
             self.grads.zero_()  # never None: that would detach .grad from the flat buffer
         else:
             self.module.zero_grad(set_to_none=True)
+
+    def to_host(self) -> np.ndarray:
+        """params_np level with the parameters, after gather_buffers; returned. A copy from
+        the device where the vector is staged, else nothing: params_np is the vector."""
+        if self.staged:
+            self.host.copy_(self.params)
+        return self.params_np
+
+    def from_host(self) -> None:
+        """The parameters set to params_np after an exchange wrote there, before
+        scatter_buffers: a copy to the device where staged, else nothing."""
+        if self.staged:
+            self.params.copy_(self.host)
+
+    def subtract(self, values: np.ndarray) -> None:
+        """x -= values (a host vector, easgd's elastic difference) in the parameters where
+        they are, leaving steps taken since params_np was last brought level in place."""
+        if self.staged:
+            self.params.sub_(torch.from_numpy(values).to(self.device))
+        else:
+            self.params_np -= values
+
+    def hand_over(self) -> None:
+        """Keep a copy of the vector (after gather_buffers) where it is, for take_over on
+        another thread: the training thread pays a copy on the device, not one to the host."""
+        if self.kept is None:
+            self.kept = torch.empty_like(self.params)
+            if self.device.type == "cuda":
+                self._copier = torch.cuda.Stream(self.device)
+                self._kept_at = torch.cuda.Event()
+        self.kept.copy_(self.params)
+        if self._kept_at is not None:
+            self._kept_at.record()  # on the training thread's stream, after the copy
+
+    def take_over(self, target: np.ndarray) -> None:
+        """The copy hand_over kept, into host memory `target`; on a GPU on a CUDA stream of
+        the calling thread's own, which waits only for that copy, not for later steps."""
+        assert self.kept is not None, "take_over before hand_over"
+        if self._copier is None:
+            np.copyto(target, self.kept.numpy())
+            return
+        with torch.cuda.stream(self._copier):
+            self._copier.wait_event(self._kept_at)
+            torch.from_numpy(target).copy_(self.kept, non_blocking=True)
+        self._copier.synchronize()
+
+    def host_grads(self, grads: torch.Tensor) -> np.ndarray:
+        """A gradient vector of the device (flat.grads, or a sum of them) as the host array
+        a push sends: its own memory on the CPU, a copy in the staging buffer where staged."""
+        if not self.staged:
+            return grads.numpy()
+        self.grads_host.copy_(grads)
+        return self.grads_np
 
     def load(self, values: np.ndarray | torch.Tensor) -> None:
         self.params.copy_(torch.as_tensor(values).reshape(-1))

@@ -38,10 +38,11 @@ class BufferChanges:
         flat = self.flat
         flat.gather_buffers()
         torch.sub(flat.buffers, self.base, out=self.unsent)
+        # the host vector's buffer keys hold the last pull already: the pull lands on them
         flat.buffers.copy_(self.pulled)
 
     def after_pull(self) -> None:
-        flat = self.flat
+        flat = self.flat  # from_host has brought the pull to the device
         self.pulled.copy_(flat.buffers)
         self.base.copy_(flat.buffers)
         flat.buffers.add_(self.unsent)
@@ -64,6 +65,7 @@ class ServerSGD:
         self.client = ctx.client()
         resumed = self.client.register()
         self.client.pull(flat.params_np)  # the first pull is whole, at full precision
+        flat.from_host()
         flat.scatter_buffers()
         self.buffers = BufferChanges(flat) if flat.buffer_size else None
         if ctx.config.n_push > 1:
@@ -86,6 +88,7 @@ class ServerSGD:
                 self.buffers.before_pull()
             started = time.perf_counter()
             self.stats.record(self.client.pull(flat.params_np), time.perf_counter() - started)
+            flat.from_host()
             if self.buffers is not None:
                 self.buffers.after_pull()
 
@@ -101,8 +104,11 @@ class ServerSGD:
             if pull:
                 self.buffers.before_pull()
         started = time.perf_counter()
-        result = self.client.push(payload.numpy(), self.flat.params_np if pull else None, pull=pull)
+        gradients = self.flat.host_grads(payload)
+        result = self.client.push(gradients, self.flat.params_np if pull else None, pull=pull)
         self.stats.record(result, time.perf_counter() - started)
+        if pull:
+            self.flat.from_host()
         if pull and self.buffers is not None:
             self.buffers.after_pull()
         if self.accumulated is not None:

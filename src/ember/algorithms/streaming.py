@@ -59,6 +59,11 @@ class StreamingDiLoCo:
         return self.start_params if self.context.rank == 0 and self.merged else None
 
     def start(self, flat: FlatModel, optimizer: Optimizer | None) -> int:
+        if flat.staged:  # its exchanger reads and writes fragments of a vector compute uses
+            raise EmberError(
+                f"diloco with --fragments {self.count} trains on the CPU only; this worker's"
+                f" model is on {flat.device} (use --device cpu, or --fragments 1)"
+            )
         self.flat, self.optimizer = flat, optimizer
         # The exchanger owns the clients: it registers each fragment's and pulls its keys.
         self._thread.start()

@@ -19,6 +19,7 @@ import torch
 from ember.algorithms import flatten_parameters
 from ember.config import RunConfig, Strategy
 from ember.data import Dataset
+from ember.devicework import placement, take
 from ember.engines.process import SPAWN, free_port, reap
 from ember.engines.servers import ServerGroup
 from ember.evaluation import evaluate
@@ -42,10 +43,14 @@ CALIBRATION_TIMEOUT = 300.0
 
 
 def calibrate(config: RunConfig, dataset: Dataset) -> Calibration:
-    """Measure on this machine, one torch thread, for `config.model` on `config.data`."""
+    """Measure on this machine, one torch thread, for `config.model` on `config.data`, its
+    minibatches on the device and in the precision a run of `config` computes in."""
     torch.set_num_threads(1)
+    where = placement(config, 0, 1, None)  # as a local run's worker 0 takes it
     model = make_model(config, dataset)
     params = flatten_parameters(model)
+    if where.cuda:
+        model.to(take(where))
     t_eval = _evaluation_seconds(model, dataset)
     wall, client_cpu, server_cpu = _exchange_figures(config, params)
     t_comp, _ = _loop_figures(config, dataset, params, Strategy.SINGLE)
@@ -68,6 +73,8 @@ def calibrate(config: RunConfig, dataset: Dataset) -> Calibration:
         on_host=on_host,
         t_eval=t_eval,
         codecs=codec_figures(params),
+        device=where.device,
+        precision=config.precision,
     )
 
 

@@ -153,6 +153,8 @@ def add_plan_parser(sub: Any) -> None:
     parser.add_argument(
         "--compress", default="none", help="what exchanges put on the wire: none|fp16|bf16|int8"
     )
+    parser.add_argument("--device", default="auto", help=HELP["device"])
+    parser.add_argument("--precision", default="32", help=HELP["precision"])
 
 
 def plan(args: argparse.Namespace) -> int:
@@ -178,8 +180,10 @@ def plan(args: argparse.Namespace) -> int:
         wire_fraction(args.compress)
     except ValueError as exc:
         raise ConfigError(f"--{exc}") from None
-    config = make_config({"model": args.model, "data": args.data, "batch_size": args.batch_size})
-    print(f"calibrating {config.model} on {config.data} here...", file=sys.stderr, flush=True)
+    fields = ("model", "data", "batch_size", "device", "precision")
+    config = make_config({name: getattr(args, name) for name in fields})
+    where = f"here ({config.device}, precision {config.precision})"
+    print(f"calibrating {config.model} on {config.data} {where}...", file=sys.stderr, flush=True)
     calibration = calibrate(config, load_data(config)).compressed(args.compress)
     reports = []
     for bandwidth in links:

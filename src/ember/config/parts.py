@@ -16,7 +16,7 @@ PARTS: dict[str, tuple[str, ...]] = {
              "shuffle_buffer"),
     "training": ("model", "loss", "metrics", "epochs", "batch_size", "lr", "momentum",
                  "nesterov", "optimizer", "optimizer_args", "weight_decay", "scheduler",
-                 "warmup_steps", "clip_grad_norm", "precision", "threads"),
+                 "warmup_steps", "clip_grad_norm", "precision", "device", "threads"),
     "strategy": ("strategy", "workers", "tau", "tau_policy", "alpha", "outer_lr",
                  "outer_momentum", "fragments", "staleness", "n_push", "n_fetch", "compress"),
     "servers": ("servers", "replicas", "replica_seconds", "worker_timeout", "max_workers",

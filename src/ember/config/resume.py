@@ -16,6 +16,7 @@ RESUME_MAY_CHANGE = (
     "advertise_address",
     "ports",
     "threads",
+    "device",
     "checkpoint_seconds",
     "checkpoint_steps",
     "keep_checkpoints",

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ember.devices import check_available, check_device, cuda_count
 from ember.errors import ConfigError
 from ember.network import check_host, port_range
 from ember.objective import check_objective
@@ -71,7 +72,8 @@ class RunConfig(StrategyNamed):
     scheduler: str = "constant"  # constant | step | cosine | onecycle | linear (training.py)
     warmup_steps: int = 0  # optimizer steps of linear learning-rate warm-up
     clip_grad_norm: float | None = None  # clip each worker's gradient to this L2 norm
-    precision: str = "32"  # 32 | bf16-mixed: the forward pass's precision (training.py)
+    precision: str = "32"  # 32 | bf16-mixed | 16-mixed: the forward pass's (training.py)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N: where workers compute (devices.py)
     # cross_entropy | mse | l1 | huber | bce_with_logits | package.module:function (objective.py)
     loss: str = "cross_entropy"
     metrics: str | None = None  # comma-separated: accuracy,rmse,mae,r2; None: the loss's own
@@ -169,6 +171,9 @@ class RunConfig(StrategyNamed):
         check_optimizer(self.optimizer, self.strategy, not self.mode.local_optimizer)
         check_scheduler(self.scheduler, self.warmup_steps, not self.mode.local_optimizer)
         check_precision(self.precision)
+        check_device(self.device)
+        if self.engine == "local" and self.device.startswith("cuda"):  # a Spark task: its own
+            check_available(self.device, cuda_count())
         check_objective(self.loss, self.metrics)
         check_optimizer_args(self.optimizer_args, self.optimizer, not self.mode.local_optimizer)
         _one_of("data_mode", self.data_mode, DATA_MODES)

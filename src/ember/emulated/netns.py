@@ -101,6 +101,7 @@ class Cluster:
         spark: bool = True,
         worker_cores: int = 1,
         worker_memory: str = "2g",
+        gpu_script: str | None = None,
     ) -> None:
         if hosts < 1 or hosts > 200:
             raise ClusterError(f"hosts must be 1..200, got {hosts}")
@@ -112,6 +113,8 @@ class Cluster:
         self.spark = spark
         self.worker_cores = worker_cores
         self.worker_memory = worker_memory
+        # each worker offers one GPU, at the address this discovery script reports
+        self.gpu_script = gpu_script
         self.processes: list[subprocess.Popen[Any]] = []
         self.daemons: list[subprocess.Popen[Any]] = []  # the Spark master and workers
         self._lock: IO[str] | None = None

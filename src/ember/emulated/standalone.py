@@ -48,8 +48,9 @@ def start_standalone(cluster: Cluster) -> list[subprocess.Popen[Any]]:
         size = f"--cores {cluster.worker_cores} --memory {cluster.worker_memory}".split()
         command = [spark_class(), WORKER, "--host", address(host), *size]
         command += ["--work-dir", str(work / f"h{host}"), cluster.master_url]
+        env = cluster.env(host, {**daemon, **_gpu_options(cluster.gpu_script)})
         jvms[f"worker on host {host}"] = cluster.popen(
-            host, command, env=cluster.env(host, daemon), log=logs / f"worker-h{host}.log"
+            host, command, env=env, log=logs / f"worker-h{host}.log"
         )
     deadline = time.monotonic() + SPARK_TIMEOUT
     while (alive := alive_workers()) < cluster.hosts - 1:
@@ -63,6 +64,17 @@ def start_standalone(cluster: Cluster) -> list[subprocess.Popen[Any]]:
             )
         time.sleep(1.0)
     return list(jvms.values())
+
+
+def _gpu_options(script: str | None) -> dict[str, str]:
+    """A worker's GPU resource: one, whose address `script` (Spark's discovery script: it
+    prints {"name": "gpu", "addresses": [...]}) reports, so tasks that ask for one get it."""
+    if script is None:
+        return {}
+    options = (
+        f"-Dspark.worker.resource.gpu.amount=1 -Dspark.worker.resource.gpu.discoveryScript={script}"
+    )
+    return {"SPARK_WORKER_OPTS": options}
 
 
 def master_state() -> dict[str, Any] | None:

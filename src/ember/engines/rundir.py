@@ -183,4 +183,6 @@ def run_facts(config: RunConfig) -> dict[str, Any]:
         "workers": config.workers,
         "servers": config.servers if config.uses_server else 0,
         "epochs": config.epochs,
+        "precision": config.precision,
+        "device": config.device,  # as asked; devices: what each worker took
     }

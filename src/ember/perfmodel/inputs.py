@@ -49,6 +49,8 @@ class Calibration:
     # seconds per float of each codec of ps/codec.py: (encode, decode), measured here
     codecs: dict[str, tuple[float, float]] = field(default_factory=dict)
     codec_cpu: float = 0.0  # seconds each end spends on the codec per exchange (compressed())
+    device: str = "cpu"  # where the minibatches were timed: cpu or cuda:N (--device)
+    precision: str = "32"  # and in which precision (--precision)
 
     def compressed(self, compress: str) -> Calibration:
         """These figures for a run with RunConfig.compress = `compress`. Each end of an

@@ -13,6 +13,7 @@ from typing import Any
 
 from ember.data import Dataset
 from ember.data.spill import Partition, partition_data
+from ember.devices import GPU_RESOURCE
 from ember.engines.spark.records import RecordSender
 from ember.engines.spark.rendezvous import (
     STATE,
@@ -101,7 +102,7 @@ def _train(
     # worker resumes from the servers' current parameters and its own last pushed step
     # (allreduce, which has no server, starts again from the run's starting parameters).
     incarnation = int(context.taskAttemptId())
-    spec = replace(spec, rank=rank, incarnation=incarnation)
+    spec = replace(spec, rank=rank, incarnation=incarnation, gpus=assigned_gpus(context))
     records: list[dict[str, Any]] = []
     sender = RecordSender(collector, spec.secret) if collector is not None else None
     started = False
@@ -159,6 +160,13 @@ def _all_reduce(
         if spec.train_fn is not None:  # ember.run: the user's loop keeps its own parameters
             return [{"kind": STATE, "rank": 0, "rendezvous": meeting.address}]
         return [final_state(folder, meeting)]
+
+
+def assigned_gpus(context: Any) -> tuple[str, ...]:
+    """The GPU addresses Spark assigned this task (spark.task.resource.gpu.amount on a cluster
+    whose workers discover GPUs); none where it schedules none."""
+    resource = context.resources().get(GPU_RESOURCE)
+    return tuple(resource.addresses) if resource is not None else ()
 
 
 def _loop(spec: WorkerSpec) -> Callable[..., dict[str, Any]]:
