@@ -180,10 +180,18 @@ def _facts(frame: Any, features_col: str, label_col: str, targets: str) -> Frame
     sizes = {int(r["partition"]): int(r["rows"]) for r in found}
     return FrameFacts(
         rows=rows,
-        partition_rows=tuple(sizes.get(p, 0) for p in range(frame.rdd.getNumPartitions())),
+        partition_rows=_partition_rows(frame, sizes),
         width=int(high),
         max_label=int(max(r["max_label"] for r in found)),
     )
+
+
+def _partition_rows(frame: Any, sizes: dict[int, int]) -> tuple[int, ...]:
+    """Rows per partition, in partition order; none under Spark Connect, whose frames have no
+    RDD to count the partitions of (empty ones report no rows): the run repartitions them."""
+    if type(frame).__module__.startswith("pyspark.sql.connect"):
+        return ()
+    return tuple(sizes.get(p, 0) for p in range(frame.rdd.getNumPartitions()))
 
 
 def _partition_facts(classes: bool, batches: Iterable[Any]) -> Iterable[Any]:
