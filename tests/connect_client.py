@@ -1,0 +1,51 @@
+# A Spark Connect client, as a user's script: MNIST's first 10,000 training and 2,000 test
+# images (ember's `digits`) handed to the server as Arrow,
+# then `fit` (ember.spark.fit) or `estimator` (EmberEstimator.fit, then transform scored with
+# Spark's evaluator). Prints its figures as one JSON line.
+# Usage: python connect_client.py sc://HOST:PORT fit|estimator OUT
+import json
+import sys
+
+import numpy as np
+import pyarrow as pa
+from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+from pyspark.sql import SparkSession
+
+import ember.spark
+from ember.data import load_dataset
+
+url, what, out = sys.argv[1:4]
+spark = SparkSession.builder.remote(url).getOrCreate()
+digits = load_dataset("digits")
+
+
+def frame(x, y, is_test):
+    flat = x.reshape(len(x), -1)
+    features = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
+    flag = pa.array(np.full(len(x), is_test))
+    return spark.createDataFrame(pa.table({"features": features, "label": y, "is_test": flag}))
+
+
+train = frame(digits.x_train, digits.y_train, False)
+test = frame(digits.x_test, digits.y_test, True)
+fields = {"strategy": "easgd-async", "workers": 2, "epochs": 3}
+if what == "fit":
+    result = ember.spark.fit(model="mlp", df=train, test_df=test, out=out, **fields)
+    figures = {key: result.summary[key] for key in ("test_accuracy", "spark", "wire", "engine")}
+else:
+    estimator = ember.spark.EmberEstimator(
+        model="mlp", validationIndicatorCol="is_test", runFields={"out": out}, **fields
+    )
+    model = estimator.fit(train.unionByName(test))
+    scored = model.transform(test)
+    evaluator = MulticlassClassificationEvaluator(metricName="accuracy")
+    figures = {
+        "test_accuracy": model.summary["test_accuracy"],
+        "spark": model.summary["spark"],
+        "wire": model.summary["wire"],
+        "scored_accuracy": evaluator.evaluate(scored),
+        "scored_rows": scored.count(),
+        "columns": scored.columns,
+    }
+print(json.dumps(figures))
+spark.stop()
