@@ -31,6 +31,7 @@ RESUME_MAY_CHANGE = (
     "eval_deferred",
     "metrics",
     "tensorboard",
+    "mlflow",
     "out",
     "resume",
 )
