@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ember.data.spark import FEATURES
+from ember.data.arrow import FEATURES
 from ember.engines.spark.connect import TaggedJobs, is_connect
 from ember.engines.spark.session import stopped
 from ember.errors import EmberError
