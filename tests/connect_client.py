@@ -1,10 +1,12 @@
 # A Spark Connect client, as a user's script: MNIST's first 10,000 training and 2,000 test
 # images (ember's `digits`) handed to the server as Arrow,
-# then `fit` (ember.spark.fit) or `estimator` (EmberEstimator.fit, then transform scored with
-# Spark's evaluator). Prints its figures as one JSON line.
-# Usage: python connect_client.py sc://HOST:PORT fit|estimator OUT
+# then `fit` (ember.spark.fit), `retry` (the same with the factory `make` of MODULE, a file
+# shipped to the executors as a Connect artifact) or `estimator` (EmberEstimator.fit, then
+# transform scored with Spark's evaluator). Prints its figures as one JSON line.
+# Usage: python connect_client.py sc://HOST:PORT fit|retry|estimator OUT [MODULE]
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -29,8 +31,14 @@ def frame(x, y, is_test):
 train = frame(digits.x_train, digits.y_train, False)
 test = frame(digits.x_test, digits.y_test, True)
 fields = {"strategy": "easgd-async", "workers": 2, "epochs": 3}
-if what == "fit":
-    result = ember.spark.fit(model="mlp", df=train, test_df=test, out=out, **fields)
+if what in ("fit", "retry"):
+    model = "mlp"
+    if what == "retry":
+        module = Path(sys.argv[4])
+        sys.path.insert(0, str(module.parent))  # the client builds the model too
+        spark.addArtifacts(str(module), pyfile=True)
+        model, fields = f"{module.stem}:make", {**fields, "epochs": 2, "tau": 4}
+    result = ember.spark.fit(model=model, df=train, test_df=test, out=out, **fields)
     figures = {key: result.summary[key] for key in ("test_accuracy", "spark", "wire", "engine")}
 else:
     estimator = ember.spark.EmberEstimator(

@@ -115,10 +115,11 @@ def run_client(
     timeout: float,
     env: dict[str, str] | None = None,
     run: Callable[..., subprocess.CompletedProcess[str]] | None = None,
+    *args: str,
 ) -> dict[str, Any]:
     """connect_client.py against `url` in a process of its own (a Connect session turns every
     pyspark call of its process remote); its one JSON line."""
-    argv = [sys.executable, str(CLIENT), url, what, str(out)]
+    argv = [sys.executable, str(CLIENT), url, what, str(out), *args]
     env = env or checkout_env()
     if run is None:
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from ember.metrics import read_metrics
 from tests.connect_server import run_client
+from tests.spark.test_spark_training import FAULTY
 
 pytestmark = pytest.mark.timeout(420)  # the server's first jobs, then a run, on shared cores
 CLIENT_TIMEOUT = 360.0
@@ -32,3 +34,20 @@ def test_the_estimator_fits_and_transforms_through_a_connect_session(
     assert result["scored_rows"] == 2000
     assert {"prediction", "probability"} <= set(result["columns"])
     assert abs(result["scored_accuracy"] - result["test_accuracy"]) <= 1 / 2000
+
+
+def test_a_stage_retried_under_connect_is_counted_and_resumes_from_the_servers(
+    connect_server, tmp_path
+) -> None:
+    module = tmp_path / "ember_fails_once_connect.py"
+    module.write_text(f"MARKER = {str(tmp_path / 'failed')!r}\nHOW = 'raise'\n{FAULTY}")
+    out = tmp_path / "run"
+    result = run_client(connect_server.url, "retry", out, CLIENT_TIMEOUT, None, None, str(module))
+    assert (tmp_path / "failed").exists()  # the failure did happen
+    assert result["test_accuracy"] > 0.85
+    assert result["spark"]["stage_attempts"] >= 2  # counted on the tasks' incarnations
+    records = read_metrics(out / "metrics.jsonl")
+    assert any(r.get("event") == "stage retry" for r in records)
+    starts = [r for r in records if r.get("kind") == "start"]
+    assert {r["rank"] for r in starts} == {0, 1} and all(r["attempt"] >= 1 for r in starts)
+    assert max(r["first_step"] for r in starts) > 0  # continued from the pushed steps
