@@ -1,9 +1,10 @@
 # A Spark Connect client, as a user's script: MNIST's first 10,000 training and 2,000 test
 # images (ember's `digits`) handed to the server as Arrow,
 # then `fit` (ember.spark.fit), `retry` (the same with the factory `make` of MODULE, a file
-# shipped to the executors as a Connect artifact) or `estimator` (EmberEstimator.fit, then
+# shipped to the executors as a Connect artifact), `data` (ember.spark.fit(data="digits"):
+# ember hands the data to the session itself) or `estimator` (EmberEstimator.fit, then
 # transform scored with Spark's evaluator). Prints its figures as one JSON line.
-# Usage: python connect_client.py sc://HOST:PORT fit|retry|estimator OUT [MODULE]
+# Usage: python connect_client.py sc://HOST:PORT fit|retry|data|estimator OUT [MODULE]
 import json
 import sys
 from pathlib import Path
@@ -31,7 +32,10 @@ def frame(x, y, is_test):
 train = frame(digits.x_train, digits.y_train, False)
 test = frame(digits.x_test, digits.y_test, True)
 fields = {"strategy": "easgd-async", "workers": 2, "epochs": 3}
-if what in ("fit", "retry"):
+if what == "data":
+    result = ember.spark.fit(data="digits", model="mlp", out=out, **{**fields, "epochs": 1})
+    figures = {key: result.summary[key] for key in ("test_accuracy", "spark", "engine")}
+elif what in ("fit", "retry"):
     model = "mlp"
     if what == "retry":
         module = Path(sys.argv[4])

@@ -25,6 +25,12 @@ def test_ember_spark_fit_trains_through_a_connect_session(connect_server, tmp_pa
     assert (tmp_path / "run" / "summary.json").is_file()
 
 
+def test_a_named_dataset_trains_in_the_active_connect_session(connect_server, tmp_path) -> None:
+    result = run_client(connect_server.url, "data", tmp_path / "run", CLIENT_TIMEOUT)
+    assert result["engine"] == "spark" and result["test_accuracy"] >= 0.85  # one epoch
+    assert result["spark"]["master"] == "local[2]" and result["spark"]["session_seconds"] == 0
+
+
 def test_the_estimator_fits_and_transforms_through_a_connect_session(
     connect_server, tmp_path
 ) -> None:
