@@ -1,17 +1,23 @@
 # A Spark Connect client, as a user's script: MNIST's first 10,000 training and 2,000 test
-# images (ember's `digits`) handed to the server as Arrow,
-# then `fit` (ember.spark.fit), `retry` (the same with the factory `make` of MODULE, a file
-# shipped to the executors as a Connect artifact), `data` (ember.spark.fit(data="digits"):
-# ember hands the data to the session itself) or `estimator` (EmberEstimator.fit, then
-# transform scored with Spark's evaluator). Prints its figures as one JSON line.
-# Usage: python connect_client.py sc://HOST:PORT fit|retry|data|estimator OUT [MODULE]
+# images (ember's `digits`) handed to the server as Arrow, then one of
+#   fit       ember.spark.fit
+#   retry     the same with the factory `make` of MODULE, shipped as a Connect artifact
+#   data      ember.spark.fit(data="digits"): ember hands the data to the session itself
+#   estimator EmberEstimator.fit, then transform scored with Spark's evaluator
+#   pipeline  the same behind a StandardScaler that centers the pixels, the fitted
+#             PipelineModel saved and loaded before it scores
+# Prints its figures as one JSON line.
+# Usage: python connect_client.py sc://HOST:PORT fit|retry|data|estimator|pipeline OUT [MODULE]
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from pyspark.ml import Pipeline, PipelineModel
 from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+from pyspark.ml.feature import StandardScaler
+from pyspark.ml.functions import array_to_vector
 from pyspark.sql import SparkSession
 
 import ember.spark
@@ -44,12 +50,21 @@ elif what in ("fit", "retry"):
         model, fields = f"{module.stem}:make", {**fields, "epochs": 2, "tau": 4}
     result = ember.spark.fit(model=model, df=train, test_df=test, out=out, **fields)
     figures = {key: result.summary[key] for key in ("test_accuracy", "spark", "wire", "engine")}
-else:
+else:  # estimator, or pipeline: a Spark ML stage before it, the fitted pipeline saved, loaded
     estimator = ember.spark.EmberEstimator(
         model="mlp", validationIndicatorCol="is_test", runFields={"out": out}, **fields
     )
-    model = estimator.fit(train.unionByName(test))
-    scored = model.transform(test)
+    if what == "pipeline":
+        vectors = lambda frame: frame.withColumn("vector", array_to_vector("features"))  # noqa: E731
+        scaler = StandardScaler(inputCol="vector", outputCol="scaled", withMean=True, withStd=False)
+        fitted = Pipeline(stages=[scaler, estimator.setParams(featuresCol="scaled")])
+        fitted = fitted.fit(vectors(train.unionByName(test)))
+        fitted.write().overwrite().save(f"{out}-saved")
+        model = fitted.stages[-1]
+        scored = PipelineModel.load(f"{out}-saved").transform(vectors(test))
+    else:
+        model = estimator.fit(train.unionByName(test))
+        scored = model.transform(test)
     evaluator = MulticlassClassificationEvaluator(metricName="accuracy")
     figures = {
         "test_accuracy": model.summary["test_accuracy"],

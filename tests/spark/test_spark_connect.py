@@ -1,5 +1,6 @@
 """ember through Spark Connect: a client process with no SparkContext trains with
-ember.spark.fit and EmberEstimator on a Connect server's local[2], and scores with transform."""
+ember.spark.fit and an EmberEstimator pipeline on a Connect server's local[2], saves and loads
+the fitted pipeline, and scores with transform."""
 
 from __future__ import annotations
 
@@ -31,15 +32,16 @@ def test_a_named_dataset_trains_in_the_active_connect_session(connect_server, tm
     assert result["spark"]["master"] == "local[2]" and result["spark"]["session_seconds"] == 0
 
 
-def test_the_estimator_fits_and_transforms_through_a_connect_session(
+def test_an_estimator_pipeline_fits_saves_loads_and_transforms_through_a_connect_session(
     connect_server, tmp_path
 ) -> None:
-    result = run_client(connect_server.url, "estimator", tmp_path / "run", CLIENT_TIMEOUT)
+    result = run_client(connect_server.url, "pipeline", tmp_path / "run", CLIENT_TIMEOUT)
     assert result["test_accuracy"] >= ACCURACY
-    # transform scored the 2,000 test rows on the server's executors, as the run scored them
+    # the loaded pipeline scored the 2,000 test rows on the server's executors, as the run did
     assert result["scored_rows"] == 2000
-    assert {"prediction", "probability"} <= set(result["columns"])
+    assert {"prediction", "probability", "scaled"} <= set(result["columns"])
     assert abs(result["scored_accuracy"] - result["test_accuracy"]) <= 1 / 2000
+    assert (tmp_path / "run-saved" / "stages").is_dir()
 
 
 def test_a_stage_retried_under_connect_is_counted_and_resumes_from_the_servers(
