@@ -92,8 +92,8 @@ def test_mlflow_true_without_mlflow_installed_is_one_clear_error(monkeypatch, tm
 def test_the_cli_logs_a_run_to_the_tracking_uri_with_the_mlflow_flag(tmp_path, monkeypatch) -> None:
     store = tmp_path / "mlruns"
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # for this process's client too
-    env = {
-        **os.environ,
+    env = {  # none of this process's MLflow settings (an experiment another test chose)
+        **{key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")},
         "PYTHONPATH": os.pathsep.join([SRC, *filter(None, [os.environ.get("PYTHONPATH")])]),
         "MLFLOW_TRACKING_URI": store.as_uri(),
         "MLFLOW_ALLOW_FILE_STORE": "true",  # mlflow 3 asks for a database
