@@ -51,7 +51,10 @@ def tracked(mlflow: bool | None, config: Any, train: Callable[[], Result]) -> Re
     """`train()`, logged to one MLflow run when `wanted(mlflow)`: `config`'s fields as params
     first, worker 0's epoch evaluations as they reach the driver (`record`), then the
     summary's figures, the run's files and the model. With a run already active, the job's
-    run is its child, so that every fit of a tuning search gets one of its own."""
+    run is its child, so that every fit of a tuning search gets one of its own. `mlflow`
+    None takes the configuration's `mlflow` field (`--mlflow`) when it is set."""
+    if mlflow is None and getattr(config, "mlflow", False):
+        mlflow = True
     if not wanted(mlflow):
         return train()
     import mlflow as ml

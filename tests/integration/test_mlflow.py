@@ -3,6 +3,10 @@ evaluations and the model, which mlflow.pytorch and ember both load back."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +16,7 @@ import torch
 
 import ember
 from ember.errors import ConfigError
+from tests.processes import SRC
 
 mlflow = pytest.importorskip("mlflow", reason="pip install -e '.[mlflow]' (in dev too)")
 pytestmark = pytest.mark.timeout(300)  # the model's torch.export takes a while
@@ -82,3 +87,38 @@ def test_mlflow_true_without_mlflow_installed_is_one_clear_error(monkeypatch, tm
     monkeypatch.setitem(__import__("sys").modules, "mlflow", None)  # import mlflow fails
     with pytest.raises(ConfigError, match=r"mlflow=True needs the mlflow package: pip install"):
         ember.fit(data=_separable(500, 2), strategy="single", mlflow=True, out=str(tmp_path))
+
+
+def test_the_cli_logs_a_run_to_the_tracking_uri_with_the_mlflow_flag(tmp_path, monkeypatch) -> None:
+    store = tmp_path / "mlruns"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # for this process's client too
+    env = {  # none of this process's MLflow settings (an experiment another test chose)
+        **{key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_")},
+        "PYTHONPATH": os.pathsep.join([SRC, *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "MLFLOW_TRACKING_URI": store.as_uri(),
+        "MLFLOW_ALLOW_FILE_STORE": "true",  # mlflow 3 asks for a database
+    }
+    argv = [sys.executable, "-m", "ember", "train", "--data", "digits", "--model", "logreg"]
+    argv += ["--strategy", "bsp", "--workers", "2", "--epochs", "1", "--mlflow"]
+    done = subprocess.run(
+        [*argv, "--out", str(tmp_path / "run")], env=env, capture_output=True, text=True,
+        timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["config"]["mlflow"] is True
+    client = mlflow.MlflowClient(tracking_uri=store.as_uri())
+    experiments = client.search_experiments()
+    runs = client.search_runs([e.experiment_id for e in experiments])
+    assert [r.info.run_id for r in runs] == [summary["mlflow"]["run_id"]]
+    run = runs[0]
+    assert run.info.status == "FINISHED" and run.data.params["strategy"] == "bsp"
+    assert run.data.metrics["test_accuracy"] == pytest.approx(summary["test_accuracy"])
+    # without the flag, nothing is logged
+    done = subprocess.run(
+        [*argv[:-1], "--out", str(tmp_path / "plain")], env=env, capture_output=True, text=True,
+        timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert len(client.search_runs([e.experiment_id for e in experiments])) == 1
+    assert "mlflow" not in json.loads((tmp_path / "plain" / "summary.json").read_text())

@@ -1,4 +1,5 @@
-"""Spark test fixtures: one local[2] SparkSession for all Spark tests, digits as DataFrames."""
+"""Spark test fixtures: one local[2] SparkSession for all Spark tests, digits as DataFrames, and
+a Spark Connect server on local[2] for the tests of Connect clients."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import psutil
 import pytest
 
+from tests.connect_server import ConnectServer, free_port
 from tests.processes import command_line, kill_stray_children
 
 pytest.importorskip("pyspark", reason="the Spark tests need: pip install -e '.[spark]'")
@@ -21,6 +23,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 HERE = Path(__file__).parent
 _sessions: list[Any] = []  # the running session, so the last Spark test can end its JVM
+_servers: list[ConnectServer] = []  # the running Connect server, ended with it
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +53,19 @@ def _end_jvm() -> None:
 
     while _sessions:
         end_spark(_sessions.pop())
+    while _servers:
+        _servers.pop().stop()
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    """A Spark Connect server on local[2], on a free port of 127.0.0.1; its Python workers run
+    this interpreter with this checkout's ember first on their path."""
+    log = tmp_path_factory.mktemp("connect") / "server.log"
+    server = ConnectServer("local[2]", "127.0.0.1", free_port(), log)
+    _servers.append(server)
+    yield server
+    _end_jvm()
 
 
 @pytest.fixture(scope="session")

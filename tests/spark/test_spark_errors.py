@@ -53,7 +53,7 @@ def test_a_missing_column_is_named(spark, to_frame, tmp_path) -> None:
         (
             [([1.0], "cat"), ([2.0], "dog")],
             "features array<double>, label string",
-            "column 'label' must hold numeric labels, got string",
+            "column 'label' must hold numeric labels or arrays of numbers, got string",
         ),
         (
             [([1.0, 2.0], 0), ([1.0, 2.0, 3.0], 1), ([1.0, 2.0], 1)],

@@ -10,8 +10,9 @@ import pyarrow as pa
 import pytest
 
 from ember.data import load_dataset
+from ember.data.arrow import FEATURES, LABEL, table_arrays
 from ember.data.datasets import train_pixels
-from ember.data.spark import FEATURES, LABEL, pixel_column, table_arrays
+from ember.data.spark import pixel_column
 from ember.errors import EmberError
 
 pytestmark = pytest.mark.timeout(60)

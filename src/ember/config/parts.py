@@ -24,7 +24,7 @@ PARTS: dict[str, tuple[str, ...]] = {
                 "keep_checkpoints"),
     "engine": ("engine", "master", "bind_address", "advertise_address", "ports", "out",
                "resume", "max_restarts", "log_every", "eval_every", "eval_deferred",
-               "tensorboard"),
+               "tensorboard", "mlflow"),
 }  # fmt: skip
 
 

@@ -116,6 +116,7 @@ class RunConfig(StrategyNamed):
     eval_every: int = 0  # steps between worker 0's test evaluations (0: at each epoch's end)
     eval_deferred: bool = False  # copy the parameters at each evaluation, evaluate after training
     tensorboard: bool = False  # also write scalars as TensorBoard event files
+    mlflow: bool = False  # log the run to one MLflow run (the API's mlflow= says it too)
     extra: dict[str, Any] = field(default_factory=dict)  # reserved for engine-specific settings
 
     @property

@@ -1,6 +1,6 @@
-"""Spark DataFrames as training data: column checks on the driver, Arrow partitions as NumPy.
+"""Spark DataFrames as training data: column checks on the driver, frames made of arrays.
 
-Imports pyspark only inside functions, so the task-side half needs nothing but pyarrow and NumPy.
+Imports pyspark only inside functions; the tasks' half (Arrow partitions as NumPy) is arrow.py.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from ember.data.arrow import FEATURES, LABEL, table_arrays
 from ember.data.datasets import Dataset
 from ember.data.idx import normalize_images
-from ember.errors import ConfigError, EmberError
+from ember.errors import ConfigError
 
-FEATURES, LABEL = "features", "label"  # the column names of a checked training frame
 _INF = float("inf")
 
 
@@ -28,6 +28,7 @@ class FrameFacts:
     partition_rows: tuple[int, ...]  # rows per partition, in partition order
     width: int  # values in every features array
     max_label: int  # the largest label
+    label_width: int = 0  # values in every label array; 0: one number per row
 
     @classmethod
     def local(cls, rows: int, partitions: int, width: int, max_label: int) -> FrameFacts:
@@ -57,14 +58,22 @@ def training_frame(
 ) -> tuple[Any, FrameFacts]:
     """Select `features` (array<float>) and `label` from `df` and check every row in one Spark
     job; raise ConfigError naming the column for anything a worker could not train on. The
-    label is bigint class indices >= 0 when `targets` is "classes", else finite floats."""
+    label is bigint class indices >= 0 when `targets` is "classes", else finite floats, or
+    arrays of them of one width (a multi-output regression's targets)."""
     from pyspark.sql import functions as F
+    from pyspark.sql import types as T
 
     features = features_array(df, features_col)
-    _label_type(df, label_col)
-    checked = df.select(features.alias(FEATURES), F.col(label_col).cast("double").alias(LABEL))
-    facts = _facts(checked, features_col, label_col, targets)
-    kind = "bigint" if targets == "classes" else "float"
+    arrays = isinstance(_label_type(df, label_col), T.ArrayType)
+    if arrays and targets == "classes":
+        raise ConfigError(
+            f"column {label_col!r} holds arrays, which a loss whose targets are values (mse, l1,"
+            " huber, bce_with_logits) trains on; cross_entropy takes one class per row"
+        )
+    label = F.col(label_col).cast("array<double>" if arrays else "double")
+    checked = df.select(features.alias(FEATURES), label.alias(LABEL))
+    facts = _facts(checked, features_col, label_col, targets, arrays)
+    kind = "bigint" if targets == "classes" else "array<float>" if arrays else "float"
     return checked.select(FEATURES, F.col(LABEL).cast(kind).alias(LABEL)), facts
 
 
@@ -89,9 +98,11 @@ def _label_type(df: Any, label_col: str) -> Any:
             f"DataFrame has no label column {label_col!r} (columns: {', '.join(fields)})"
         )
     ltype = fields[label_col]
-    if not isinstance(ltype, (T.NumericType, T.BooleanType)):
+    numbers = isinstance(ltype, T.ArrayType) and isinstance(ltype.elementType, T.NumericType)
+    if not (numbers or isinstance(ltype, (T.NumericType, T.BooleanType))):
         raise ConfigError(
-            f"column {label_col!r} must hold numeric labels, got {ltype.simpleString()}"
+            f"column {label_col!r} must hold numeric labels or arrays of numbers, got"
+            f" {ltype.simpleString()}"
         )
     return ltype
 
@@ -120,7 +131,7 @@ def features_array(df: Any, features_col: str) -> Any:
     )
 
 
-# per-partition counts computed in the tasks; every field is a long but the largest label
+# per-partition counts computed in the tasks; every field is a long but the labels' extremes
 _FACT_FIELDS = (
     "partition",
     "rows",
@@ -130,9 +141,11 @@ _FACT_FIELDS = (
     "max_width",
     "null_labels",
     "bad_labels",
+    "min_label",
     "max_label",
 )
-_FACTS_DDL = ", ".join(f"{n} {'double' if n == 'max_label' else 'long'}" for n in _FACT_FIELDS)
+_FLOATS = ("min_label", "max_label")
+_FACTS_DDL = ", ".join(f"{n} {'double' if n in _FLOATS else 'long'}" for n in _FACT_FIELDS)
 
 
 # what a partition's bad_labels counts, by the kind of targets
@@ -140,18 +153,25 @@ _BAD_LABELS = {
     "classes": "labels that are not integers >= 0",
     "values": "labels that are NaN or Inf",
     "binary": "labels that are NaN or Inf",
+    "arrays": "rows with a null, NaN or Inf value",
 }
 
 
-def _facts(frame: Any, features_col: str, label_col: str, targets: str) -> FrameFacts:
+def _facts(
+    frame: Any, features_col: str, label_col: str, targets: str, arrays: bool = False
+) -> FrameFacts:
     from pyspark.sql import functions as F
 
     f, bad = F.col(FEATURES), lambda v: v.isNull() | F.isnan(v) | (F.abs(v) == _INF)
+    label = F.col(LABEL)
+    if arrays:  # a row's label stands for its width here, NaN when a value is not finite
+        width = F.when(F.exists(label, bad), F.lit(float("nan"))).otherwise(F.size(label))
+        label = F.when(label.isNotNull(), width.cast("double"))
     per_row = frame.select(
         f.isNull().alias("null"),
         F.size(f).alias("width"),
         F.coalesce(F.exists(f, bad), F.lit(False)).alias("bad"),
-        F.col(LABEL),
+        label.alias(LABEL),
     )
     # Counted in the tasks, not by a groupBy on spark_partition_id(): the optimizer may fold
     # that into a driver-side scan of a local relation, and then every row is in partition 0.
@@ -165,7 +185,7 @@ def _facts(frame: Any, features_col: str, label_col: str, targets: str) -> Frame
         ("null_features", features_col, "null rows"),
         ("bad_values", features_col, "rows with a null, NaN or Inf value"),
         ("null_labels", label_col, "null rows"),
-        ("bad_labels", label_col, _BAD_LABELS[targets]),
+        ("bad_labels", label_col, _BAD_LABELS["arrays" if arrays else targets]),
     ):
         if total(key):
             raise ConfigError(f"column {column!r} has {total(key)} {what}")
@@ -177,13 +197,31 @@ def _facts(frame: Any, features_col: str, label_col: str, targets: str) -> Frame
         )
     if high == 0:
         raise ConfigError(f"column {features_col!r} holds empty arrays")
+    largest = max(r["max_label"] for r in found)
+    if arrays and min(r["min_label"] for r in found) != largest:
+        low = min(r["min_label"] for r in found)
+        raise ConfigError(
+            f"column {label_col!r} is ragged: its arrays hold between {low:g} and {largest:g}"
+            " values"
+        )
+    if arrays and largest == 0:
+        raise ConfigError(f"column {label_col!r} holds empty arrays")
     sizes = {int(r["partition"]): int(r["rows"]) for r in found}
     return FrameFacts(
         rows=rows,
-        partition_rows=tuple(sizes.get(p, 0) for p in range(frame.rdd.getNumPartitions())),
+        partition_rows=_partition_rows(frame, sizes),
         width=int(high),
-        max_label=int(max(r["max_label"] for r in found)),
+        max_label=int(largest),
+        label_width=int(largest) if arrays else 0,
     )
+
+
+def _partition_rows(frame: Any, sizes: dict[int, int]) -> tuple[int, ...]:
+    """Rows per partition, in partition order; none under Spark Connect, whose frames have no
+    RDD to count the partitions of (empty ones report no rows): the run repartitions them."""
+    if type(frame).__module__.startswith("pyspark.sql.connect"):
+        return ()
+    return tuple(sizes.get(p, 0) for p in range(frame.rdd.getNumPartitions()))
 
 
 def _partition_facts(classes: bool, batches: Iterable[Any]) -> Iterable[Any]:
@@ -211,9 +249,10 @@ def _partition_facts(classes: bool, batches: Iterable[Any]) -> Iterable[Any]:
             "max_width": widths["max"].as_py(),
             "null_labels": label.null_count,
             "bad_labels": len(y) - int(np.sum(_good(finite) if classes else finite.size)),
+            "min_label": float(finite.min()) if finite.size else 0.0,
             "max_label": float(finite.max()) if finite.size else 0.0,
         }
-    types = {n: pa.float64() if n == "max_label" else pa.int64() for n in _FACT_FIELDS}
+    types = {n: pa.float64() if n in _FLOATS else pa.int64() for n in _FACT_FIELDS}
     yield pa.RecordBatch.from_pylist([facts], schema=pa.schema(list(types.items())))
 
 
@@ -232,7 +271,8 @@ def dataframe_dataset(
     """The checked training frame, its facts, and a driver-side Dataset holding the test set:
     `test_df`, or a seeded tenth of `df` held out. Only the test rows reach the driver. The
     labels are the loss's `targets` kind (objective.targets_of): int64 classes, or float32
-    values (a one-wide output) for "values" and "binary"."""
+    values for "values" and "binary" (a one-wide output, or one output per value of a label
+    column of arrays)."""
     kind = label_targets(df, label_col, targets)
     if test_df is None:
         df, test_df = df.randomSplit([0.9, 0.1], seed=seed)
@@ -247,11 +287,16 @@ def dataframe_dataset(
     if kind == "classes":
         x_test, y_test = table_arrays(test.toArrow(), shape)
         outputs = max(2, facts.max_label + 1, test_facts.max_label + 1)
-    else:  # what table_arrays takes the targets' kind from: a Dataset of float32 targets
-        row = np.zeros((1, facts.width), np.float32)
-        like = Dataset(name, row, row[:, 0], row, row[:, 0], 1, shape)
+    else:  # what table_arrays takes the targets' kind and shape from: a Dataset like them
+        if test_facts.label_width != facts.label_width:
+            raise ConfigError(
+                f"column {label_col!r} holds {facts.label_width or 'one'} value(s) per row in df"
+                f" but {test_facts.label_width or 'one'} in test_df"
+            )
+        row, outputs = np.zeros((1, facts.width), np.float32), max(1, facts.label_width)
+        target = np.zeros((1, outputs), np.float32) if facts.label_width else row[:, 0]
+        like = Dataset(name, row, target, row, target, outputs, shape)
         x_test, y_test = table_arrays(test.toArrow(), shape, like)
-        outputs = 1
     # The training rows stay in Spark; the test rows stand in for them so the Dataset is whole.
     return frame, facts, Dataset(name, x_test, y_test, x_test, y_test, outputs, shape)
 
@@ -319,63 +364,3 @@ def _arrow_frame(spark: Any, features: Any, y: np.ndarray, partitions: int) -> A
     finally:
         for key, value in saved.items():
             spark.conf.set(key, value)
-
-
-def partition_arrays(
-    batches: Iterable[Any], input_shape: tuple[int, ...], like: Dataset | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """In a task: its partition's Arrow record batches as (rows, *input_shape) inputs and their
-    targets, of the dtypes and target shape of `like`'s test rows (float32 and int64
-    classes without it)."""
-    import pyarrow as pa
-
-    batches = list(batches)
-    if not batches:
-        x_dtype, y_dtype, y_shape = _kinds(like)
-        return np.empty((0, *input_shape), x_dtype), np.empty((0, *y_shape), y_dtype)
-    return table_arrays(pa.Table.from_batches(batches), input_shape, like)
-
-
-def _kinds(like: Dataset | None) -> tuple[np.dtype, np.dtype, tuple[int, ...]]:
-    if like is None:
-        return np.dtype(np.float32), np.dtype(np.int64), ()
-    return like.x_test.dtype, like.y_test.dtype, tuple(like.y_test.shape[1:])
-
-
-def table_arrays(
-    table: Any, input_shape: tuple[int, ...], like: Dataset | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """A checked frame's Arrow table as (rows, *input_shape) inputs and their targets."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    x_dtype, y_dtype, y_shape = _kinds(like)
-    column = table.column(FEATURES)
-    if pa.types.is_binary(column.type):  # IDX images from frame_from_pixels
-        x = normalize_images(_pixel_rows(column, input_shape))
-    else:
-        # list_flatten honours each chunk's offsets; to_numpy concatenates chunks in one copy
-        x = pc.list_flatten(column).to_numpy()
-        x = np.ascontiguousarray(x, dtype=x_dtype).reshape(table.num_rows, *input_shape)
-    label = table.column(LABEL)
-    if y_shape or not (pa.types.is_integer(label.type) or pa.types.is_floating(label.type)):
-        y = pc.list_flatten(label).to_numpy().reshape(table.num_rows, *y_shape)
-    else:
-        y = label.to_numpy()
-    y = np.ascontiguousarray(y, dtype=y_dtype)
-    return (x if x.flags.writeable else x.copy()), (y if y.flags.writeable else y.copy())
-
-
-def _pixel_rows(column: Any, input_shape: tuple[int, ...]) -> np.ndarray:
-    """A binary column of images, each exactly prod(input_shape) bytes, as uint8 (n, rows, cols)."""
-    width, parts = int(np.prod(input_shape)), []
-    for chunk in column.chunks:
-        if len(chunk) == 0:
-            continue
-        offsets = np.frombuffer(chunk.buffers()[1], np.int32)
-        offsets = offsets[chunk.offset : chunk.offset + len(chunk) + 1]
-        if chunk.null_count or np.any(np.diff(offsets) != width):
-            raise EmberError(f"an image of the training frame is not {width} bytes")
-        parts.append(np.frombuffer(chunk.buffers()[2], np.uint8)[offsets[0] : offsets[-1]])
-    flat = parts[0] if len(parts) == 1 else np.concatenate([np.empty(0, np.uint8), *parts])
-    return flat.reshape(-1, *input_shape[-2:])

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from ember.config import RunConfig
+from ember.data.arrow import partition_arrays
 from ember.data.datasets import Dataset
-from ember.data.spark import partition_arrays
 from ember.data.stream import Piece, StreamPlan
 from ember.data.streamhost import AUTO_FRACTION, StreamedDataset, no_targets
 

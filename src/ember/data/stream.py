@@ -253,7 +253,7 @@ def _read_batch(
     """One record batch of a spill, mapped only while its rows are copied out."""
     import pyarrow as pa
 
-    from ember.data.spark import table_arrays  # the checked frame's layout; no pyspark
+    from ember.data.arrow import table_arrays  # the checked frame's layout
 
     if shape is None:
         raise ConfigError("a spilled partition is read with its rows' shape")

@@ -6,6 +6,7 @@ Map:
 - RecordCollector, RecordSender -> records.py: tasks' records streamed to the driver live
 - Job, start_warm_up -> jobs.py: the Spark jobs of a run (Python workers warmed up; training)
 - session, check_cluster, end_spark -> session.py: the SparkSession a run trains in
+- TaggedJobs, is_connect -> connect.py: a Spark Connect session's master, slots and jobs
 - local_driver_options, class_archive -> jvm.py: Java options (class-data archive) of a local
   session's JVM
 """

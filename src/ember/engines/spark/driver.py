@@ -20,7 +20,15 @@ from ember.data.streamhost import parquet_files_to_stream
 from ember.engines.progress import Progress
 from ember.engines.run import Run
 from ember.engines.rundir import RunResult, RunSetup, prepare_run
-from ember.engines.spark.jobs import RECORDS, Job, python_error, start_warm_up, wait_for_warm_up
+from ember.engines.spark.connect import is_connect
+from ember.engines.spark.jobs import (
+    RECORDS,
+    GroupedJobs,
+    Job,
+    python_error,
+    start_warm_up,
+    wait_for_warm_up,
+)
 from ember.engines.spark.records import RecordCollector
 from ember.engines.spark.rendezvous import STATE, exposure, state_params
 from ember.engines.spark.session import (
@@ -30,9 +38,9 @@ from ember.engines.spark.session import (
     check_supported,
     driver_memory,
     is_local,
+    master_of,
     run_placement,
     session,
-    stopped,
 )
 from ember.engines.spark.task import UNREACHABLE, train_partition
 from ember.engines.userrun import NoModel
@@ -103,6 +111,8 @@ def train_spark(
             # load_dataset checked every row already: no Spark job is needed to learn the facts
             rows, width = len(data.x_train), int(np.prod(data.input_shape))
             facts = FrameFacts.local(rows, config.workers, width, data.num_classes - 1)
+            if is_connect(spark):  # the server cuts the rows into partitions of its own
+                facts = replace(facts, partition_rows=())
             clock = (session_seconds, began)
             return _train(run, spark, frame, facts, clock, warm_up)
 
@@ -152,7 +162,7 @@ def _train(
     if repartition:
         frame = frame.repartition(config.workers)
     job: Job | None = None
-    cluster = not is_local(spark.sparkContext.master)
+    cluster = not is_local(master_of(spark))
     if run.servers is not None:
         where, slots = run.servers.where, config.servers * config.replicas
     else:  # allreduce: only the record collector listens on the driver
@@ -199,7 +209,7 @@ def _train(
             prepare = prepared - began - session_seconds
             timings = {"session": session_seconds, "prepare": prepare, "job": seconds}
             about_spark = {
-                "master": spark.sparkContext.master,
+                "master": master_of(spark),
                 "stage_attempts": job.attempt() + 1,
                 **where.describe(),
                 "record_collector": collector.address,
@@ -228,6 +238,7 @@ def _watch(run: Run, job: Job, rows: int, collector: RecordCollector) -> dict[st
         while job.thread.is_alive():
             job.thread.join(0.5)
             for streamed in collector.drain():
+                job.control.saw(streamed)
                 bar.update(run.described(streamed))
                 if streamed.get("kind") == "error" and not streamed.get("retry", True):
                     job.cancel()  # the other tasks would only fail alike, or wait for it
@@ -254,6 +265,8 @@ def _watch(run: Run, job: Job, rows: int, collector: RecordCollector) -> dict[st
         if job.error is not None:
             _fail(run, job)
         records = [json.loads(line) for line in job.rows]
+        for record in records:
+            job.control.saw(record)
         for kind in (UNREACHABLE, "error"):  # the tasks' one line says it all
             said = [r["error"] for r in records if r.get("kind") == kind]
             if said:
@@ -306,11 +319,12 @@ def _fail_for_good(run: Run, job: Job, error: str) -> NoReturn:
 def _fail(run: Run, job: Job) -> NoReturn:
     assert job.error is not None
     error = python_error(job.error)
-    if stopped(job.context):
+    control = job.control
+    if isinstance(control, GroupedJobs) and control.stopped():
         error = (
             "the SparkContext stopped during training: the driver's JVM exits this way"
             " when it runs out of memory (raise spark.driver.memory, now"
-            f" {driver_memory(job.context)})\n{error}"
+            f" {driver_memory(control.context)})\n{error}"
         )
     tries = job.attempt() + 1
     message = f"the Spark training job failed ({tries} attempt(s)):\n{error}"

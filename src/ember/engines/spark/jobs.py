@@ -7,7 +7,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ember.data.spark import FEATURES
+from ember.data.arrow import FEATURES
+from ember.engines.spark.connect import TaggedJobs, is_connect
+from ember.engines.spark.session import stopped
 from ember.errors import EmberError
 
 RECORDS = "record string"  # what a training task yields: its progress records as JSON
@@ -24,24 +26,23 @@ def import_worker(batches: Iterator[Any]) -> Iterator[Any]:
     yield pa.RecordBatch.from_pydict({"record": [""]})
 
 
-class Job:
-    """A Spark job on a thread of its own, so the driver can watch servers meanwhile."""
+class GroupedJobs:
+    """A job's control through the SparkContext: a job group to cancel it by, and the
+    stage's attempts from Spark's status tracker."""
 
-    def __init__(self, spark: Any, make_frame: Callable[[], Any], description: str) -> None:
+    def __init__(self, spark: Any) -> None:
         self.context = spark.sparkContext
         self.group = f"ember-{uuid.uuid4().hex[:12]}"
-        self.rows: list[str] = []
-        self.error: BaseException | None = None
-        args = (make_frame, description)
-        self.thread = threading.Thread(target=self._run, args=args, daemon=True)
-        self.thread.start()
 
-    def _run(self, make_frame: Callable[[], Any], description: str) -> None:
+    def enter(self, description: str) -> None:
+        """On the job's thread, before it runs anything."""
         self.context.setJobGroup(self.group, description, interruptOnCancel=True)
-        try:  # the frame is planned here too: on a fresh session that alone takes a while
-            self.rows = [row["record"] for row in make_frame().collect()]
-        except BaseException as exc:
-            self.error = exc
+
+    def leave(self) -> None:
+        pass
+
+    def saw(self, record: dict[str, Any]) -> None:
+        pass  # the status tracker knows the attempts
 
     def attempt(self) -> int:
         """The newest attempt of any stage of the job: above 0 once Spark retried a stage."""
@@ -56,6 +57,37 @@ class Job:
 
     def cancel(self) -> None:
         self.context.cancelJobGroup(self.group)
+
+    def stopped(self) -> bool:
+        return stopped(self.context)
+
+
+class Job:
+    """A Spark job on a thread of its own, so the driver can watch servers meanwhile."""
+
+    def __init__(self, spark: Any, make_frame: Callable[[], Any], description: str) -> None:
+        self.control = TaggedJobs(spark) if is_connect(spark) else GroupedJobs(spark)
+        self.rows: list[str] = []
+        self.error: BaseException | None = None
+        args = (make_frame, description)
+        self.thread = threading.Thread(target=self._run, args=args, daemon=True)
+        self.thread.start()
+
+    def _run(self, make_frame: Callable[[], Any], description: str) -> None:
+        self.control.enter(description)
+        try:  # the frame is planned here too: on a fresh session that alone takes a while
+            self.rows = [row["record"] for row in make_frame().collect()]
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.control.leave()
+
+    def attempt(self) -> int:
+        """The newest attempt of the job's stages: above 0 once Spark retried one."""
+        return self.control.attempt()
+
+    def cancel(self) -> None:
+        self.control.cancel()
         self.thread.join(30)
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from ember.config import RunConfig, Strategy
 from ember.engines.addresses import Placement, placement
+from ember.engines.spark import connect
+from ember.engines.spark.connect import is_connect
 from ember.engines.spark.jvm import (
     LOCAL_DRIVER_MEMORY,
     ClassArchive,
@@ -47,11 +49,19 @@ def check_supported(config: RunConfig) -> None:
 
 def check_cluster(config: RunConfig, spark: Any) -> None:
     """Refuse, before any worker starts, what would make the barrier stage wait or fail."""
-    try:
-        context = spark.sparkContext
-    except Exception as exc:  # Spark Connect sessions have no SparkContext
-        raise ConfigError(f"engine 'spark' needs a classic SparkSession, not {spark!r}") from exc
+    if is_connect(spark):
+        url, look = connect.master(spark), connect.setting(spark)
+        check_master(config, url, look)  # a local master by its URL, a cluster's URL alone
+        if not is_local(url):
+            connect.configured_slots(config, url, look)
+        return
+    context = spark.sparkContext
     check_master(config, context.master, context.getConf().get, context)
+
+
+def master_of(spark: Any) -> str:
+    """The master URL of a classic or a Spark Connect session."""
+    return connect.master(spark) if is_connect(spark) else str(spark.sparkContext.master)
 
 
 def is_local(master: str) -> bool:
@@ -146,6 +156,9 @@ def executor_slots(
 
 def run_placement(config: RunConfig, spark: Any) -> Placement:
     """Where the servers listen and what tasks are told, for the session's master."""
+    if is_connect(spark):  # the servers run beside this client, as beside a driver
+        look = connect.setting(spark)
+        return placement(config, not is_local(connect.master(spark)), look)
     context = spark.sparkContext
     conf = context.getConf()
     return placement(config, not is_local(context.master), lambda key: conf.get(key, None))
@@ -176,10 +189,11 @@ def check_before_start(config: RunConfig) -> None:
 
 
 def _check_same_master(config: RunConfig, active: Any) -> None:
-    if config.master and config.master != active.sparkContext.master:
+    running = master_of(active)
+    if config.master and config.master != running:
         raise ConfigError(
             f"master {config.master!r} differs from the running SparkSession's"
-            f" {active.sparkContext.master!r}; leave master unset to use that session"
+            f" {running!r}; leave master unset to use that session"
         )
 
 
