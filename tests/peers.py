@@ -38,6 +38,19 @@ def rss(pid: int) -> int:
     raise AssertionError(f"no VmRSS for process {pid}")
 
 
+def settled_rss(pid: int, seconds: float = 10.0) -> int:
+    """Process `pid`'s RSS once it stops moving (two readings 0.2 s apart within 256 KiB, for
+    `seconds` at most): a fixed wait was too short for its imports on a loaded machine."""
+    deadline, last = time.monotonic() + seconds, rss(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = rss(pid)
+        if abs(now - last) < 256 * 1024:
+            return now
+        last = now
+    return last
+
+
 def open_fds(pid: int) -> int:
     return len(list(Path(f"/proc/{pid}/fd").iterdir()))
 
@@ -169,8 +182,7 @@ def attack(encrypt: bool, secret: bytes, total: int, keyed: bool = False) -> tup
     sent to an endpoint in a process of its own; `keyed`: by a peer holding the secret,
     past ember's handshake (with `encrypt`, a raw CURVE client holding the run's keys)."""
     with endpoint_process(encrypt, secret) as (pid, address):
-        time.sleep(0.5)  # imports settled: what grows now is the peer's doing
-        before = peak = rss(pid)
+        before = peak = settled_rss(pid)  # imports settled: what grows now is the peer's doing
 
         def watch(_sent: int) -> None:
             nonlocal peak
@@ -205,8 +217,7 @@ def hold_handshakes(pid: int, address: str, count: int) -> tuple[int, int, int]:
     `count` handshake holders of 1 MiB each, opened one after another (for ATTACK_SECONDS at
     most) and held together."""
     held: list[socket.socket] = []
-    time.sleep(0.5)  # imports settled: what grows now is the holders' doing
-    before = peak = rss(pid)
+    before = peak = settled_rss(pid)  # imports settled: what grows now is the holders' doing
     deadline = time.monotonic() + ATTACK_SECONDS
     try:
         while len(held) < count and time.monotonic() < deadline:
