@@ -35,6 +35,14 @@ def _kinds(like: Dataset | None) -> tuple[np.dtype, np.dtype, tuple[int, ...]]:
     return like.x_test.dtype, like.y_test.dtype, tuple(like.y_test.shape[1:])
 
 
+def values_like(input_shape: tuple[int, ...], width: int) -> Dataset:
+    """A one-row Dataset of the kinds table_arrays converts a table of values to: float32
+    inputs of `input_shape`, and `width` float32 values a row (0: one number a row)."""
+    row = np.zeros((1, *input_shape), np.float32)
+    target = np.zeros((1, width), np.float32) if width else np.zeros(1, np.float32)
+    return Dataset("values", row, target, row, target, max(1, width), tuple(input_shape))
+
+
 def table_arrays(
     table: Any, input_shape: tuple[int, ...], like: Dataset | None = None
 ) -> tuple[np.ndarray, np.ndarray]:

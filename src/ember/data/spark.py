@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ember.data.arrow import FEATURES, LABEL, table_arrays
+from ember.data.arrow import FEATURES, LABEL, table_arrays, values_like
 from ember.data.datasets import Dataset
 from ember.data.idx import normalize_images
 from ember.errors import ConfigError
@@ -293,10 +293,8 @@ def dataframe_dataset(
                 f"column {label_col!r} holds {facts.label_width or 'one'} value(s) per row in df"
                 f" but {test_facts.label_width or 'one'} in test_df"
             )
-        row, outputs = np.zeros((1, facts.width), np.float32), max(1, facts.label_width)
-        target = np.zeros((1, outputs), np.float32) if facts.label_width else row[:, 0]
-        like = Dataset(name, row, target, row, target, outputs, shape)
-        x_test, y_test = table_arrays(test.toArrow(), shape, like)
+        outputs = max(1, facts.label_width)
+        x_test, y_test = table_arrays(test.toArrow(), shape, values_like(shape, facts.label_width))
     # The training rows stay in Spark; the test rows stand in for them so the Dataset is whole.
     return frame, facts, Dataset(name, x_test, y_test, x_test, y_test, outputs, shape)
 

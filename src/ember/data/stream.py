@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ember.data.arrow import values_like
 from ember.data.datasets import Dataset
 from ember.data.files import _validated, parquet_columns
 from ember.data.store import ArrayFile
@@ -268,19 +269,17 @@ def _read_batch(
 
 
 def _kinds_of(shape: tuple[int, ...], targets: str | None, table: Any) -> Dataset | None:
-    """A one-row dataset of the spill's kinds, which table_arrays converts its rows to: None
-    for class labels, float32 values of the label column's width otherwise."""
+    """The kinds table_arrays converts a spill's rows to: None for class labels, else float32
+    values as many a row as the label column holds."""
     import pyarrow as pa
 
     if targets == "classes":
         return None
     label = table.column("label").type
-    width = (label.list_size,) if pa.types.is_fixed_size_list(label) else ()
+    width = label.list_size if pa.types.is_fixed_size_list(label) else 0
     if pa.types.is_list(label) and table.num_rows:
-        width = (len(table.column("label")[0]),)
-    one = np.zeros((1, *shape), np.float32)
-    return Dataset("spill", one, np.zeros((1, *width), np.float32), one, np.zeros((1, *width),
-                   np.float32), max(1, int(np.prod(width))), shape)  # fmt: skip
+        width = len(table.column("label")[0])
+    return values_like(shape, width)
 
 
 def _checked(
