@@ -2,13 +2,15 @@
 AdamW and under ember's momentum SGD, and (with --before) the main job of an earlier checkout
 against this one.
 
-    python benchmarks/optimizers.py [--repeat N] [--quick] [--before SRC] [--out FILE]
+    python benchmarks/optimizers.py [--repeat N] [--quick] [--before SRC ...] [--out FILE]
 
 Each configuration is one `ember train` process (MNIST, the main job's MLP, two workers, the
 local engine); the figures are its summary's samples/s (the workers' training loops) and test
 accuracy. Configurations alternate within each repeat, so the machine's drift falls on all
 alike; figures are medians over the repeats and ratios are of those medians. --before SRC runs
-the main job with PYTHONPATH=SRC beside this checkout's (SRC: an older checkout's src/).
+the main job with PYTHONPATH=SRC beside this checkout's (SRC: an older checkout's src/; given
+more than once, each); the ratio of each repeat's pair, whose median is printed, cancels drift
+slower than one pair.
 --quick: digits, one epoch, one repeat.
 """
 
@@ -41,15 +43,18 @@ def train(args: list[str], source: Path, data: str, epochs: int) -> dict[str, An
 
 def main() -> None:
     parser = make_parser(__doc__.splitlines()[0])
-    parser.add_argument("--before", type=Path, default=None, help="an older checkout's src/")
+    parser.add_argument(
+        "--before", type=Path, action="append", default=[], help="an older checkout's src/"
+    )
     options = parser.parse_args()
     repeats = 1 if options.quick else options.repeat
     data, epochs = ("digits", 1) if options.quick else ("mnist", 5)
     runs: dict[str, list[tuple[Path, list[str]]]] = {
         name: [(HERE, args)] for name, args in CONFIGS.items()
     }
-    if options.before is not None:
-        runs = {"main job before": [(options.before, [])], "main job after": [(HERE, [])]}
+    if options.before:
+        runs = {f"main job at {before}": [(before, [])] for before in options.before}
+        runs["main job after"] = [(HERE, [])]
     figures: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
     for repeat in range(repeats):
         order = list(runs) if repeat % 2 == 0 else list(reversed(runs))  # alternate the order
@@ -73,9 +78,13 @@ def main() -> None:
                 ratios[f"{first}/{second} {optimizer}"] = (
                     a["samples_per_second"] / b["samples_per_second"]
                 )
-    if "main job before" in medians:
-        after, before = medians["main job after"], medians["main job before"]
-        ratios["after/before"] = after["samples_per_second"] / before["samples_per_second"]
+    for name in (name for name in medians if name.startswith("main job at ")):
+        after, before = medians["main job after"], medians[name]
+        ratios[f"after / {name}"] = after["samples_per_second"] / before["samples_per_second"]
+        ratios[f"median pair ratio, after / {name}"] = statistics.median(
+            a["samples_per_second"] / b["samples_per_second"]
+            for a, b in zip(figures["main job after"], figures[name], strict=True)
+        )
     print("ratios of median samples/s:", json.dumps(ratios, indent=1))
     if options.out is not None:
         options.out.write_text(json.dumps({"runs": figures, "medians": medians, **ratios}))
