@@ -233,6 +233,22 @@ def read_piece(
     return _checked(piece, x, y, shape, targets)
 
 
+def read_row_numbers(piece: Piece) -> tuple[np.ndarray, np.ndarray]:
+    """An .npy piece's row numbers in its file and the rows' targets, without its features
+    (which a mapped stream gathers by those numbers, one copy a row, as rows held in memory)."""
+    if piece.kind != "npy":
+        raise ValueError(f"{piece.where}: only an .npy piece is read by row numbers")
+    try:
+        y = ArrayFile.open(piece.labels).read(piece.start, piece.stop)
+    except ConfigError as exc:
+        raise ConfigError(f"{piece.where}: {exc}") from exc
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{piece.where}: cannot read ({type(exc).__name__}: {exc})") from exc
+    if len(y) != piece.rows:
+        raise ConfigError(f"{piece.where}: holds {len(y)} labels, not {piece.rows}")
+    return np.arange(piece.start, piece.stop, dtype=np.int64), y
+
+
 def _read_row_group(piece: Piece, targets: str | None) -> tuple[np.ndarray, np.ndarray]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -304,4 +320,4 @@ def _checked(
     return _validated(where, x, y, "features", "labels", targets, views=True)
 
 
-__all__ = ["Piece", "StreamPlan", "plan_files", "plan_npy", "read_piece"]
+__all__ = ["Piece", "StreamPlan", "plan_files", "plan_npy", "read_piece", "read_row_numbers"]
