@@ -20,7 +20,10 @@ from ember.data.files import _validated, parquet_columns
 from ember.data.store import ArrayFile
 from ember.errors import ConfigError
 
-WINDOW_BYTES = 16 << 20  # an .npy piece: about a Parquet row group's worth of rows
+# An .npy piece. Its rows are gathered by number from the file's mapping (streaming.py), so a
+# piece costs nothing held: small ones, in a fresh order each epoch, spread a batch's rows
+# over the whole shard before the shuffle buffer mixes them.
+WINDOW_BYTES = 1 << 20
 NPZ_KEYS = ("x", "y")  # the arrays of one .npz shard
 
 
