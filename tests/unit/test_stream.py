@@ -194,3 +194,55 @@ def test_a_path_that_cannot_be_streamed_says_what_can(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("")
     with pytest.raises(ConfigError, match=r"cannot be streamed; expected a \.parquet file or a"):
         plan_files(tmp_path)
+
+
+def id_rows(tmp_path: Path, rows: int, width: int) -> StreamPlan:
+    """An .npy pair whose rows hold their number in every feature, labelled number % 2."""
+    ids = np.arange(rows)
+    x = np.repeat(ids[:, None], width, axis=1).astype(np.float32)
+    xs, ys = write_array(tmp_path / "x.npy", x), write_array(tmp_path / "y.npy", ids % 2)
+    return plan_npy(xs, ys, rows, 2)
+
+
+def test_rows_of_one_npy_file_are_gathered_by_number_with_their_own_labels(
+    tmp_path: Path,
+) -> None:
+    plan = id_rows(tmp_path, 3000, 3)
+    batches = StreamBatches(plan.pieces, (3,), 2, 40, seed=0, rank=0, shuffle_buffer=500)
+    assert batches.mapped is not None  # the one-file case: no copy through the pool
+    epochs = []
+    for epoch in range(2):
+        rows = [(x.numpy(), y.numpy()) for x, y in batches.epoch(epoch)]
+        x, y = (np.concatenate(part) for part in zip(*rows, strict=True))
+        assert x.dtype == np.float32 and np.array_equal(x[:, 0], x[:, 2])
+        assert np.array_equal(y, x[:, 0].astype(np.int64) % 2)  # each row keeps its label
+        assert np.array_equal(np.sort(x[:, 0]), np.arange(3000))  # every row once
+        epochs.append(x[:, 0])
+    assert not np.array_equal(*epochs)
+    assert np.array_equal(epoch_ids(batches, 1, start=5), epochs[1][5 * 40 :].astype(int))
+
+
+def _rss_file() -> int:
+    """Bytes of mapped files resident in this process (RssFile)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) * 1024
+    pytest.skip("/proc/self/status has no RssFile")
+
+
+@pytest.mark.parametrize("release", [4 << 20, 1 << 40])
+def test_a_mapped_stream_lets_go_of_the_pages_it_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, release: int
+) -> None:
+    import ember.data.store
+
+    monkeypatch.setattr(ember.data.store, "RELEASE_BYTES", release)
+    plan = id_rows(tmp_path, 64 * 1024, 256)  # 64 MiB of features, in the page cache
+    batches = StreamBatches(plan.pieces, (256,), 2, 256, seed=0, rank=0, shuffle_buffer=2000)
+    before = _rss_file()
+    assert sum(len(y) for _, y in batches.epoch(0)) == 64 * 1024
+    grown = _rss_file() - before
+    if release < 64 << 20:
+        assert grown < 24 << 20  # a release every 4 MiB: not the file
+    else:  # never released: the whole file stays mapped in, which is what the release bounds
+        assert grown > 48 << 20

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import numpy as np
 from ember.data.datasets import Dataset, shard_indices
 from ember.errors import ConfigError
 
+RELEASE_BYTES = 32 << 20  # MappedRows lets go of the pages it read after this many
 SPLITS = ("x_train", "y_train", "x_test", "y_test")
 META = "meta.json"
 Mode = Literal["r", "c"]  # how a mapping may be written to: never, or privately
@@ -210,4 +212,38 @@ def scratch_root(needed: int) -> Path | None:
     return shm if room > 2 * needed + (256 << 20) else None
 
 
-__all__ = ["ArrayFile", "DataFiles", "NpyWriter", "scratch_root", "write_array", "write_files"]
+class MappedRows:
+    """An .npy file's rows mapped whole (address space, not memory) and gathered by number.
+    The pages a gather maps stay the process's until it lets them go, so every RELEASE_BYTES
+    gathered it does (madvise DONTNEED: the file's pages stay in the page cache, a later
+    gather maps them again): what a worker holds of the file stays bounded by that, not by
+    the shard."""
+
+    def __init__(self, path: str) -> None:
+        source = ArrayFile.open(path)
+        with open(path, "rb") as file:
+            self.map = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+        count = math.prod(source.shape)
+        self.rows = np.frombuffer(
+            self.map, dtype=source.dtype, count=count, offset=source.offset
+        ).reshape(source.shape)
+        self.row_bytes, self.gathered = max(1, source.row_bytes), 0
+
+    def take(self, numbers: np.ndarray) -> np.ndarray:
+        rows = self.rows[numbers]  # a copy of this process's own
+        self.gathered += len(numbers) * self.row_bytes
+        if self.gathered >= RELEASE_BYTES:
+            self.map.madvise(mmap.MADV_DONTNEED)
+            self.gathered = 0
+        return rows
+
+
+__all__ = [
+    "ArrayFile",
+    "DataFiles",
+    "MappedRows",
+    "NpyWriter",
+    "scratch_root",
+    "write_array",
+    "write_files",
+]

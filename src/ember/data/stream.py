@@ -20,7 +20,10 @@ from ember.data.files import _validated, parquet_columns
 from ember.data.store import ArrayFile
 from ember.errors import ConfigError
 
-WINDOW_BYTES = 16 << 20  # an .npy piece: about a Parquet row group's worth of rows
+# An .npy piece. Its rows are gathered by number from the file's mapping (streaming.py), so a
+# piece costs nothing held: small ones, in a fresh order each epoch, spread a batch's rows
+# over the whole shard before the shuffle buffer mixes them.
+WINDOW_BYTES = 1 << 20
 NPZ_KEYS = ("x", "y")  # the arrays of one .npz shard
 
 
@@ -233,6 +236,22 @@ def read_piece(
     return _checked(piece, x, y, shape, targets)
 
 
+def read_row_numbers(piece: Piece) -> tuple[np.ndarray, np.ndarray]:
+    """An .npy piece's row numbers in its file and the rows' targets, without its features
+    (which a mapped stream gathers by those numbers, one copy a row, as rows held in memory)."""
+    if piece.kind != "npy":
+        raise ValueError(f"{piece.where}: only an .npy piece is read by row numbers")
+    try:
+        y = ArrayFile.open(piece.labels).read(piece.start, piece.stop)
+    except ConfigError as exc:
+        raise ConfigError(f"{piece.where}: {exc}") from exc
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{piece.where}: cannot read ({type(exc).__name__}: {exc})") from exc
+    if len(y) != piece.rows:
+        raise ConfigError(f"{piece.where}: holds {len(y)} labels, not {piece.rows}")
+    return np.arange(piece.start, piece.stop, dtype=np.int64), y
+
+
 def _read_row_group(piece: Piece, targets: str | None) -> tuple[np.ndarray, np.ndarray]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -304,4 +323,4 @@ def _checked(
     return _validated(where, x, y, "features", "labels", targets, views=True)
 
 
-__all__ = ["Piece", "StreamPlan", "plan_files", "plan_npy", "read_piece"]
+__all__ = ["Piece", "StreamPlan", "plan_files", "plan_npy", "read_piece", "read_row_numbers"]
