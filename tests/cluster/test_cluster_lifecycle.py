@@ -18,9 +18,12 @@ from tests.cluster.conftest import missing
 pytestmark = [pytest.mark.timeout(120), pytest.mark.lifecycle]
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = """
-import os, sys, time
+import os, signal, sys, time
 from pathlib import Path
 from ember.emulated.netns import Cluster
+# Ctrl-C as at a terminal: a suite started in the background of a script (`cmd &`) has SIGINT
+# ignored, and a child inherits that
+signal.signal(signal.SIGINT, signal.default_int_handler)
 cluster = Cluster(3, Path(sys.argv[1]), spark=False, rate="100mbit")
 with cluster:
     # a process tree inside a host: sh and the sleep it forks
