@@ -8,6 +8,8 @@ imports: numpy, pyarrow (lazily), ember.errors and the data part
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -218,7 +220,7 @@ def read_piece(
     """The piece's rows as float32 features and their targets as the loss takes them (int64
     classes, float32 values); `shape` (one row's) is checked when given: a file whose width
     changed is an error. The rows may be read-only views of what was read."""
-    try:
+    with _naming(piece):
         if piece.kind == "parquet":
             x, y = _read_row_group(piece, targets)
         elif piece.kind == "ipc":
@@ -229,10 +231,6 @@ def read_piece(
         else:
             with np.load(piece.path, allow_pickle=False) as archive:
                 x, y = (archive[k][piece.start : piece.stop] for k in NPZ_KEYS)
-    except ConfigError as exc:
-        raise ConfigError(f"{piece.where}: {exc}") from exc
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-        raise ConfigError(f"{piece.where}: cannot read ({type(exc).__name__}: {exc})") from exc
     return _checked(piece, x, y, shape, targets)
 
 
@@ -241,15 +239,22 @@ def read_row_numbers(piece: Piece) -> tuple[np.ndarray, np.ndarray]:
     (which a mapped stream gathers by those numbers, one copy a row, as rows held in memory)."""
     if piece.kind != "npy":
         raise ValueError(f"{piece.where}: only an .npy piece is read by row numbers")
-    try:
+    with _naming(piece):
         y = ArrayFile.open(piece.labels).read(piece.start, piece.stop)
-    except ConfigError as exc:
-        raise ConfigError(f"{piece.where}: {exc}") from exc
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{piece.where}: cannot read ({type(exc).__name__}: {exc})") from exc
     if len(y) != piece.rows:
         raise ConfigError(f"{piece.where}: holds {len(y)} labels, not {piece.rows}")
     return np.arange(piece.start, piece.stop, dtype=np.int64), y
+
+
+@contextmanager
+def _naming(piece: Piece) -> Iterator[None]:
+    """A problem reading `piece` as one ConfigError that names it."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise ConfigError(f"{piece.where}: {exc}") from exc
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise ConfigError(f"{piece.where}: cannot read ({type(exc).__name__}: {exc})") from exc
 
 
 def _read_row_group(piece: Piece, targets: str | None) -> tuple[np.ndarray, np.ndarray]:
