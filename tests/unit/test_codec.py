@@ -11,7 +11,7 @@ from hypothesis.extra.numpy import arrays
 
 from ember.config import make_config
 from ember.errors import ConfigError, ProtocolError
-from ember.ps.codec import BLOCK, CODECS, byte_offset, decode, encode, encoded_size
+from ember.ps.codec import BLOCK, CODECS, codec_named
 from ember.ps.compress import ShardLink
 
 F32 = np.float32
@@ -20,7 +20,8 @@ finite32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
 
 
 def _round_trip(kind: str, x: np.ndarray) -> np.ndarray:
-    return decode(kind, encode(kind, x), np.empty_like(x))
+    codec = codec_named(kind)
+    return codec.decode(codec.encode(x), np.empty_like(x))
 
 
 @settings(max_examples=200, deadline=None)
@@ -65,17 +66,25 @@ def test_bf16_rounds_as_torch_does_and_zeros_decode_exactly() -> None:
 
 def test_sizes_and_block_aligned_slices_of_an_encoding() -> None:
     n = 269_322  # the MNIST mlp
-    assert encoded_size("none", n) == 4 * n and encoded_size("fp16", n) == 2 * n
-    assert encoded_size("int8", n) == n + 4 * 66  # 66 blocks, a float32 scale each
-    assert 4 * n / encoded_size("int8", n) > 3.99
+    none, fp16, bf16, int8 = (codec_named(kind) for kind in CODECS)
+    assert none.encoded_size(n) == 4 * n and fp16.encoded_size(n) == bf16.encoded_size(n) == 2 * n
+    assert int8.encoded_size(n) == n + 4 * 66  # 66 blocks, a float32 scale each
+    assert 4 * n / int8.encoded_size(n) > 3.99
     x = np.random.default_rng(1).normal(size=3 * BLOCK + 11).astype(F32)
-    for kind in CODECS:
-        whole = encode(kind, x)
-        np.testing.assert_array_equal(encode(kind, x[BLOCK:]), whole[byte_offset(kind, BLOCK) :])
+    for codec in (none, fp16, bf16, int8):
+        whole = codec.encode(x)
+        np.testing.assert_array_equal(codec.encode(x[BLOCK:]), whole[codec.byte_offset(BLOCK) :])
     with pytest.raises(ValueError, match="multiples of 4096"):
-        byte_offset("int8", 5)
+        int8.byte_offset(5)
     with pytest.raises(ProtocolError, match="int8 payload of 10 bytes"):
-        decode("int8", np.zeros(10, np.uint8), np.empty(10, F32))
+        int8.decode(np.zeros(10, np.uint8), np.empty(10, F32))
+
+
+def test_every_codec_the_configuration_names_is_one_object_of_that_name() -> None:
+    assert [codec_named(kind).name for kind in CODECS] == list(CODECS)
+    assert codec_named("int8") is codec_named("int8")  # handed around, never rebuilt
+    with pytest.raises(ProtocolError, match="codec must be one of none, fp16, bf16, int8"):
+        codec_named("int3")
 
 
 @pytest.mark.parametrize("kind", ["fp16", "bf16", "int8"])
@@ -85,14 +94,15 @@ def test_error_feedback_loses_nothing_the_worker_meant_to_send(kind: str) -> Non
     worker's additions g + r (far below one quantization step)."""
     rng = np.random.default_rng(2)
     size, steps = 2 * BLOCK + 100, 300
-    link = ShardLink(kind, size, differences=False)
+    codec = codec_named(kind)
+    link = ShardLink(codec, size, differences=False)
     meant, received, bound = np.zeros(size), np.zeros(size), np.zeros(size)
     for step in range(steps):
         g = (rng.normal(size=size) * rng.uniform(1e-3, 1) * (1 + step % 7)).astype(F32)
         meant += g
         bound += EPS32 / 2 * np.abs(g.astype(np.float64) + link.residual)  # rounding of g + r
         sent = link.outgoing(g)  # the bytes that cross the socket
-        received += decode(kind, sent, np.empty(size, F32))
+        received += codec.decode(sent, np.empty(size, F32))
     assert np.all(np.abs(received + link.residual - meant) <= bound * (1 + 1e-6))
     # what the server received alone misses far more than that: the oracle can fail
     assert np.any(np.abs(received - meant) > 4 * bound)

@@ -8,9 +8,9 @@ import numpy as np
 
 from ember.algorithms.rules import EASGDRule, SGDRule
 from ember.ps.clocks import ClockTable
-from ember.ps.fold import BLOCK, Fold
+from ember.ps.fold import Fold
 from ember.ps.replies import Replies
-from ember.ps.shard import ShardSpec, ShardState, UpdateRule
+from ember.ps.shard import BLOCK, ShardSpec, ShardState, UpdateRule
 
 F32 = np.float32
 SIZE = 3 * BLOCK + 11  # blocks of a slice, and a short last one

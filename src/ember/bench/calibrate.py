@@ -25,7 +25,7 @@ from ember.engines.servers import ServerGroup
 from ember.evaluation import evaluate
 from ember.perfmodel import CALIBRATION_TAU, Calibration
 from ember.ps import PSClient
-from ember.ps.codec import CODECS, decode, encode
+from ember.ps.codec import CODECS, codec_named
 from ember.spec import WorkerSpec
 from ember.worker import load_data, make_model, run_worker
 
@@ -100,13 +100,14 @@ def codec_figures(params: np.ndarray) -> dict[str, tuple[float, float]]:
     for kind in CODECS:
         if kind == "none":
             continue
-        encoded = encode(kind, values)
+        codec = codec_named(kind)
+        encoded = codec.encode(values)
         seconds: dict[str, list[float]] = {"encode": [], "decode": []}
         for _ in range(CODINGS + 1):
             started = time.perf_counter()
-            encode(kind, values, encoded)
+            codec.encode(values, encoded)
             between = time.perf_counter()
-            decode(kind, encoded, decoded)
+            codec.decode(encoded, decoded)
             seconds["encode"].append(between - started)
             seconds["decode"].append(time.perf_counter() - between)
         encoding, decoding = (float(np.median(seconds[k][1:])) for k in ("encode", "decode"))

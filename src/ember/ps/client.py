@@ -10,7 +10,7 @@ import numpy as np
 
 from ember.errors import NotPrimary, ProtocolError, ServerGone, ServerUnavailable
 from ember.ps.clockrows import COLUMNS, MAX_TABLE_ROWS, read_rows, rows_to_table
-from ember.ps.codec import CODECS
+from ember.ps.codec import Codec, codec_named
 from ember.ps.compress import ShardLink
 from ember.wire import ClientConnection, gather, shared, tensors_from_frames
 
@@ -35,8 +35,9 @@ class PSClient:
     the client re-sends the request in flight to whichever replica serves as primary (or to
     the restarted process at the same address), with bounded back-off, until `timeout`.
 
-    With `compress` (a codec of codec.py) payloads and replies travel encoded, as compress.py
-    describes: `differences` says the pushes carry parameters (EASGD), not gradients.
+    With `compress` (a Codec of codec.py, or its name) payloads and replies travel encoded, as
+    compress.py describes: `differences` says the pushes carry parameters (EASGD), not
+    gradients.
     """
 
     def __init__(
@@ -47,13 +48,12 @@ class PSClient:
         worker: int,
         incarnation: int = 0,
         timeout: float = 60.0,
-        compress: str = "none",
+        compress: Codec | str = "none",
         differences: bool = False,
     ) -> None:
-        if compress not in CODECS:
-            raise ValueError(f"compress must be one of {', '.join(CODECS)}; got {compress!r}")
+        codec = compress if isinstance(compress, Codec) else codec_named(compress)
         self.worker, self.incarnation, self.timeout = worker, incarnation, timeout
-        self.compress, self.differences = compress, differences
+        self.codec, self.differences = codec, differences
         self.links: list[ShardLink] | None = None  # per shard, when compressing
         self._originals: list[np.ndarray | None] = []  # the push in flight, uncompressed
         self._secret = secret
@@ -74,8 +74,8 @@ class PSClient:
         """Join every shard; returns the clock and step the servers remember for this worker."""
         replies = self._round_trip("register", [None] * len(self.connections), {})
         self.ranges = [(int(h["keys"][0]), int(h["keys"][1])) for h, _ in replies]
-        if self.compress != "none":  # a new membership: every view starts in full precision
-            self.links = [ShardLink(self.compress, b - a, self.differences) for a, b in self.ranges]
+        if self.codec.name != "none":  # a new membership: every view starts in full precision
+            self.links = [ShardLink(self.codec, b - a, self.differences) for a, b in self.ranges]
         for index in range(len(self.connections)):
             self._share_memory(index)
         clocks = {h["clock"] for h, _ in replies}

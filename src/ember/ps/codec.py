@@ -16,69 +16,117 @@ import numpy as np
 from ember.config import CODECS
 from ember.errors import ProtocolError
 
-__all__ = ["BLOCK", "CODECS", "byte_offset", "decode", "encode", "encoded_size"]
+__all__ = ["BLOCK", "CODECS", "Codec", "codec_named"]
 BLOCK = 4096  # int8 values sharing one scale
 FP16_MAX = float(np.finfo(np.float16).max)
 BF16_MAX = float(np.uint32(0x7F7F0000).view(np.float32))  # the largest finite bfloat16
 
 
-def encoded_size(kind: str, count: int) -> int:
-    """Bytes the encoding of `count` float32 values takes."""
-    if kind == "none":
-        return 4 * count
-    if kind in ("fp16", "bf16"):
-        return 2 * count
-    if kind == "int8":
-        return count + 4 * (-(-count // BLOCK))
-    raise ProtocolError(f"codec must be one of {', '.join(CODECS)}; got {kind!r}")
+class Codec:
+    """How a float32 vector travels, handed to what compresses (a worker's ShardLink, a
+    server's reply), as hivemind hands its averagers a compression. This one is the identity
+    ("none"): float32 bytes as they are."""
 
+    name = "none"
+    bytes_per_value = 4
 
-def byte_offset(kind: str, start: int) -> int:
-    """Where the encoding of the values from `start` on begins (BLOCK-aligned for int8)."""
-    if kind == "int8" and start % BLOCK:
-        raise ValueError(f"int8 slices start at multiples of {BLOCK}, got {start}")
-    return encoded_size(kind, start)
+    def encoded_size(self, count: int) -> int:
+        """Bytes the encoding of `count` float32 values takes."""
+        return self.bytes_per_value * count
 
+    def byte_offset(self, start: int) -> int:
+        """Where the encoding of the values from `start` on begins."""
+        return self.encoded_size(start)
 
-def encode(kind: str, values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """The bytes (uint8) of 1-D float32 `values`, written into `out` when given."""
-    values = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
-    size = encoded_size(kind, values.size)
-    if out is None:
-        out = np.empty(size, dtype=np.uint8)
-    elif out.dtype != np.uint8 or out.size != size:
-        raise ValueError(f"{kind} of {values.size} values needs {size} bytes, got {out.size}")
-    if kind == "none":
+    def encode(self, values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The bytes (uint8) of 1-D float32 `values`, written into `out` when given."""
+        values = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+        size = self.encoded_size(values.size)
+        if out is None:
+            out = np.empty(size, dtype=np.uint8)
+        elif out.dtype != np.uint8 or out.size != size:
+            raise ValueError(
+                f"{self.name} of {values.size} values needs {size} bytes, got {out.size}"
+            )
+        self._encode(values, out)
+        return out
+
+    def decode(self, data: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Decode the bytes `data` into the caller's 1-D float32 array `out`."""
+        data = np.asarray(data).reshape(-1).view(np.uint8)
+        wanted = self.encoded_size(out.size)
+        if data.size != wanted:
+            raise ProtocolError(
+                f"{self.name} payload of {data.size} bytes, {out.size} values need {wanted}"
+            )
+        self._decode(data, out)
+        return out
+
+    def _encode(self, values: np.ndarray, out: np.ndarray) -> None:
         out.view(np.float32)[...] = values
-    elif kind == "fp16":
-        # Clipped, not overflowed to inf: error feedback carries the excess to later sends.
+
+    def _decode(self, data: np.ndarray, out: np.ndarray) -> None:
+        out[...] = data.view(np.float32)
+
+
+class Float16(Codec):
+    """IEEE half precision, clipped to its largest finite value, not overflowed to inf:
+    error feedback carries the excess to later sends."""
+
+    name, bytes_per_value = "fp16", 2
+
+    def _encode(self, values: np.ndarray, out: np.ndarray) -> None:
         if values.size and not np.abs(values).max() <= FP16_MAX:  # rare: one pass to check
             values = np.clip(values, -FP16_MAX, FP16_MAX)
         out.view(np.float16)[...] = values
-    elif kind == "bf16":
-        _encode_bf16(values, out.view(np.uint16))
-    else:
-        _encode_int8(values, out)
-    return out
 
-
-def decode(kind: str, data: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """Decode the bytes `data` into the caller's 1-D float32 array `out`."""
-    data = np.asarray(data).reshape(-1).view(np.uint8)
-    if data.size != encoded_size(kind, out.size):
-        raise ProtocolError(
-            f"{kind} payload of {data.size} bytes, {out.size} values need "
-            f"{encoded_size(kind, out.size)}"
-        )
-    if kind == "none":
-        out[...] = data.view(np.float32)
-    elif kind == "fp16":
+    def _decode(self, data: np.ndarray, out: np.ndarray) -> None:
         out[...] = data.view(np.float16)
-    elif kind == "bf16":
+
+
+class BFloat16(Codec):
+    """The upper 16 bits of float32, rounded to nearest even."""
+
+    name, bytes_per_value = "bf16", 2
+
+    def _encode(self, values: np.ndarray, out: np.ndarray) -> None:
+        _encode_bf16(values, out.view(np.uint16))
+
+    def _decode(self, data: np.ndarray, out: np.ndarray) -> None:
         out.view(np.uint32)[...] = data.view(np.uint16).astype(np.uint32) << 16
-    else:
+
+
+class Int8(Codec):
+    """A float32 scale and one int8 per value, block by block (the module's docstring)."""
+
+    name = "int8"
+
+    def encoded_size(self, count: int) -> int:
+        return count + 4 * (-(-count // BLOCK))
+
+    def byte_offset(self, start: int) -> int:
+        if start % BLOCK:
+            raise ValueError(f"int8 slices start at multiples of {BLOCK}, got {start}")
+        return self.encoded_size(start)
+
+    def _encode(self, values: np.ndarray, out: np.ndarray) -> None:
+        _encode_int8(values, out)
+
+    def _decode(self, data: np.ndarray, out: np.ndarray) -> None:
         _decode_int8(data, out)
-    return out
+
+
+_BY_NAME: dict[str, Codec] = {
+    codec.name: codec for codec in (Codec(), Float16(), BFloat16(), Int8())
+}
+
+
+def codec_named(name: object) -> Codec:
+    """The codec of a name a run or a request gives (one of CODECS)."""
+    codec = _BY_NAME.get(name) if isinstance(name, str) else None
+    if codec is None:
+        raise ProtocolError(f"codec must be one of {', '.join(CODECS)}; got {name!r}")
+    return codec
 
 
 def _encode_bf16(values: np.ndarray, out: np.ndarray) -> None:

@@ -8,11 +8,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ember.errors import ProtocolError
-from ember.ps.codec import decode
 from ember.ps.compress import Views, delta_reply
-from ember.ps.fold import SLICE
 from ember.ps.replies import Replies
-from ember.ps.shard import ShardSpec, ShardState, UpdateRule
+from ember.ps.shard import SLICE, ShardSpec, ShardState, UpdateRule
 from ember.wire import ServerEndpoint
 
 if TYPE_CHECKING:
@@ -50,7 +48,7 @@ class CodedExchanges:
         header, peer, size = held.request.header, held.request.peer, self.spec.size
         data = np.concatenate(held.payload) if len(held.payload) > 1 else held.payload[0]
         if not self.rule.replies:
-            values = decode(held.codec, data, np.empty(size, np.float32))
+            values = held.codec.decode(data, np.empty(size, np.float32))
         elif held.resync:
             values = self.views.reset(header["worker"], held.worker.incarnation, peer, data)
         else:
@@ -61,7 +59,7 @@ class CodedExchanges:
                     f"worker {header['worker']} sent a difference, but this shard holds no "
                     "mirror of its parameters for this connection; resend with resync"
                 )
-            mirror += decode(held.codec, data, np.empty(size, np.float32))
+            mirror += held.codec.decode(data, np.empty(size, np.float32))
             values = mirror
         return [values[start : start + SLICE] for start in range(0, values.size, SLICE)]
 
@@ -90,8 +88,9 @@ class CodedExchanges:
             self._send_encoded(held, delta_reply(held.codec, params, view), {"add": True})
 
     def _send_encoded(self, held: Held, encoded: np.ndarray, fields: dict[str, Any]) -> None:
+        assert held.codec is not None  # only a worker that compresses is answered encoded
         header = self._reply_fields(held, held.worker.clock, self.shard.step)
-        header.update({"codec": held.codec, "view": True, **fields})
+        header.update({"codec": held.codec.name, "view": True, **fields})
         self.endpoint.reply(held.request, header, [encoded])
         held.worker.answered_seq = max(held.worker.answered_seq, header["seq"])
         self.counters["replies"] += 1

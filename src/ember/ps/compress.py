@@ -24,19 +24,19 @@ from typing import Any
 import numpy as np
 
 from ember.errors import ProtocolError
-from ember.ps.codec import CODECS, byte_offset, decode, encode, encoded_size
+from ember.ps.codec import Codec, codec_named
 from ember.wire import gather, tensors_from_frames
 
 
-def check_codec(header: dict[str, Any]) -> str | None:
+def check_codec(header: dict[str, Any]) -> Codec | None:
     """The codec a request names, None for full precision."""
-    kind = header.get("codec")
-    if kind is None or kind == "none":
+    name = header.get("codec")
+    if name is None or name == "none":
         return None
-    if kind not in CODECS:
-        choices = ", ".join(CODECS)
-        raise ProtocolError(f"header field 'codec' must be one of {choices}; got {kind!r}")
-    return str(kind)
+    try:
+        return codec_named(name)
+    except ProtocolError as exc:
+        raise ProtocolError(f"header field 'codec': {exc}") from None
 
 
 class ShardLink:
@@ -44,8 +44,8 @@ class ShardLink:
     payload is parameters (EASGD's x_i), sent as differences from the mirror; otherwise it
     is gradients, sent with error feedback."""
 
-    def __init__(self, kind: str, size: int, differences: bool) -> None:
-        self.kind, self.size, self.differences = kind, size, differences
+    def __init__(self, codec: Codec, size: int, differences: bool) -> None:
+        self.codec, self.size, self.differences = codec, size, differences
         self.residual = np.zeros(0 if differences else size, np.float32)
         self.mirror = np.zeros(size if differences else 0, np.float32)
         self.synced = False  # the server holds this connection's view or mirror
@@ -53,15 +53,15 @@ class ShardLink:
         self._sent: np.ndarray | None = None  # the last payload, for a resend
 
     def fields(self) -> dict[str, Any]:
-        return {"codec": self.kind, "resync": not self.synced}
+        return {"codec": self.codec.name, "resync": not self.synced}
 
     def outgoing(self, values: np.ndarray) -> np.ndarray:
         """What to send for `values` (this shard's keys)."""
-        scratch = self._scratch
+        scratch, codec = self._scratch, self.codec
         if not self.differences:
             np.add(values, self.residual, out=scratch)  # what the worker means to send
-            sent = encode(self.kind, scratch)
-            np.subtract(scratch, decode(self.kind, sent, self.residual), out=self.residual)
+            sent = codec.encode(scratch)
+            np.subtract(scratch, codec.decode(sent, self.residual), out=self.residual)
             if not np.isfinite(self.residual.sum()):  # NaN or Inf, which the server refuses,
                 self.residual[...] = 0  # is not carried on to poison every later push
             self._sent = sent
@@ -73,8 +73,8 @@ class ShardLink:
             self.mirror[...] = values
             sent = values
         else:
-            sent = encode(self.kind, scratch)
-            self.mirror += decode(self.kind, sent, scratch)
+            sent = codec.encode(scratch)
+            self.mirror += codec.decode(sent, scratch)
         self._sent = sent
         return sent
 
@@ -100,10 +100,11 @@ class ShardLink:
         if coded is None:
             gather(chunks[0], out)
         else:
-            if coded != self.kind:
-                raise ProtocolError(f"reply in codec {coded!r}, this worker speaks {self.kind!r}")
+            speaks = self.codec.name
+            if coded != speaks:
+                raise ProtocolError(f"reply in codec {coded!r}, this worker speaks {speaks!r}")
             data = chunks[0][0] if len(chunks[0]) == 1 else np.concatenate(chunks[0])
-            decoded = decode(self.kind, data, self._scratch)
+            decoded = self.codec.decode(data, self._scratch)
             if header.get("add"):
                 out += decoded
             else:
@@ -154,27 +155,28 @@ class Views:
                 del self._views[worker]
 
 
-def delta_reply(kind: str, params: np.ndarray, view: np.ndarray) -> np.ndarray:
+def delta_reply(codec: Codec, params: np.ndarray, view: np.ndarray) -> np.ndarray:
     """Q(params - view), with its decoding added to the view as the worker will add it."""
     delta = np.subtract(params, view)
-    sent = encode(kind, delta)
-    view += decode(kind, sent, delta)
+    sent = codec.encode(delta)
+    view += codec.decode(sent, delta)
     return sent
 
 
 class Squeeze:
-    """The server's end of an EASGD reply in codec `kind`: each slice of e the rule writes is
+    """The server's end of an EASGD reply in `codec`: each slice of e the rule writes is
     encoded and replaced by its decoding before it is committed, so the center moves by
     exactly what the worker will apply."""
 
-    def __init__(self, kind: str, size: int) -> None:
-        self.kind, self.size = kind, size
-        self.encoded = np.empty(encoded_size(kind, size), np.uint8)
+    def __init__(self, codec: Codec, size: int) -> None:
+        self.codec, self.size = codec, size
+        self.encoded = np.empty(codec.encoded_size(size), np.uint8)
 
     def __call__(self, start: int, out: np.ndarray) -> None:
-        begin = byte_offset(self.kind, start)
-        part = self.encoded[begin : begin + encoded_size(self.kind, out.size)]
-        decode(self.kind, encode(self.kind, out, part), out)
+        codec = self.codec
+        begin = codec.byte_offset(start)
+        part = self.encoded[begin : begin + codec.encoded_size(out.size)]
+        codec.decode(codec.encode(out, part), out)
 
     def refused(self, out: np.ndarray, slice_keys: int) -> None:
         """After a refused slice (its part of the reply zeroed): every all-zero slice is

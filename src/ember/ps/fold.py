@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Callable
 
@@ -10,11 +9,8 @@ import numpy as np
 
 from ember.ps.clocks import ClockTable
 from ember.ps.replies import Replies
-from ember.ps.shard import ShardState, UpdateRule
-from ember.wire import CHUNK_BYTES
+from ember.ps.shard import SLICE, ShardState, UpdateRule
 
-SLICE = CHUNK_BYTES // 4  # keys a round commits (and checks) at a time: one payload chunk's worth
-BLOCK = 1 << 16  # keys a commit works on at a time: its arrays' blocks fit in a core's L2 cache
 # Rounds a reply slice to what an encoded reply carries, in place: (first key, the slice).
 Squeezer = Callable[[int, np.ndarray], None]
 
@@ -35,9 +31,6 @@ class Fold:
     ) -> None:
         self.shard, self.rule, self.clocks, self.replies = shard, rule, clocks, replies
         self.counters, self.rejected = counters, rejected
-        # scratch, reused by every commit: a slice's values before it, and the rule's own
-        self._before: dict[str, np.ndarray] = {}
-        self._rule_scratch = np.empty(BLOCK, np.float32)
         self._payload = np.empty(SLICE, np.float32)  # a synchronous push's chunk, read once
 
     def chunk(
@@ -81,7 +74,7 @@ class Fold:
             # BSP folds only clock == min_clock, so a round never mixes clocks.
             round_sum_keys = round_sum[keys]  # an overflow here is refused at the round's commit
             np.add(round_sum_keys, contribution, out=round_sum_keys)
-        elif not self._commit(keys, contribution, 1) and out is not None:
+        elif not self._commit(keys, contribution) and out is not None:
             # A refused chunk is a step the worker does not take: its part of the reply reads
             # zero (easgd's x_i -= e moves nothing), like an input chunk refused by _finite.
             # A streamed push's earlier chunks are already applied and answered, so the push
@@ -112,6 +105,13 @@ class Fold:
             shard.step += 1
         return out
 
+    def _commit(self, keys: slice, contribution: np.ndarray) -> bool:
+        """One push's contribution committed at once (asynchronously), counted if refused."""
+        if self.shard.commit(self.rule, keys, contribution, 1):
+            return True
+        self.rejected["nonfinite"] += 1
+        return False
+
     def _read_once(self, values: np.ndarray) -> np.ndarray:
         if self._payload.size < values.size:
             self._payload = np.empty(values.size, values.dtype)
@@ -130,65 +130,9 @@ class Fold:
             out.fill(0)
         return False
 
-    def _commit(self, keys: slice, contribution: np.ndarray, count: int) -> bool:
-        """Commit `contribution` to `keys` unless the result holds NaN or Inf: finite inputs can
-        still overflow (two pushes of 3e38). A refused commit puts back the slice's parameters
-        and rule state. The work goes block by block (BLOCK keys): the copy kept for that, the
-        rule's passes and the check, a sum of what was just written, all read the block from
-        cache, so the passes NumPy cannot fuse cost about one trip through memory."""
-        params, state = self.shard.params[keys], self.shard.state_at(keys)
-        kept = [(value, self._scratch(name, params.size)) for name, value in state.items()]
-        kept.append((params, self._scratch("params", params.size)))
-        scratch, size = self._rule_scratch, params.size
-        # keys from `split` on hold the model's buffers, which the rule folds in its own way
-        shard_split = self.shard.buffers_from
-        split = size if shard_split is None else min(max(shard_split - keys.start, 0), size)
-        for start in range(0, size, BLOCK):  # a short loop: its overhead is a few percent
-            block = slice(start, start + BLOCK)
-            for value, before in kept:
-                np.copyto(before[block], value[block])
-            written = params[block]
-            stop = start + written.size
-            step = self.shard.step + 1  # this commit's number, for Adam and schedules
-            for part, buffers in (
-                (slice(start, min(stop, split)), False),
-                (slice(max(start, split), stop), True),
-            ):
-                if part.start >= part.stop:
-                    continue
-                values = params[part]
-                rule_state = {name: value[part] for name, value in state.items()}
-                args = (values, rule_state, contribution[part], count, scratch[: values.size])
-                if buffers:
-                    self.rule.commit_buffers(*args)
-                else:
-                    self.rule.commit(*args, step=step)
-            if not math.isfinite(written.sum()):
-                done = start + written.size
-                for value, before in kept:
-                    np.copyto(value[:done], before[:done])
-                self.rejected["nonfinite"] += 1
-                return False
-        return True
-
-    def _scratch(self, name: str, size: int) -> np.ndarray:
-        buffer = self._before.get(name)
-        if buffer is None or buffer.size < size:
-            buffer = self._before[name] = np.empty(max(size, SLICE), np.float32)
-        return buffer[:size]
-
     def maybe_commit_round(self) -> None:
+        """Commit the open synchronous round once every live worker has folded into it."""
         shard = self.shard
-        if shard.round_sum is None or shard.round_count == 0:
-            return
-        if self.clocks.min_clock() > shard.round_clock:  # every live worker folded this round
+        if shard.round_due(self.clocks.min_clock()):
             self.replies.release_for_writing()
-            # The rules are elementwise, so a round commits slice by slice; a slice whose result
-            # would not be finite keeps its parameters, and the round's sum of it is dropped.
-            with np.errstate(over="ignore", invalid="ignore"):
-                for start in range(0, shard.params.size, SLICE):
-                    keys = slice(start, start + SLICE)
-                    self._commit(keys, shard.round_sum[keys], shard.round_count)
-            shard.step += 1
-            shard.round_sum.fill(0)
-            shard.round_count = 0
+            self.rejected["nonfinite"] += shard.commit_round(self.rule)

@@ -10,15 +10,16 @@ import numpy as np
 
 from ember.errors import ProtocolError
 from ember.ps.clocks import ClockTable, WorkerEntry
-from ember.ps.codec import encoded_size
+from ember.ps.codec import Codec
 from ember.ps.coded import CodedExchanges
 from ember.ps.compress import Squeeze, Views, check_codec
 from ember.ps.consistency import Consistency
-from ember.ps.fold import SLICE, Fold
+from ember.ps.fold import Fold
 from ember.ps.replies import Replies
 from ember.ps.shard import (
     ALL_KEYS,
     MAX_STEP,
+    SLICE,
     ShardSpec,
     ShardState,
     UpdateRule,
@@ -39,7 +40,7 @@ class Held:
     reply: np.ndarray | None = None  # easgd's elastic difference, filled chunk by chunk
     pooled: bool = True  # the reply buffer returns to the pool (not a shared-memory view)
     tickets: list[SendTicket] = field(default_factory=list)
-    codec: str | None = None  # the worker's codec (compress.py); None: full precision
+    codec: Codec | None = None  # the worker's (compress.py); None: full precision
 
     @property
     def resync(self) -> bool:
@@ -155,7 +156,7 @@ class PushPull(CodedExchanges):
             self.rejected["incarnation"] += 1
             raise
 
-    def _check_payload(self, request: Request, codec: str | None) -> None:
+    def _check_payload(self, request: Request, codec: Codec | None) -> None:
         """Refuse a push whose header does not fit this shard before any of its payload is used."""
         spec = self.spec
         if request.header.get("keys") != [spec.start, spec.stop]:
@@ -167,7 +168,7 @@ class PushPull(CodedExchanges):
         table = request.header.get("tensors")
         wanted = ["float32", [spec.size]]  # EASGD's resync carries x_i in full
         if codec is not None and not (self.rule.replies and request.header.get("resync")):
-            wanted = ["uint8", [encoded_size(codec, spec.size)]]
+            wanted = ["uint8", [codec.encoded_size(spec.size)]]
         if table != [wanted]:
             self.rejected["shape"] += 1
             raise ProtocolError(

@@ -1,17 +1,22 @@
-"""A shard: its key range, the rule that updates it, and the state it holds (no wire here).
-NumPy float32 arrays throughout: the server process never imports torch."""
+"""A shard: its key range, the rule that updates it, and the state it holds with the one
+commit that moves it (no sockets here). NumPy float32 arrays throughout: the server process
+never imports torch."""
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from ember.errors import ProtocolError
+from ember.wire import CHUNK_BYTES
 
+SLICE = CHUNK_BYTES // 4  # keys a round commits (and checks) at a time: one payload chunk's worth
+BLOCK = 1 << 16  # keys a commit works on at a time: its arrays' blocks fit in a core's L2 cache
 ALL_KEYS = slice(0, 1 << 62)  # a reply or snapshot that reads every key of the shard
 # A worker's step, its resume point: beyond any run, exact as a float64 in a checkpoint's JSON,
 # and far inside the clock table's int64 columns.
@@ -97,9 +102,11 @@ def shard_ranges(total: int, count: int) -> list[tuple[int, int]]:
 
 @dataclass
 class ShardState:
-    """What one shard holds: everything a checkpoint or a copy to the backup carries, beside
-    the clock table. `params` and `rule_state` may be replaced by private copies while a reply
-    still reads the old ones, so hold the ShardState, never its tensors."""
+    """What one shard holds (parameters, buffers, the rule's optimizer state, its step and an
+    open round's clock: everything a checkpoint or a copy to the backup carries, beside the
+    workers' clock table), and `commit`, the one way a push moves it. `params` and
+    `rule_state` may be replaced by private copies while a reply still reads the old ones, so
+    hold the ShardState, never its tensors."""
 
     params: np.ndarray  # this shard's keys of the flat parameter vector
     rule_state: dict[str, np.ndarray]  # the rule's per-key state, in state_names order
@@ -108,6 +115,11 @@ class ShardState:
     round_clock: int = 0  # the clock whose contributions round_sum holds
     step: int = 0  # commits applied to the parameters
     buffers_from: int | None = None  # the first key that holds a buffer; None: the size
+    # scratch, reused by every commit: a slice's values before it, and the rule's own
+    _before: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+    _rule_scratch: np.ndarray = field(
+        default_factory=lambda: np.empty(BLOCK, np.float32), repr=False, compare=False
+    )
 
     @classmethod
     def create(
@@ -149,6 +161,73 @@ class ShardState:
         if self.round_sum is not None:
             tensors["round_sum"] = self.round_sum
         return tensors
+
+    def commit(self, rule: UpdateRule, keys: slice, contribution: np.ndarray, count: int) -> bool:
+        """Commit `contribution` (the sum of `count` workers') to `keys` by `rule`, unless the
+        result holds NaN or Inf (then False): finite inputs can
+        still overflow (two pushes of 3e38). A refused commit puts back the slice's parameters
+        and rule state. The work goes block by block (BLOCK keys): the copy kept for that, the
+        rule's passes and the check, a sum of what was just written, all read the block from
+        cache, so the passes NumPy cannot fuse cost about one trip through memory."""
+        params, state = self.params[keys], self.state_at(keys)
+        kept = [(value, self._scratch(name, params.size)) for name, value in state.items()]
+        kept.append((params, self._scratch("params", params.size)))
+        scratch, size = self._rule_scratch, params.size
+        # keys from `split` on hold the model's buffers, which the rule folds in its own way
+        shard_split = self.buffers_from
+        split = size if shard_split is None else min(max(shard_split - keys.start, 0), size)
+        for start in range(0, size, BLOCK):  # a short loop: its overhead is a few percent
+            block = slice(start, start + BLOCK)
+            for value, before in kept:
+                np.copyto(before[block], value[block])
+            written = params[block]
+            stop = start + written.size
+            step = self.step + 1  # this commit's number, for Adam and schedules
+            for part, buffers in (
+                (slice(start, min(stop, split)), False),
+                (slice(max(start, split), stop), True),
+            ):
+                if part.start >= part.stop:
+                    continue
+                values = params[part]
+                rule_state = {name: value[part] for name, value in state.items()}
+                args = (values, rule_state, contribution[part], count, scratch[: values.size])
+                if buffers:
+                    rule.commit_buffers(*args)
+                else:
+                    rule.commit(*args, step=step)
+            if not math.isfinite(written.sum()):
+                done = start + written.size
+                for value, before in kept:
+                    np.copyto(value[:done], before[:done])
+                return False
+        return True
+
+    def _scratch(self, name: str, size: int) -> np.ndarray:
+        buffer = self._before.get(name)
+        if buffer is None or buffer.size < size:
+            buffer = self._before[name] = np.empty(max(size, SLICE), np.float32)
+        return buffer[:size]
+
+    def round_due(self, min_clock: int) -> bool:
+        """Whether the open synchronous round has every live worker's contribution: the
+        slowest clock is past the round's."""
+        return self.round_sum is not None and self.round_count > 0 and min_clock > self.round_clock
+
+    def commit_round(self, rule: UpdateRule) -> int:
+        """Commit the open round and open the next; returns the slices refused. The rules are
+        elementwise, so a round commits slice by slice; a slice whose result would not be
+        finite keeps its parameters, and the round's sum of it is dropped."""
+        assert self.round_sum is not None
+        refused = 0
+        with np.errstate(over="ignore", invalid="ignore"):
+            for start in range(0, self.params.size, SLICE):
+                keys = slice(start, start + SLICE)
+                refused += not self.commit(rule, keys, self.round_sum[keys], self.round_count)
+        self.step += 1
+        self.round_sum.fill(0)
+        self.round_count = 0
+        return refused
 
     def move_to_private_copies(self) -> None:
         """Go on with copies of params and rule state, leaving the old tensors to their readers."""
