@@ -206,7 +206,8 @@ def evaluate_checkpoint(
     from ember.evaluation import evaluate
     from ember.export import fill_from_checkpoint
     from ember.models import MODEL_NAMES
-    from ember.worker import load_data, make_model
+    from ember.spec import load_data
+    from ember.worker import make_model
 
     loaded = verify_run_state(load_checkpoint(Path(checkpoint)))
     saved = loaded.meta.get("config", {})

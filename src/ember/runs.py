@@ -57,10 +57,10 @@ def check_run(config: RunConfig, has_model: bool) -> None:
             " trains, or a function building it): the parameter servers start from its"
             " parameters; strategies single and allreduce run without one"
         )
-    if config.tau_policy != "fixed":
+    if config.tau_policy == "loss":
         raise ConfigError(
-            f"ember.run takes a fixed tau; tau {config.tau_policy!r} adapts to the built-in"
-            " loop's step times and losses"
+            "ember.run takes a fixed tau or tau 'auto' (ember.Optimizer times each step);"
+            " tau 'loss' follows the built-in loop's losses"
         )
 
 

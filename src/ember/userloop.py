@@ -1,27 +1,32 @@
-"""A worker of `ember.run`: the user's function in place of the built-in loop, the context it
-reads (`ember.context()`) and `ember.Optimizer`, which drives the run's algorithm from it."""
+"""What every worker's training function runs against, ember.run's and ember train's built-in
+one alike: the worker context (`ember.context()`: rank, world, its shard, report) and
+`ember.Optimizer`, which drives the run's algorithm from the function's steps."""
 
 from __future__ import annotations
 
 import base64
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import safetensors.numpy
 import torch
 
-from ember.algorithms import FlatModel, WorkerContext, make_algorithm
+from ember.algorithms import FlatModel, ScheduledOptimizer, WorkerContext, make_algorithm
 from ember.algorithms.base import Algorithm, CommStats
 from ember.algorithms.flat import flat_layout
+from ember.algorithms.period import Period
 from ember.config import RunConfig
-from ember.data import Dataset, shard_indices
-from ember.data.batches import Batch, MemoryBatches
+from ember.data import Dataset
+from ember.data.streaming import stream_record
 from ember.devicework import placement, take
 from ember.errors import ConfigError, EmberError
-from ember.metrics import LoopProgress, WorkerDone, WorkerStart
+from ember.metrics import LoopProgress, TauChoice, WorkerDone, WorkerStart
 from ember.returns import RETURNED, UnencodableValue, encode
 from ember.spec import Layout, WorkerSpec, load_data
-from ember.wire import use_encryption
+from ember.workerdata import WorkerData
 
 # what every progress record holds already: a metric may not take one of these names
 _RESERVED = frozenset(
@@ -44,26 +49,25 @@ def context() -> LoopContext:
     return _current
 
 
-def run_user_loop(
-    spec: WorkerSpec, report: Report, dataset: Dataset | None = None
-) -> dict[str, Any]:
-    """Run spec.train_fn as this worker, leave the run cleanly when it returns, send rank 0's
-    return value (encoded, or why it cannot be) and return the worker's totals."""
+@contextmanager
+def worker_context(
+    spec: WorkerSpec,
+    report: Report,
+    dataset: Dataset | None = None,
+    stop: threading.Event | None = None,
+) -> Iterator[LoopContext]:
+    """This worker's context, what ember.context() returns while the block runs; leaving the
+    block after the function returned, the Optimizer's last exchange and the run left."""
     global _current
-    assert spec.train_fn is not None
-    use_encryption(spec.config.encrypt)  # this process's connections speak the run's transport
-    torch.set_num_threads(spec.config.threads)
     ctx = LoopContext(spec, report, dataset if dataset is not None else load_data(spec.config))
+    ctx.stop = stop
     _current = ctx
     try:
-        value = spec.train_fn(*spec.train_args)
-        if ctx.optimizer is not None:  # its last exchange, then it leaves the servers
+        yield ctx
+        if ctx.optimizer is not None:
             ctx.optimizer.finish()
     finally:
         _current = None
-    if spec.rank == 0:
-        report(returned(value))
-    return ctx.done()
 
 
 def returned(value: Any) -> dict[str, Any]:
@@ -75,43 +79,9 @@ def returned(value: Any) -> dict[str, Any]:
         return {"kind": RETURNED, "rank": 0, "error": f"ember.run: {exc}"}
 
 
-class WorkerData:
-    """This worker's shard of the run's data: its rows (x, y), the held-out rows (x_test,
-    y_test), and each epoch's minibatches in the built-in loop's seeded order."""
-
-    def __init__(self, spec: WorkerSpec, dataset: Dataset, ctx: LoopContext) -> None:
-        x, y = dataset.x_train, dataset.y_train
-        if not spec.own_rows:  # the whole training set: this rank's rows of it
-            rows = shard_indices(len(x), spec.rank, spec.world)
-            x, y = x[rows[0] : rows[-1] + 1], y[rows[0] : rows[-1] + 1]
-        config = spec.config
-        if len(y) < config.batch_size:
-            raise ValueError(
-                f"worker {spec.rank}: shard of {len(y)} rows is smaller than one batch of"
-                f" {config.batch_size}"
-            )
-        self.x, self.y = x, y
-        self.x_test, self.y_test = dataset.x_test, dataset.y_test
-        self.batch_size = config.batch_size
-        self._batches = MemoryBatches(x, y, config.batch_size, config.seed, spec.rank)
-        self.steps_per_epoch = len(y) // self.batch_size
-        self._ctx = ctx
-
-    def batches(self, epoch: int) -> Iterator[Batch]:
-        """Epoch `epoch`'s (inputs, targets) minibatches, counted from 0. A restarted worker
-        resumes from the servers' record of its steps, so batches it trained already are
-        skipped and the loop goes on where the rank stopped."""
-        ctx = self._ctx
-        ctx.epoch = epoch
-        start = min(max(0, ctx.start_step - epoch * self.steps_per_epoch), self.steps_per_epoch)
-        for inputs, targets in self._batches.epoch(epoch, start):
-            ctx.samples += len(targets)
-            yield inputs, targets
-
-
 class LoopContext:
-    """Where this worker stands in ember.run: rank, world, its data, report(), and the steps
-    its ember.Optimizer has taken."""
+    """Where this worker stands: rank, world, its data, report(), the steps its
+    ember.Optimizer has taken, and the seconds its loop set aside from training."""
 
     def __init__(self, spec: WorkerSpec, report: Report, dataset: Dataset) -> None:
         self.spec, self.config = spec, spec.config
@@ -121,13 +91,16 @@ class LoopContext:
         self.samples = 0  # rows served by data.batches
         self.start_step = spec.initial_step  # where this incarnation began: the servers say
         self.optimizer: Optimizer | None = None
+        self.stop: threading.Event | None = None  # set: the engine asks the loop to end
+        self.aside = 0.0  # seconds of evaluation and checkpoints inside the loop, not training
+        self.dataset = dataset
         self.placement = placement(self.config, spec.rank, spec.world, spec.gpus)
         self.device = take(self.placement)  # where the function's model and batches belong
         self.data = WorkerData(spec, dataset, self)
         self.total_steps = self.epochs * self.data.steps_per_epoch
         self._send = report
-        self._started = time.perf_counter()
-        self._last = (self._started, 0)  # time and samples of the previous report
+        self.started_at = time.perf_counter()  # when training began: the Optimizer's start
+        self._last = (self.started_at, 0)  # time and samples of the previous report
 
     @property
     def step(self) -> int:
@@ -142,8 +115,18 @@ class LoopContext:
 
     @property
     def should_stop(self) -> bool:
-        """Whether this rank has taken the run's steps: epochs times its shard's batches."""
-        return self.step >= self.total_steps
+        """Whether this rank has taken the run's steps (epochs times its shard's batches), or
+        the engine asked it to leave the run."""
+        return self.step >= self.total_steps or self.stopped
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the engine asked this worker to leave the run before its last step."""
+        return self.stop is not None and self.stop.is_set()
+
+    def training_seconds(self, now: float) -> float:
+        """Seconds of training from the start to `now`, without those set aside."""
+        return now - self.started_at - self.aside
 
     def report(self, **metrics: Any) -> None:
         """Numbers to the progress display, metrics.jsonl and TensorBoard; `loss` is the
@@ -166,7 +149,7 @@ class LoopContext:
                 loss=float(values.pop("loss", float("nan"))),
                 samples=samples,
                 samples_per_second=(samples - self._last[1]) / seconds if seconds > 0 else 0.0,
-                t_comp=self._t_comp(now),
+                t_comp=self._t_comp(),
                 comm=self._stats().as_record(),
                 reported=tuple(metrics),
                 metrics=values,
@@ -174,11 +157,15 @@ class LoopContext:
         )
         self._last = (now, samples)
 
+    def send(self, record: dict[str, Any]) -> None:
+        """A record as ember's built-in loop writes it (progress, evaluation, divergence)."""
+        self._send(record)
+
     def started(self, optimizer: Optimizer) -> None:
         """The Optimizer is connected: training begins now, at `optimizer.steps`."""
         self.optimizer, self.start_step = optimizer, optimizer.steps
-        self._started = time.perf_counter()
-        self._last = (self._started, self.samples)
+        self.started_at = time.perf_counter()
+        self._last = (self.started_at, self.samples)
         self._send(
             WorkerStart(
                 rank=self.rank,
@@ -188,19 +175,41 @@ class LoopContext:
             ).to_json()
         )
 
+    def report_tau(self, period: Period) -> None:
+        """The periods chosen since the last report, one record each."""
+        for change in period.changes:
+            self._send(
+                TauChoice(
+                    rank=self.rank,
+                    incarnation=self.incarnation,
+                    step=max(change.step, self.start_step),  # the start: where this one began
+                    policy=period.policy,
+                    reason=change.reason,
+                    tau=change.tau,
+                    previous=change.previous,
+                    t_comp=change.t_comp,
+                    t_comm=change.t_comm,
+                    details=change.details,
+                ).to_json()
+            )
+        period.changes.clear()
+
     def done(self) -> dict[str, Any]:
-        now, steps = time.perf_counter(), self.step - self.start_step
-        period = getattr(self.optimizer.algorithm, "period", None) if self.optimizer else None
+        """This worker's totals, once its function has returned."""
+        steps = self.step - self.start_step
+        optimizer = self.optimizer
+        period = optimizer.period if optimizer is not None else None
         return WorkerDone(
             rank=self.rank,
             incarnation=self.incarnation,
             steps=steps,
             samples=self._served(),
-            seconds=now - self._started,
-            aside_seconds=0.0,
-            t_comp=self._t_comp(now),
+            seconds=self.training_seconds(time.perf_counter()),
+            aside_seconds=self.aside,
+            t_comp=self._t_comp(),
             comm=self._stats().as_record(),
             tau=period.summary() if period is not None else {},
+            data=stream_record(self.data.shard),
             device=self.placement.device,
             gpu=self.placement.gpu,
         ).to_json()
@@ -213,26 +222,37 @@ class LoopContext:
     def _stats(self) -> CommStats:
         return self.optimizer.algorithm.stats if self.optimizer is not None else CommStats()
 
-    def _t_comp(self, now: float) -> float:
-        return now - self._started - self._stats().t_wait
+    def _t_comp(self) -> float:
+        return self.optimizer.t_comp if self.optimizer is not None else 0.0
 
 
 class Optimizer:
     """Wraps a torch.optim optimizer: step() does the local step and the run's exchange, as
-    horovod's DistributedOptimizer does. Built inside ember.run's function, it connects and
-    loads the run's parameters into `model` (a restarted worker's from the servers)."""
+    horovod's DistributedOptimizer does. Built inside the worker's function, it connects and
+    loads the run's parameters into `model` (a restarted worker's from the servers). Under
+    bsp, ssp and async the servers run the optimizer: `optimizer` may then be None."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+    def __init__(self, optimizer: Any, model: torch.nn.Module) -> None:
         ctx = context()
         if ctx.optimizer is not None:
             raise EmberError("ember.Optimizer: this worker has one already; wrap one per worker")
         spec, config = ctx.spec, ctx.config
         if not config.mode.local_optimizer:  # bsp, ssp, async: the servers' optimizer steps
-            check_server_optimizer(optimizer, config)
+            if optimizer is not None:
+                check_server_optimizer(optimizer, config)
+        elif optimizer is None:
+            raise ConfigError(
+                f"strategy {config.strategy!r} runs the optimizer on the workers: ember.Optimizer"
+                " needs one to wrap"
+            )
         self.optimizer, self.model = optimizer, model
         if config.uses_server and spec.layout is not None:
             check_layout(model, spec.layout)
         self.flat = flat = FlatModel(model, flat_grads=config.mode.ships_gradients)
+        if spec.initial is not None:  # a resumed run's parameters, for a strategy without servers
+            flat.load(spec.initial)
+        elif spec.initial_file is not None:
+            flat.load(safetensors.numpy.load_file(spec.initial_file)["params"])
         # each parameter's gradient is a view of flat.grads, which the exchange sends
         self._views = [(p, p.grad) for p in model.parameters() if p.grad is not None]
         where = {name: getattr(spec, name) for name in _WHERE}
@@ -241,21 +261,47 @@ class Optimizer:
         self.algorithm: Algorithm = make_algorithm(where_now)
         local = optimizer if config.mode.local_optimizer else None
         self.steps = max(self.algorithm.start(flat, local), spec.initial_step)
+        if isinstance(optimizer, ScheduledOptimizer):  # a resumed worker's schedule goes on
+            optimizer.steps = self.steps
+        # easgd's and diloco's exchange period (the others have none); one that adapts is fed
+        # each step's compute seconds, and its loss if it asks
+        self.period: Period | None = getattr(self.algorithm, "period", None)
+        self._adapts = self.period if self.period is not None and self.period.adaptive else None
+        self.t_comp = 0.0  # seconds of compute, without waits on the network
+        self._zeroed = False  # zero_grad() kept .grad on flat.grads: nothing to regather
         self._finished = False
+        self._ctx = ctx
         ctx.started(self)
+        self._began = ctx.started_at  # this step's start: its zero_grad, else the last step's end
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self._began = time.perf_counter()
         if self.flat.flat_grads:  # zeroed in place: None would cut .grad from flat.grads
             self.flat.zero_grad()
+            self._zeroed = True
         else:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
+            self.model.zero_grad(set_to_none=set_to_none)
 
-    def step(self) -> None:
-        """The gradients of this step are in place: the local step and the run's exchange."""
-        if self.flat.flat_grads:
+    def step(self, loss: float | None = None) -> None:
+        """The gradients of this step are in place: the local step and the run's exchange.
+        The built-in loop passes each step's `loss`, which tau 'loss' follows."""
+        algorithm, adapts = self.algorithm, self._adapts
+        waited = algorithm.stats.t_wait
+        if self.flat.flat_grads and not self._zeroed:
             self._regather()
-        self.algorithm.after_backward(self.steps)
+        if adapts is not None and adapts.wants_loss and loss is not None:
+            adapts.add_loss(loss)
+        algorithm.after_backward(self.steps)
         self.steps += 1
+        # Waiting on an exchange is communication time, not compute.
+        now = time.perf_counter()
+        seconds = now - self._began - (algorithm.stats.t_wait - waited)
+        self.t_comp += seconds
+        self._began, self._zeroed = now, False
+        if adapts is not None:
+            adapts.add_step(seconds)
+            if adapts.changes:
+                self._ctx.report_tau(adapts)
 
     def _regather(self) -> None:
         """A loop that set .grad to None (model.zero_grad(), a torch optimizer's zero_grad)
@@ -276,13 +322,15 @@ class Optimizer:
         if not self._finished:
             self._finished = True
             self.algorithm.finish()
+            if self.period is not None and self.period.changes:  # chosen at the final exchange
+                self._ctx.report_tau(self.period)
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
+        return self.optimizer.param_groups if self.optimizer is not None else []
 
     def state_dict(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
+        return self.optimizer.state_dict() if self.optimizer is not None else {}
 
 
 def check_server_optimizer(optimizer: Any, config: RunConfig) -> None:
@@ -320,4 +368,10 @@ def _number(name: str, value: Any) -> int | float:
         raise TypeError(f"ctx.report: {name}={value!r} is not a number") from None
 
 
-__all__ = ["LoopContext", "Optimizer", "WorkerData", "context", "run_user_loop"]
+__all__ = [
+    "LoopContext",
+    "Optimizer",
+    "context",
+    "returned",
+    "worker_context",
+]

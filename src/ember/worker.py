@@ -1,4 +1,5 @@
-"""The local PyTorch training loop of one worker, the same on every engine."""
+"""Every worker's training, the same on every engine: ember.run's function or ember train's
+built-in loop, which is a train function over the same ember.Optimizer and worker context."""
 
 from __future__ import annotations
 
@@ -11,36 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import safetensors.numpy
 import torch
 
-from ember.algorithms import (
-    FlatModel,
-    ScheduledOptimizer,
-    WorkerContext,
-    local_optimizer,
-    make_algorithm,
-)
-from ember.algorithms.period import Period
+from ember.algorithms import FlatModel, local_optimizer
 from ember.checkpoint import free_step, save_checkpoint
 from ember.config import RunConfig
-from ember.data import Dataset, shard_indices
-from ember.data.batches import Batch, Inputs, MemoryBatches, ShardBatches
-from ember.data.streamhost import StreamedDataset, counted, stream_batches
-from ember.data.streaming import data_wait_fraction, stream_record
-from ember.devicework import forward_precision, loss_scaler, on_device, placement, take
+from ember.data import Dataset
+from ember.data.batches import Batch, Inputs
+from ember.data.streaming import data_wait_fraction
+from ember.devicework import forward_precision, loss_scaler, on_device
 from ember.evaluation import ends_epoch, evaluate, evaluate_with, evaluates_after
-from ember.metrics import (
-    Divergence,
-    Evaluation,
-    TauChoice,
-    WorkerDone,
-    WorkerProgress,
-    WorkerStart,
-)
+from ember.metrics import Divergence, Evaluation, WorkerProgress
 from ember.models import build_model
 from ember.models.losses import make_loss, register_objects
-from ember.spec import Layout, WorkerSpec, checkpoint_meta, load_data
+from ember.spec import Layout, WorkerSpec, checkpoint_meta
+from ember.userloop import LoopContext, Optimizer, context, returned, worker_context
 from ember.wire import use_encryption
 
 Report = Callable[[dict[str, Any]], None]
@@ -71,120 +57,89 @@ def run_worker(
     dataset: Dataset | None = None,
     stop: threading.Event | None = None,
 ) -> dict[str, Any]:
-    """Train this worker's shard for the configured epochs, or until `stop` is set; leave the
-    servers cleanly either way and return its totals."""
-    use_encryption(spec.config.encrypt)  # this process's connections speak the run's transport
-    config, worker = spec.config, Worker(spec, report, dataset)
-    first_step, total_steps = worker.first_step, worker.total_steps
-    steps_per_epoch = worker.steps_per_epoch
-    # The loop runs here, not in a method: one frame less under a model that raises keeps the
-    # traceback short enough for the engines' tail of the worker's log to show what it printed.
-    worker.start()
+    """Run this worker's function (ember.run's, else the built-in loop) with its context set,
+    until it returns or `stop` is set; leave the servers cleanly either way, send rank 0's
+    return value under ember.run (encoded, or why it cannot be) and return the totals."""
+    config = spec.config
+    use_encryption(config.encrypt)  # this process's connections speak the run's transport
+    torch.set_num_threads(config.threads)
+    register_objects(config.model, spec.model_object, spec.functions)
+    function, args = spec.train_fn or builtin_loop, spec.train_args
+    with worker_context(spec, report, dataset, stop) as ctx:
+        value = function(*args)
+    if spec.train_fn is not None and spec.rank == 0:
+        report(returned(value))
+    return ctx.done()
+
+
+def builtin_loop() -> None:
+    """ember train's training: the run's model, loss and optimizer over this worker's shard
+    for the configured epochs, or until the engine asks it to stop."""
+    ctx = context()
+    loop = BuiltinLoop(ctx)
+    config, optimizer = ctx.config, loop.optimizer
+    first_step, total_steps = optimizer.steps, ctx.total_steps
+    steps_per_epoch = ctx.data.steps_per_epoch
     last_step = total_steps
     batches: Iterator[Batch] = iter(())
     for step in range(first_step, total_steps):
-        if stop is not None and stop.is_set():
+        if ctx.stopped:
             last_step = step
             break
         epoch, index = divmod(step, steps_per_epoch)
         if index == 0 or step == first_step:  # a fresh order per epoch, fixed by the seed
-            batches = worker.epoch_batches(epoch, index)
-        worker.step(step, *next(batches))
+            batches = loop.epoch_batches(epoch)
+        loop.step(*next(batches))
         if (step + 1) % config.log_every == 0 or step + 1 == total_steps:
-            worker.log(step, epoch)
-        if spec.rank == 0 and evaluates_after(step, steps_per_epoch, config.eval_every):
-            worker.evaluate(step, epoch)
-        if worker.checkpoint_due(step + 1):
-            worker.checkpoint(step + 1)
-    done = worker.finish(last_step)
-    worker.evaluate_snapshots()  # those eval_deferred kept, now that the clocks have stopped
-    return done
+            loop.log(step, epoch)
+        if ctx.rank == 0 and evaluates_after(step, steps_per_epoch, config.eval_every):
+            loop.evaluate(step, epoch)
+        if loop.checkpoint_due(step + 1):
+            loop.checkpoint(step + 1)
+    loop.finish(last_step)
 
 
-class Worker:
-    """One worker's training state and what run_worker does with it at each step."""
+class BuiltinLoop:
+    """The built-in loop's model, loss and optimizer, and what it does at each step."""
 
-    def __init__(self, spec: WorkerSpec, report: Report, dataset: Dataset | None = None) -> None:
-        """Load the shard, build the model and connect, ready to start."""
-        config = spec.config
-        torch.set_num_threads(config.threads)
-        self.spec, self.config, self.report = spec, config, report
-        self.dataset = dataset = dataset or load_data(config)
-        self.batches: ShardBatches = shard_batches(spec, dataset)
-        self.steps_per_epoch = self.batches.rows // config.batch_size
-        register_objects(config.model, spec.model_object, spec.functions)
-        self.placement = placement(config, spec.rank, spec.world, spec.gpus)
-        self.device = device = take(self.placement)
+    def __init__(self, ctx: LoopContext) -> None:
+        """Build the model and its ember.Optimizer: connected, ready to train."""
+        spec, config, dataset = ctx.spec, ctx.config, ctx.dataset
+        self.ctx, self.spec, self.config, self.dataset = ctx, spec, config, dataset
+        self.steps_per_epoch = ctx.data.steps_per_epoch
+        self.device = device = ctx.device
         self.model = make_model(config, dataset)
-        if self.placement.cuda:  # parameters, buffers and so the optimizer's state
+        if ctx.placement.cuda:  # parameters, buffers and so the optimizer's state
             self.model.to(device)
         self.autocast = forward_precision(config.precision, device)
         self.scaler = loss_scaler(config.precision, self.model, device)
         self.loss = make_loss(config.loss)
         self.judged = (config.loss, config.metrics)  # what evaluations measure
         self.shape = (tuple(dataset.input_shape), dataset.num_classes)  # saved with checkpoints
-        self.flat = flat = FlatModel(self.model, flat_grads=config.mode.ships_gradients)
-        if spec.initial is not None:
-            flat.load(spec.initial)
-        elif spec.initial_file is not None:
-            flat.load(safetensors.numpy.load_file(spec.initial_file)["params"])
-        self.total_steps = config.epochs * self.steps_per_epoch
-        optimizer = None
+        local = None  # bsp, ssp and async: the servers run the optimizer
         if config.mode.local_optimizer:
-            optimizer = local_optimizer(flat, config, self.total_steps)
-        context = WorkerContext(
-            config,
-            spec.rank,
-            spec.world,
-            spec.servers,
-            spec.secret,
-            spec.incarnation,
-            spec.rendezvous,
-            spec.store,
-            exclusive_device=self.placement.exclusive,
-        )
-        self.algorithm = make_algorithm(context)
-        self.first_step = max(self.algorithm.start(flat, optimizer), spec.initial_step)
-        if isinstance(optimizer, ScheduledOptimizer):  # a resumed worker's schedule goes on
-            optimizer.steps = self.first_step
-        # easgd's exchange period; the other algorithms have none
-        self.exchange_period: Period | None = getattr(self.algorithm, "period", None)
-        period = self.exchange_period
-        # a period that adapts is fed each step's compute seconds, and the loss if it asks
-        self.period = period if period is not None and period.adaptive else None
-        self.feeds_loss = self.period is not None and self.period.wants_loss
-        self.t_comp = 0.0  # seconds of compute, without waits on the network
+            local = local_optimizer(self.model, config, ctx.total_steps)
+        self.optimizer = Optimizer(local, self.model)
+        self.flat: FlatModel = self.optimizer.flat
+        self.algorithm = self.optimizer.algorithm
+        adapts = self.optimizer.period
+        self.feeds_loss = adapts is not None and adapts.adaptive and adapts.wants_loss
         # each step's loss since the last progress record, kept apart to name a NaN's step
         self.losses, self.logged_steps = torch.zeros(config.log_every, device=device), 0
         self.diverged = False  # a step's loss was NaN or infinite (said once)
-        self.aside = 0.0  # seconds of evaluation and checkpointing inside the loop, not training
         self.snapshots: list[Snapshot] = []  # evaluation points not yet evaluated
-        self.saved_step = self.first_step  # of the last local checkpoint
-        self.started = self.last_log = self.last_checkpoint = 0.0  # perf_counter() times
+        self.saved_step = self.optimizer.steps  # of the last local checkpoint
+        self.last_log = self.last_checkpoint = ctx.started_at  # perf_counter() times
 
-    def start(self) -> None:
-        """Report the start and set the clocks: training begins now."""
-        spec = self.spec
-        self.report(
-            WorkerStart(
-                rank=spec.rank,
-                incarnation=spec.incarnation,
-                first_step=self.first_step,
-                total_steps=self.total_steps,
-            ).to_json()
-        )
-        self.started = self.last_log = self.last_checkpoint = time.perf_counter()
-
-    def epoch_batches(self, epoch: int, index: int) -> Iterator[Batch]:
-        """Epoch `epoch`'s batches from its `index`-th, on the worker's device."""
-        batches = self.batches.epoch(epoch, index)
+    def epoch_batches(self, epoch: int) -> Iterator[Batch]:
+        """Epoch `epoch`'s batches from where this worker stands, on the worker's device."""
+        batches = self.ctx.data.batches(epoch)
         return batches if self.device.type == "cpu" else on_device(batches, self.device)
 
-    def step(self, step: int, inputs: Inputs, targets: torch.Tensor) -> None:
+    def step(self, inputs: Inputs, targets: torch.Tensor) -> None:
         """One training step on a batch: the hot path."""
-        algorithm = self.algorithm
-        step_started, waited_before = time.perf_counter(), algorithm.stats.t_wait
-        self.flat.zero_grad()
+        optimizer = self.optimizer
+        optimizer.zero_grad()
         with self.autocast:  # the loss itself in float32, as autocast leaves it
             # called here, not through losses.forward: one frame less under a model that raises
             outputs = self.model(**inputs) if isinstance(inputs, dict) else self.model(inputs)
@@ -194,38 +149,9 @@ class Worker:
         else:  # 16-mixed: backward on the scaled loss, the gradients scaled back
             self.scaler.backward(loss)
             self.scaler.unscale()
-        if self.feeds_loss:  # the loss trigger decides in after_backward
-            self.period.add_loss(loss.item())  # type: ignore[union-attr]
-        algorithm.after_backward(step)
-        # Waiting on an exchange is communication time, not compute.
-        seconds = time.perf_counter() - step_started - (algorithm.stats.t_wait - waited_before)
-        self.t_comp += seconds
+        optimizer.step(loss.item() if self.feeds_loss else None)
         self.losses[self.logged_steps] = loss.detach()
         self.logged_steps += 1
-        if self.period is not None:
-            self.period.add_step(seconds)
-            if self.period.changes:
-                self.report_tau(self.period)
-
-    def report_tau(self, period: Period) -> None:
-        """The periods chosen since the last report, one record each."""
-        spec = self.spec
-        for change in period.changes:
-            self.report(
-                TauChoice(
-                    rank=spec.rank,
-                    incarnation=spec.incarnation,
-                    step=max(change.step, self.first_step),  # the start: where this one began
-                    policy=period.policy,
-                    reason=change.reason,
-                    tau=change.tau,
-                    previous=change.previous,
-                    t_comp=change.t_comp,
-                    t_comm=change.t_comm,
-                    details=change.details,
-                ).to_json()
-            )
-        period.changes.clear()
 
     def log(self, step: int, epoch: int) -> None:
         """Report the steps since the last progress record."""
@@ -234,18 +160,18 @@ class Worker:
         loss = float(losses.sum()) / self.logged_steps
         if not math.isfinite(loss) and not self.diverged:
             self.report_divergence(step + 1 - self.logged_steps, losses)
-        self.report(
+        self.ctx.send(
             WorkerProgress(
                 rank=spec.rank,
                 incarnation=spec.incarnation,
                 step=step + 1,
                 epoch=epoch + 1,
                 loss=loss,
-                samples=(step + 1 - self.first_step) * batch_size,
+                samples=(step + 1 - self.ctx.start_step) * batch_size,
                 samples_per_second=self.logged_steps * batch_size / (now - self.last_log),
-                t_comp=self.t_comp,
+                t_comp=self.optimizer.t_comp,
                 comm=self.algorithm.stats.as_record(),
-                data_wait_fraction=data_wait_fraction(self.batches),
+                data_wait_fraction=data_wait_fraction(self.ctx.data.shard),
             ).to_json()
         )
         self.last_log, self.logged_steps = now, 0
@@ -254,7 +180,7 @@ class Worker:
         """The first step since `done` steps whose loss in `losses` was not finite, once."""
         first = int(torch.nonzero(~torch.isfinite(losses))[0, 0])
         self.diverged = True
-        self.report(
+        self.ctx.send(
             Divergence(
                 rank=self.spec.rank,
                 incarnation=self.spec.incarnation,
@@ -277,8 +203,8 @@ class Worker:
             "epoch_end": ends_epoch(step, self.steps_per_epoch),
             # training so far, for time and samples to a target: the loop's seconds
             # without evaluation and checkpoints, and every worker's samples alike
-            "seconds": aside_started - self.started - self.aside,
-            "samples": (step + 1 - self.first_step) * self.config.batch_size * self.spec.world,
+            "seconds": self.ctx.training_seconds(aside_started),
+            "samples": (step + 1 - self.ctx.start_step) * self.config.batch_size * self.spec.world,
             "source": "worker 0 local parameters" if center is None else CENTER_SOURCE,
             "test_rows": len(self.dataset.y_test),
         }
@@ -294,7 +220,7 @@ class Worker:
                 self._report_evaluation(point, evaluate(self.model, x, y, *judged))
             else:
                 self._report_evaluation(point, evaluate_with(self.flat, center, x, y, *judged))
-        self.aside += time.perf_counter() - aside_started
+        self.ctx.aside += time.perf_counter() - aside_started
 
     def evaluate_snapshots(self) -> None:
         """Evaluate the parameters copied at each evaluation point, in order, and report them."""
@@ -305,7 +231,7 @@ class Worker:
         self.snapshots.clear()
 
     def _report_evaluation(self, point: dict[str, Any], scores: dict[str, float]) -> None:
-        self.report(Evaluation(**point, scores=scores).to_json())
+        self.ctx.send(Evaluation(**point, scores=scores).to_json())
 
     def checkpoint_due(self, done: int) -> bool:
         """Whether worker 0 of a strategy without a server saves after `done` steps."""
@@ -324,50 +250,19 @@ class Worker:
         aside_started = time.perf_counter()
         _save_local(self.spec, self.flat, step, self.shape)
         self.last_checkpoint, self.saved_step = time.perf_counter(), step
-        self.aside += self.last_checkpoint - aside_started
+        self.ctx.aside += self.last_checkpoint - aside_started
 
-    def finish(self, last_step: int) -> dict[str, Any]:
-        """Leave the servers, save what a strategy without a server has not, and total up."""
-        spec, config = self.spec, self.config
-        self.algorithm.finish()
-        period = self.exchange_period
-        if self.period is not None and self.period.changes:  # chosen at the final exchange
-            self.report_tau(self.period)
-        seconds = time.perf_counter() - self.started - self.aside
-        if not config.uses_server and spec.rank == 0 and self.saved_step != last_step:
-            _save_local(spec, self.flat, last_step, self.shape)
-        steps_run = last_step - self.first_step
-        return WorkerDone(
-            rank=spec.rank,
-            incarnation=spec.incarnation,
-            steps=steps_run,
-            samples=steps_run * config.batch_size,
-            seconds=seconds,
-            aside_seconds=self.aside,
-            t_comp=self.t_comp,
-            comm=self.algorithm.stats.as_record(),
-            tau=period.summary() if period is not None else {},
-            data=stream_record(self.batches),
-            device=self.placement.device,
-            gpu=self.placement.gpu,
-        ).to_json()
-
-
-def shard_batches(spec: WorkerSpec, dataset: Dataset) -> ShardBatches:
-    """This worker's training rows as batches, at least one batch of them: its own rows in
-    place (a mapped shard stays mapped, never copied), else a copy of its shard."""
-    if isinstance(dataset, StreamedDataset):  # its training rows stay on disk
-        return stream_batches(dataset, spec.rank, spec.world, spec.config)
-    x, y = dataset.x_train, dataset.y_train
-    if not spec.own_rows:
-        rows = shard_indices(len(x), spec.rank, spec.world)
-        x, y = x[rows[0] : rows[-1] + 1], y[rows[0] : rows[-1] + 1]
-    if len(y) < spec.config.batch_size:
-        raise ValueError(
-            f"worker {spec.rank}: shard of {len(y)} rows is smaller than one "
-            f"batch of {spec.config.batch_size}"
-        )
-    return counted(MemoryBatches(x, y, spec.config.batch_size, spec.config.seed, spec.rank))
+    def finish(self, last_step: int) -> None:
+        """Leave the servers, then save what a strategy without a server has not and evaluate
+        what eval_deferred kept, now that the clocks have stopped: both set aside, as every
+        checkpoint and evaluation is, so the training seconds end at the last exchange."""
+        self.optimizer.finish()
+        spec = self.spec
+        if not self.config.uses_server and spec.rank == 0 and self.saved_step != last_step:
+            self.checkpoint(last_step)
+        aside_started = time.perf_counter()
+        self.evaluate_snapshots()
+        self.ctx.aside += time.perf_counter() - aside_started
 
 
 def _save_local(

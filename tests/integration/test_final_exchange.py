@@ -17,7 +17,8 @@ from ember.config import RunConfig
 from ember.evaluation import evaluate
 from ember.metrics import read_metrics
 from ember.ps import fetch_state
-from ember.worker import load_data, make_model
+from ember.spec import load_data
+from ember.worker import make_model
 from tests.conftest import SECRET, running_servers
 
 pytestmark = pytest.mark.timeout(60)

@@ -86,7 +86,7 @@ def test_a_workers_adamw_with_warm_up_clipping_and_schedule_equals_pytorch() -> 
     ).validate()
     x, y = _data(STEPS)
     flat = FlatModel(_model(), flat_grads=False)
-    optimizer = local_optimizer(flat, config, total_steps=STEPS)
+    optimizer = local_optimizer(flat.module, config, total_steps=STEPS)
     reference = _model()
     torch_optimizer = torch.optim.AdamW(reference.parameters(), lr=LR, weight_decay=DECAY)
     cosine = torch.optim.lr_scheduler.LambdaLR(
@@ -129,7 +129,7 @@ def _allreduce_worker(rank: int, address: str, out: Path) -> None:
     config = RunConfig(strategy="allreduce", workers=2, **ADAMW).validate()
     x, y = _data(STEPS)
     flat = FlatModel(_model(), flat_grads=config.mode.ships_gradients)
-    optimizer = local_optimizer(flat, config, total_steps=STEPS)
+    optimizer = local_optimizer(flat.module, config, total_steps=STEPS)
     algorithm = make_algorithm(WorkerContext(config, rank, 2, rendezvous=address))
     algorithm.start(flat, optimizer)
     for step in range(STEPS):
@@ -151,7 +151,7 @@ def test_an_optimizer_and_a_schedule_handed_over_as_objects_step_as_pytorch() ->
     config = RunConfig(strategy="single", workers=1, optimizer=labels[0], scheduler=labels[1])
     x, y = _data(STEPS * 30)
     flat = FlatModel(_model(), flat_grads=False)
-    optimizer = local_optimizer(flat, config.validate(), total_steps=STEPS * 30)
+    optimizer = local_optimizer(flat.module, config.validate(), total_steps=STEPS * 30)
     reference = _model()
     torch_optimizer = rmsprop(reference.parameters())
     schedule = halve_every_100(torch_optimizer)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import ember
 from ember.config import STRATEGIES
+from ember.data.generate import generate
 from ember.errors import ConfigError, EmberError, WorkerFailed
 from ember.metrics import read_metrics
 
@@ -60,6 +61,43 @@ def train(kill_at: int | None = None, marker: str | None = None) -> dict[str, An
             "device": where}  # fmt: skip
 
 
+def train_leaving_the_optimizer_to_the_servers() -> float:
+    """Under bsp the servers run the run's optimizer: the loop wraps none of its own."""
+    ctx = ember.context()
+    model = make_mlp()
+    optimizer = ember.Optimizer(None, model)
+    for epoch in range(ctx.start_epoch, ctx.epochs):
+        for inputs, targets in ctx.data.batches(epoch):
+            optimizer.zero_grad()
+            F.cross_entropy(model(inputs), targets).backward()
+            optimizer.step()
+    with torch.no_grad():
+        predicted = model(torch.from_numpy(np.asarray(ctx.data.x_test))).argmax(dim=1)
+    return float((predicted.numpy() == np.asarray(ctx.data.y_test)).mean())
+
+
+def make_linear() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(16, 2)
+
+
+def train_on_streamed_rows() -> dict[str, Any]:
+    """Rows streamed from disk: no arrays to read, the batches all the same."""
+    ctx = ember.context()
+    model = make_linear()
+    optimizer = ember.Optimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), model)
+    for epoch in range(ctx.start_epoch, ctx.epochs):
+        for inputs, targets in ctx.data.batches(epoch):
+            optimizer.zero_grad()
+            F.cross_entropy(model(inputs), targets).backward()
+            optimizer.step()
+    x_test, y_test = np.asarray(ctx.data.x_test), np.asarray(ctx.data.y_test)
+    with torch.no_grad():
+        predicted = model(torch.from_numpy(x_test)).argmax(dim=1).numpy()
+    majority = np.bincount(y_test).max() / len(y_test)
+    return {"x": ctx.data.x is None, "accuracy": (predicted == y_test).mean(), "majority": majority}
+
+
 def first_time(incarnation: int, marker: str | None) -> bool:
     if marker is None:
         return incarnation == 0
@@ -83,6 +121,7 @@ def train_another_model() -> None:
 def user_run(tmp_path: Path, strategy: str, *args: Any, **fields: Any) -> Any:
     if strategy not in ("single", "allreduce"):
         fields.setdefault("model", make_mlp)  # the servers start from its parameters
+    fields.setdefault("tau", 4)
     return ember.run(
         train,
         *args,
@@ -92,7 +131,6 @@ def user_run(tmp_path: Path, strategy: str, *args: Any, **fields: Any) -> Any:
         epochs=EPOCHS,
         optimizer="adamw",
         lr=LR,
-        tau=4,
         out=str(tmp_path / "run"),
         **fields,
     )
@@ -137,6 +175,68 @@ def test_a_worker_killed_mid_run_is_restarted_and_resumes_from_the_servers(
     assert len(again) == 1 and again[0]["first_step"] > 0  # the servers' record of its steps
     done = [r for r in records if r["kind"] == "done"]
     assert sorted((r["rank"], r["incarnation"]) for r in done) == [(0, 0), (1, 1)]
+
+
+def test_an_adaptive_tau_chooses_its_periods_from_the_optimizers_step_times(
+    tmp_path: Path,
+) -> None:
+    value = user_run(tmp_path, "easgd-async", tau="auto")
+    assert value["accuracy"] >= 0.95
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["tau_policy"] == "auto" and set(summary["tau_per_worker"]) == {"0", "1"}
+    chosen = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "tau"]
+    assert {r["rank"] for r in chosen} == {0, 1}
+    assert all(r["policy"] == "auto" and 1 <= r["tau"] <= 256 for r in chosen)
+    # the first period is the one asked for; a later choice rests on the steps timed
+    assert all(r["reason"] == "start" for r in chosen if r["previous"] is None)
+    assert any(r["previous"] is not None and r["t_comp"] > 0 for r in chosen)
+
+
+def test_tau_loss_in_a_user_loop_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"ember\.run takes a fixed tau or tau 'auto'"):
+        user_run(tmp_path, "easgd-async", tau="loss")
+    assert not (tmp_path / "run").exists()
+
+
+def test_under_bsp_the_loop_may_leave_the_optimizer_to_the_servers(tmp_path: Path) -> None:
+    accuracy = ember.run(
+        train_leaving_the_optimizer_to_the_servers,
+        data=separable(),
+        model=make_mlp,
+        strategy="bsp",
+        workers=2,
+        epochs=EPOCHS,
+        optimizer="adamw",
+        lr=LR,
+        out=str(tmp_path / "run"),
+    )
+    assert accuracy >= 0.95
+
+
+def test_a_user_loop_reads_rows_streamed_from_disk(tmp_path: Path) -> None:
+    data = tmp_path / "lr"
+    written = generate(
+        "synthetic-lr", 8000 * (16 * 4 + 8), data, features=16, row_group_bytes=40_000
+    )
+    value = ember.run(
+        train_on_streamed_rows,
+        data=str(data),
+        data_mode="stream",
+        strategy="easgd-async",
+        model=make_linear,
+        workers=2,
+        epochs=2,
+        batch_size=32,
+        optimizer="adamw",
+        lr=1e-2,
+        out=str(tmp_path / "run"),
+    )
+    assert value["x"] and value["accuracy"] > value["majority"] + 0.1
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["data_mode"] == "stream"
+    shards = summary["data_per_worker"]
+    assert set(shards) == {"0", "1"}
+    assert summary["rows_read"] == 2 * written.train_rows  # each worker its shard, each epoch
 
 
 def test_a_mismatched_optimizer_under_bsp_is_one_clear_error(tmp_path: Path) -> None:

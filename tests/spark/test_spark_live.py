@@ -8,7 +8,7 @@ import pytest
 
 import ember.spark
 from ember.engines import progress as progress_module
-from ember.engines.spark import driver
+from ember.engines.spark import watch
 from ember.metrics import read_metrics
 
 pytestmark = pytest.mark.timeout(180)
@@ -20,7 +20,7 @@ def test_epoch_records_reach_the_driver_while_the_training_stage_still_runs(
 ) -> None:
     jobs: list[Any] = []
 
-    class Watched(driver.Job):
+    class Watched(watch.Job):
         def __init__(self, *args: Any) -> None:
             super().__init__(*args)
             jobs.append(self)
@@ -36,7 +36,7 @@ def test_epoch_records_reach_the_driver_while_the_training_stage_still_runs(
             test_sets.add(record["test_set"])
         update(self, record)
 
-    monkeypatch.setattr(driver, "Job", Watched)
+    monkeypatch.setattr(watch, "Job", Watched)  # where the training job starts
     monkeypatch.setattr(progress_module.Progress, "update", spy)
     ember.spark.fit(
         model="mlp",

@@ -42,7 +42,7 @@ def test_a_worker_step_does_not_import_torch_dynamo() -> None:
         "from ember.algorithms import FlatModel, local_optimizer\n"
         "from ember.config import RunConfig\n"
         "flat = FlatModel(torch.nn.Linear(3, 2), flat_grads=False)\n"
-        "optimizer = local_optimizer(flat, RunConfig(nesterov=True).validate())\n"
+        "optimizer = local_optimizer(flat.module, RunConfig(nesterov=True).validate())\n"
         "flat.module(torch.ones(1, 3)).sum().backward()\n"
         "optimizer.step()\n"
         "print('torch._dynamo' in sys.modules)\n"

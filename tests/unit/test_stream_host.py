@@ -15,7 +15,8 @@ from ember.data import streamhost
 from ember.data.generate import generate
 from ember.data.streamhost import StreamedDataset, StreamFiles, host_run_data
 from ember.errors import ConfigError
-from ember.worker import WorkerSpec, shard_batches
+from ember.spec import WorkerSpec
+from ember.workerdata import shard_batches
 
 
 @pytest.fixture(scope="module")

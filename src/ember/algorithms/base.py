@@ -13,6 +13,7 @@ from ember.config import RunConfig
 from ember.errors import ConfigError
 from ember.models.losses import resolve_function
 from ember.ps import ExchangeResult, PSClient
+from ember.ps.codec import codec_named
 from ember.training import CONSTANT, OBJECT_PREFIX, Schedule
 
 
@@ -41,7 +42,7 @@ class WorkerContext:
             worker=self.rank,
             incarnation=self.incarnation,
             timeout=config.request_timeout,
-            compress=config.compress,
+            compress=codec_named(config.compress),  # the codec handed to its links
             differences=differences,
         )
 
@@ -173,11 +174,11 @@ class ScheduledOptimizer:
         self.steps += 1
 
 
-def local_optimizer(flat: FlatModel, config: RunConfig, total_steps: int = 0) -> Optimizer:
+def local_optimizer(model: torch.nn.Module, config: RunConfig, total_steps: int = 0) -> Optimizer:
     """The worker's optimizer: momentum SGD ("sgd"), the torch.optim class the run names
     (case-insensitively), or what an optimizer object handed to ember.fit builds from the
     parameters; with the run's weight decay, schedule (or schedule object) and clipping."""
-    params = [p for p in flat.module.parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
     name, lr, decay = config.optimizer.lower(), config.lr, config.weight_decay
     optimizer: Any
     if name.startswith(OBJECT_PREFIX):

@@ -26,8 +26,8 @@ from ember.evaluation import evaluate
 from ember.perfmodel import CALIBRATION_TAU, Calibration
 from ember.ps import PSClient
 from ember.ps.codec import CODECS, codec_named
-from ember.spec import WorkerSpec
-from ember.worker import load_data, make_model, run_worker
+from ember.spec import WorkerSpec, load_data
+from ember.worker import make_model, run_worker
 
 WARM_STEPS = 50  # minibatches per worker before the loop is measured
 # Minibatches per worker measured, at least: a second or more of the loop, since a shorter

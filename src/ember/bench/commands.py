@@ -168,7 +168,7 @@ def plan(args: argparse.Namespace) -> int:
         wire_fraction,
     )
     from ember.plan import plan_report, scale_report
-    from ember.worker import load_data
+    from ember.spec import load_data
 
     try:
         workers, taus = parse_counts(args.workers), parse_counts(args.taus)

@@ -9,7 +9,7 @@ import traceback
 from collections.abc import Iterable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import safetensors.numpy
 
@@ -25,12 +25,13 @@ from ember.engines.phases import PeakMemory, Timeline, pids_of
 from ember.engines.process import Interpreter, _child_main, free_port, reap, tail
 from ember.engines.progress import Progress
 from ember.engines.recordpipes import RecordPipes, RecordSender
-from ember.engines.run import Run
+from ember.engines.run import Run, exit_how
 from ember.engines.rundir import RunResult, RunSetup, prepare_run
 from ember.engines.servers import spare_servers
 from ember.engines.userrun import NoModel
+from ember.engines.workers import Exit, Polled
 from ember.errors import same_every_time
-from ember.metrics import WorkerError, WorkerFailure, WorkerRestart, write_json
+from ember.metrics import Record, WorkerError, WorkerFailure, write_json
 from ember.spec import UserLoop, WorkerSpec, model_object, user_functions
 
 
@@ -81,7 +82,8 @@ def train_local(
 def _train(
     setup: RunSetup, progress: Progress, clocks: tuple[Timeline, PeakMemory], files: DataFiles
 ) -> RunResult:
-    config, processes, (timeline, memory) = setup.config, list[Any](), clocks
+    config, (timeline, memory) = setup.config, clocks
+    workers: LocalWorkers | None = None
     pipes = RecordPipes(config.workers, lambda: FORKSERVER.Pipe(duplex=False))
     with Run(setup, progress, timeline, memory) as run, run.saving_on_failure():
         try:
@@ -113,112 +115,110 @@ def _train(
             )
             progress.phase("starting workers")
             timeline.mark("workers")
-            for rank in range(config.workers):
-                spec = dataclasses.replace(base, rank=rank)
-                processes.append(_start_worker(spec, pipes, files))
-            restarts = _watch(run, processes, pipes, base, files)
+            workers = LocalWorkers(base, pipes, files)
+            restarts = run.watch(workers, rows)
             seconds = time.perf_counter() - started
             return run.finish(seconds, {"worker_restarts": restarts})
         finally:
             # the workers go before the run ends: the servers' state is final when saved
             (setup.run_dir / JOIN_FILE).unlink(missing_ok=True)  # no longer joinable
-            reap(processes)
+            if workers is not None:
+                workers.stop()
             pipes.close_all()
 
 
-def _start_worker(spec: WorkerSpec, pipes: RecordPipes, files: DataFiles) -> Any:
-    log = Path(spec.run_dir) / "logs" / f"worker-{spec.rank}.log"
-    pipe = pipes.open(spec.rank)
-    process = FORKSERVER.Process(
-        target=_child_main,
-        args=(_work, (spec, pipe, files), str(log)),
-        name=f"ember-worker-{spec.rank}",
-        daemon=False,
-    )
-    try:
-        process.start()
-    finally:
-        pipe.close()  # the worker has its own end: the pipe ends when the worker does
-    return process
+class LocalWorkers:
+    """The local engine's workers for the Run's watch loop: a process each, started by the
+    fork server, whose records come through a pipe each (RecordPipes)."""
 
+    restarts_ranks = True  # a dead rank is started again; the others go on
 
-def _watch(
-    run: Run, processes: list[Any], pipes: RecordPipes, base: WorkerSpec, files: DataFiles
-) -> int:
-    """Relay progress and restart a child that dies (up to max_restarts times each) or fail
-    fast when it may not be restarted; returns how many restarts there were."""
-    config, done = run.config, run.done
-    incarnations = [0] * len(processes)
-    failed: dict[int, tuple[int | None, str]] = {}  # rank -> (exit code, error) to act on
-    final: set[int] = set()  # ranks whose error a restart would only repeat
+    def __init__(self, base: WorkerSpec, pipes: RecordPipes, files: DataFiles) -> None:
+        self.base, self.pipes, self.files = base, pipes, files
+        self.processes: list[Any] = []
+        self.finished: set[int] = set()  # ranks whose "done" record came
+        self.failed: set[int] = set()  # ranks that said they failed, not yet restarted
 
-    def relay(received: Iterable[tuple[int, dict[str, Any]]]) -> None:
-        for rank, record in received:  # a pipe carries its current process's records alone
-            if record.get("kind") == "error":
-                failed[rank] = (None, record.get("error", ""))
-                if not record.get("retry", True):
-                    final.add(rank)
-            elif record.get("kind") == "done":  # its peak, before it exits
-                run.sample_memory(_pids(processes))
-            run.relay(record)
+    def start(self) -> None:
+        for rank in range(self.base.world):
+            self.processes.append(self._launch(dataclasses.replace(self.base, rank=rank)))
 
-    with run.watching(files.train_rows // config.workers):
-        while len(done) < len(processes):
-            relay(pipes.wait(0.25))
-            for rank, process in enumerate(processes):
-                if rank not in done and rank not in failed and process.exitcode is not None:
-                    relay(pipes.read(rank))  # its last words, to the pipe's end
-                    if rank not in done and rank not in failed:
-                        failed[rank] = (process.exitcode, "")
-            for rank, (exitcode, error) in sorted(failed.items()):
-                if rank in final:  # its data, model or code: every worker would fail alike
-                    _fail(run, rank, exitcode, error, "not restarted: it would fail again")
-                if incarnations[rank] >= config.max_restarts or not config.uses_server:
-                    _fail(run, rank, exitcode, error)
-                reap([processes[rank]])
-                incarnations[rank] += 1
-                _note_restart(run, rank, incarnations[rank], exitcode, error)
-                spec = dataclasses.replace(base, rank=rank, incarnation=incarnations[rank])
-                processes[rank] = _start_worker(spec, pipes, files)
-            failed.clear()
-            run.tick(_pids(processes))
-    return sum(incarnations)
+    def running(self) -> bool:
+        return len(self.finished) < len(self.processes)
 
+    def poll(self, timeout: float) -> Polled:
+        polled = Polled()
+        self._take(self.pipes.wait(timeout), polled)
+        for rank, process in enumerate(self.processes):
+            if self._unaccounted(rank) and process.exitcode is not None:
+                self._take(self.pipes.read(rank), polled)  # its last words, to the pipe's end
+                if self._unaccounted(rank):
+                    polled.exits.append(Exit(rank, process.exitcode, ""))
+        self.failed.clear()
+        return polled
 
-def _pids(workers: list[Any]) -> list[int | None]:
-    """The workers' pids and the fork server's, whose memory is the run's too."""
-    server = getattr(multiprocessing.forkserver, "_forkserver", None)
-    return [*pids_of(workers), getattr(server, "_forkserver_pid", None)]
+    def restart(self, rank: int, incarnation: int) -> None:
+        reap([self.processes[rank]])
+        spec = dataclasses.replace(self.base, rank=rank, incarnation=incarnation)
+        self.processes[rank] = self._launch(spec)
 
+    def failure(self, exit: Exit, why: str) -> tuple[Record, str]:
+        log = Path(self.base.run_dir) / "logs" / f"worker-{exit.rank}.log"
+        how = f"{exit_how(exit.exitcode)} ({why})" if why else exit_how(exit.exitcode)
+        # the traceback is in the log too (_work prints it there): said once, with the log's
+        # tail, long enough for a traceback through a model's forward and what was printed
+        last = tail(log, TAIL_LINES)
+        error = exit.error
+        said = error.split("\n" + TRACEBACK)[0].strip() if TRACEBACK in last else error.strip()
+        record = WorkerFailure(rank=exit.rank, exitcode=exit.exitcode, error=error)
+        text = f"{said or '(no traceback)'}\n--- last lines of {log} ---\n{last}"
+        return record, f"worker {exit.rank} {how}:\n{text}"
 
-def _note_restart(run: Run, rank: int, incarnation: int, exitcode: int | None, error: str) -> None:
-    last = error.strip().splitlines()[-1:] or [""]
-    record = WorkerRestart(rank=rank, incarnation=incarnation, exitcode=exitcode, error=error)
-    text = f"worker {rank} {_how(exitcode)} {last[0]}; restarted (incarnation {incarnation})"
-    run.note(record, text)
+    def pids(self) -> list[int | None]:
+        """The workers' pids and the fork server's, whose memory is the run's too."""
+        server = getattr(multiprocessing.forkserver, "_forkserver", None)
+        return [*pids_of(self.processes), getattr(server, "_forkserver_pid", None)]
 
+    def stop(self) -> None:
+        reap(self.processes)
 
-def _fail(run: Run, rank: int, exitcode: int | None, error: str, why: str = "") -> NoReturn:
-    log = run.setup.run_dir / "logs" / f"worker-{rank}.log"
-    how = f"{_how(exitcode)} ({why})" if why else _how(exitcode)
-    # the traceback is in the log too (_work prints it there): said once, with the log's tail
-    said = error.split("\n" + TRACEBACK)[0].strip() if TRACEBACK in tail(log) else error.strip()
-    run.fail(
-        WorkerFailure(rank=rank, exitcode=exitcode, error=error),
-        f"worker {rank} {how}:\n{said or '(no traceback)'}\n"
-        f"--- last lines of {log} ---\n{tail(log)}",
-    )
+    def _unaccounted(self, rank: int) -> bool:
+        return rank not in self.finished and rank not in self.failed
+
+    def _take(self, received: Iterable[tuple[int, dict[str, Any]]], polled: Polled) -> None:
+        """Records as they came (a pipe carries its current process's alone); a worker's
+        error record is its exit, final when it says a restart would repeat it."""
+        for rank, record in received:
+            kind = record.get("kind")
+            if kind == "error":
+                self.failed.add(rank)
+                error = record.get("error", "")
+                polled.exits.append(Exit(rank, None, error, not record.get("retry", True)))
+            elif kind == "done":
+                self.finished.add(rank)
+            polled.records.append(record)
+
+    def _launch(self, spec: WorkerSpec) -> Any:
+        log = Path(spec.run_dir) / "logs" / f"worker-{spec.rank}.log"
+        pipe = self.pipes.open(spec.rank)
+        process = FORKSERVER.Process(
+            target=_child_main,
+            args=(_work, (spec, pipe, self.files), str(log)),
+            name=f"ember-worker-{spec.rank}",
+            daemon=False,
+        )
+        try:
+            process.start()
+        finally:
+            pipe.close()  # the worker has its own end: the pipe ends when the worker does
+        return process
 
 
 TRACEBACK = "Traceback (most recent call last):"
-
-
-def _how(exitcode: int | None) -> str:
-    return f"exited with code {exitcode}" if exitcode is not None else "raised"
+TAIL_LINES = 30
 
 
 def _work(spec: WorkerSpec, pipe: Connection, files: DataFiles) -> None:
-    from ember.userloop import run_user_loop
     from ember.worker import run_worker  # the fork server's, imported already
 
     records, started = RecordSender(pipe), False
@@ -230,8 +230,7 @@ def _work(spec: WorkerSpec, pipe: Connection, files: DataFiles) -> None:
 
     try:
         dataset = files.shard(spec.rank, spec.world)  # mapped: its rows only, read-only
-        work = run_user_loop if spec.train_fn is not None else run_worker
-        records.send(work(spec, report, dataset))
+        records.send(run_worker(spec, report, dataset))
     except BaseException as exc:
         text = traceback.format_exc()
         print(text, flush=True)

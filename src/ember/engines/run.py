@@ -16,11 +16,19 @@ from ember.engines.process import reap
 from ember.engines.progress import Progress
 from ember.engines.rundir import RunResult, RunSetup, finish_run
 from ember.engines.userrun import finish_loop
+from ember.engines.workers import Exit, Workers
 from ember.errors import CheckpointError, EmberError, WorkerFailed
-from ember.metrics import Record, RunEvent, ServerEvent
+from ember.metrics import Record, RunEvent, ServerEvent, WorkerRestart
 from ember.returns import RETURNED
 from ember.spec import checkpoint_meta
 from ember.wire import warn_if_exposed
+
+POLL_SECONDS = 0.25  # the watch loop's poll: how soon a record, an exit or a tick is seen
+
+
+def exit_how(exitcode: int | None) -> str:
+    """How a worker ended, as a message says it."""
+    return f"exited with code {exitcode}" if exitcode is not None else "raised"
 
 
 class Run:
@@ -75,6 +83,51 @@ class Run:
             yield self.progress
         finally:
             self.progress.close()
+
+    def watch(self, workers: Workers, rows_per_worker: int) -> int:
+        """Start `workers` and watch them until every one has finished: relay what they report,
+        restart a rank that dies (up to max_restarts each, under a strategy whose servers
+        hold its state) or end the run when it may not be restarted, and tick between
+        polls. Returns how many restarts there were."""
+        config = self.config
+        incarnations = [0] * config.workers
+        with self.watching(rows_per_worker) as bar:
+            workers.start()
+            while workers.running():
+                polled = workers.poll(POLL_SECONDS)
+                for record in polled.shown:
+                    bar.update(self.described(record))
+                for record in polled.records:
+                    if record.get("kind") == "done":  # its peak, before it exits
+                        self.sample_memory(workers.pids())
+                    self.relay(record)
+                for event, text in polled.notes:
+                    self.note(event, text)
+                for gone in sorted(polled.exits, key=lambda e: e.rank):
+                    if gone.final:  # its data, model or code: every worker would fail alike
+                        self.fail(*workers.failure(gone, "not restarted: it would fail again"))
+                    if (
+                        not workers.restarts_ranks
+                        or not config.uses_server
+                        or incarnations[gone.rank] >= config.max_restarts
+                    ):
+                        self.fail(*workers.failure(gone, ""))
+                    incarnations[gone.rank] += 1
+                    self._note_restart(gone, incarnations[gone.rank])
+                    workers.restart(gone.rank, incarnations[gone.rank])
+                self.tick(workers.pids())
+            bar.set_completed(self.total)  # every worker finished, whatever it last reported
+        return sum(incarnations)
+
+    def _note_restart(self, gone: Exit, incarnation: int) -> None:
+        last = gone.error.strip().splitlines()[-1:] or [""]
+        record = WorkerRestart(
+            rank=gone.rank, incarnation=incarnation, exitcode=gone.exitcode, error=gone.error
+        )
+        how = exit_how(gone.exitcode)
+        self.note(
+            record, f"worker {gone.rank} {how} {last[0]}; restarted (incarnation {incarnation})"
+        )
 
     def described(self, record: dict[str, Any]) -> dict[str, Any]:
         """A worker's record as the run tells it: an evaluation says which test rows it

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import replace
 from functools import partial
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
@@ -23,31 +22,27 @@ from ember.engines.rundir import RunResult, RunSetup, prepare_run
 from ember.engines.spark.connect import is_connect
 from ember.engines.spark.jobs import (
     RECORDS,
-    GroupedJobs,
     Job,
-    python_error,
     start_warm_up,
     wait_for_warm_up,
 )
 from ember.engines.spark.records import RecordCollector
-from ember.engines.spark.rendezvous import STATE, exposure, state_params
+from ember.engines.spark.rendezvous import exposure, state_params
 from ember.engines.spark.session import (
     active_session,
     check_before_start,
     check_cluster,
     check_supported,
-    driver_memory,
     is_local,
     master_of,
     run_placement,
     session,
 )
-from ember.engines.spark.task import UNREACHABLE, train_partition
+from ember.engines.spark.task import train_partition
+from ember.engines.spark.watch import SparkWorkers
 from ember.engines.userrun import NoModel
-from ember.errors import WorkerFailed
-from ember.metrics import JobFailure, RunEvent
+from ember.metrics import RunEvent
 from ember.objective import targets_of
-from ember.ps import fetch_state
 from ember.spec import (
     UserLoop,
     WorkerSpec,
@@ -161,7 +156,7 @@ def _train(
     setup.metrics.write(RunEvent(event="partitions", details=details))
     if repartition:
         frame = frame.repartition(config.workers)
-    job: Job | None = None
+    workers: SparkWorkers | None = None
     cluster = not is_local(master_of(spark))
     if run.servers is not None:
         where, slots = run.servers.where, config.servers * config.replicas
@@ -202,15 +197,18 @@ def _train(
             # a whole when a task fails; a failed barrier result stage would end the job.
             training = frame.mapInArrow(task, RECORDS, barrier=True).repartition(1)
             run.progress.phase("starting training tasks")
-            job = Job(spark, lambda: training, "ember training")
-            state = _watch(run, job, rows, collector)
+            workers = SparkWorkers(
+                spark, lambda: training, collector, config, run.servers, setup.secret
+            )
+            run.watch(workers, rows)
+            state = _final_state(run, workers.states)
             seconds = time.perf_counter() - prepared
             # the session started while the driver prepared: what it added is the rest
             prepare = prepared - began - session_seconds
             timings = {"session": session_seconds, "prepare": prepare, "job": seconds}
             about_spark = {
                 "master": master_of(spark),
-                "stage_attempts": job.attempt() + 1,
+                "stage_attempts": workers.seen_attempt + 1,
                 **where.describe(),
                 "record_collector": collector.address,
                 **{f"{name}_seconds": value for name, value in timings.items()},
@@ -221,72 +219,24 @@ def _train(
                 extra["gloo"] = _gloo(cluster, state)
             return run.finish(seconds, extra)
         except BaseException:
-            if job is not None:
-                job.cancel()  # tasks first, so the servers' state is final when it is saved
+            if workers is not None:
+                workers.stop()  # tasks first, so the servers' state is final when it is saved
             raise
 
 
-def _watch(run: Run, job: Job, rows: int, collector: RecordCollector) -> dict[str, Any] | None:
-    """Until the job ends: the records the tasks stream (to the bar and its epoch lines), the
-    servers' ticks and the stage retries; then the records the tasks return, which are those
-    of the attempt that finished, to metrics.jsonl. Returns allreduce's rank 0 final state."""
-    config, servers = run.config, run.servers
-    last_poll = started = time.monotonic()
-    # without servers, the tasks' own timeouts (the rendezvous, gloo's) bound their start
-    seen_attempt, workers_seen = 0, servers is None
-    with run.watching(rows) as bar:
-        while job.thread.is_alive():
-            job.thread.join(0.5)
-            for streamed in collector.drain():
-                job.control.saw(streamed)
-                bar.update(run.described(streamed))
-                if streamed.get("kind") == "error" and not streamed.get("retry", True):
-                    job.cancel()  # the other tasks would only fail alike, or wait for it
-                    _fail_for_good(run, job, streamed["error"])
-            run.tick()
-            attempt = job.attempt()
-            if attempt > seen_attempt:
-                retry = RunEvent(event="stage retry", details={"attempt": attempt})
-                run.note(retry, f"Spark retries the training stage (attempt {attempt})")
-                seen_attempt = attempt
-            workers_seen = workers_seen or bool(bar.started)
-            if servers is not None and not workers_seen and time.monotonic() - last_poll > 5:
-                # this fetches the parameters too, hence not more often
-                table = fetch_state(servers.primaries, run.setup.secret, config.request_timeout)[1]
-                workers, last_poll = table["workers"].values(), time.monotonic()
-                workers_seen = any(w["incarnation"] >= 0 for w in workers)
-                if not workers_seen and last_poll - started > config.request_timeout:
-                    job.cancel()
-                    raise WorkerFailed(
-                        f"no Spark task reached the parameter servers within"
-                        f" {config.request_timeout:g} s of the training job's start; see the"
-                        " Spark UI or driver log for why its tasks did not run"
-                    )
-        if job.error is not None:
-            _fail(run, job)
-        records = [json.loads(line) for line in job.rows]
-        for record in records:
-            job.control.saw(record)
-        for kind in (UNREACHABLE, "error"):  # the tasks' one line says it all
-            said = [r["error"] for r in records if r.get("kind") == kind]
-            if said:
-                _fail_for_good(run, job, said[0])
-        attempt = job.attempt()
-        states = [r for r in records if r.get("kind") == STATE]
-        for record in records:
-            if record.get("kind") != STATE:  # megabytes of parameters: not a metric
-                run.relay({**record, "attempt": attempt})
-        bar.set_completed(run.total)  # every worker finished, whatever the last replay says
-    if servers is None:
-        if not states:
-            run.fail(
-                RunEvent(event="no final parameters"),
-                "allreduce's rank 0 finished without returning its final parameters",
-            )
-        if run.setup.loop is None:  # ember.run's rank 0 kept its parameters to itself
-            _save_state(run, states[0])
-        return states[0]
-    return None
+def _final_state(run: Run, states: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Allreduce's rank 0 final state, saved as the run's last checkpoint (ember.run's rank 0
+    kept its parameters to itself); None under a strategy with servers."""
+    if run.servers is not None:
+        return None
+    if not states:
+        run.fail(
+            RunEvent(event="no final parameters"),
+            "allreduce's rank 0 finished without returning its final parameters",
+        )
+    if run.setup.loop is None:
+        _save_state(run, states[0])
+    return states[0]
 
 
 def _save_state(run: Run, state: dict[str, Any]) -> None:
@@ -308,27 +258,6 @@ def _gloo(cluster: bool, state: dict[str, Any]) -> dict[str, Any]:
         "encrypted": False,
         "gradients_left_the_host_unencrypted": cluster,
     }
-
-
-def _fail_for_good(run: Run, job: Job, error: str) -> NoReturn:
-    """End the run on a task's one line saying why no attempt of the stage can succeed."""
-    message = f"the Spark training job failed ({job.attempt() + 1} attempt(s)):"
-    run.fail(JobFailure(error=error), f"{message}\n{error}")
-
-
-def _fail(run: Run, job: Job) -> NoReturn:
-    assert job.error is not None
-    error = python_error(job.error)
-    control = job.control
-    if isinstance(control, GroupedJobs) and control.stopped():
-        error = (
-            "the SparkContext stopped during training: the driver's JVM exits this way"
-            " when it runs out of memory (raise spark.driver.memory, now"
-            f" {driver_memory(control.context)})\n{error}"
-        )
-    tries = job.attempt() + 1
-    message = f"the Spark training job failed ({tries} attempt(s)):\n{error}"
-    run.fail(JobFailure(error=error), message)
 
 
 def _prepare(config: RunConfig, data: Dataset) -> RunSetup:

@@ -6,7 +6,7 @@ import json
 import math
 import socket
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -30,7 +30,6 @@ from ember.errors import EmberError, same_every_time
 from ember.metrics import WorkerError
 from ember.returns import RETURNED
 from ember.spec import WorkerSpec
-from ember.userloop import run_user_loop
 from ember.wire import CONNECTION_ERRORS, ClientConnection, use_encryption
 from ember.worker import Report, run_worker
 
@@ -118,7 +117,7 @@ def _train(
         report({"kind": "note", "rank": rank, "text": partition.said})
     try:
         if meeting is None:
-            report(_loop(spec)(spec, report, dataset=data))
+            report(run_worker(spec, report, dataset=data))
         else:
             records.extend(_all_reduce(context, spec, meeting, data, report))
     except Exception as exc:
@@ -148,7 +147,7 @@ def _all_reduce(
         try:
             connect(meeting, config, spec.world)
             spec = replace(spec, config=config, store=meeting.store, run_dir=folder)
-            report(_loop(spec)(spec, report, dataset=data))
+            report(run_worker(spec, report, dataset=data))
             # rank 0's store serves the group until every rank has left it
             context.barrier()
         finally:
@@ -167,11 +166,6 @@ def assigned_gpus(context: Any) -> tuple[str, ...]:
     whose workers discover GPUs); none where it schedules none."""
     resource = context.resources().get(GPU_RESOURCE)
     return tuple(resource.addresses) if resource is not None else ()
-
-
-def _loop(spec: WorkerSpec) -> Callable[..., dict[str, Any]]:
-    """What this task runs: ember.run's function, or the built-in loop."""
-    return run_user_loop if spec.train_fn is not None else run_worker
 
 
 def probe_servers(servers: list[str], secret: bytes, seconds: float = PROBE_SECONDS) -> str | None:

@@ -1,0 +1,83 @@
+"""A worker's shard of the run's data, as every training function reads it (ctx.data)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+import numpy as np
+
+from ember.data import Dataset, shard_indices
+from ember.data.batches import Batch, MemoryBatches, ShardBatches
+from ember.data.streamhost import StreamedDataset, counted, stream_batches
+from ember.spec import WorkerSpec
+
+
+class Where(Protocol):
+    """What the data tells its worker context, and reads of it: the epoch and rows served,
+    and the step this incarnation began at."""
+
+    epoch: int
+    samples: int
+    start_step: int
+
+
+class WorkerData:
+    """This worker's shard of the run's data: its rows (x, y; None for rows streamed from
+    disk), the held-out rows (x_test, y_test), and each epoch's minibatches in the seeded
+    order every loop takes them in."""
+
+    def __init__(self, spec: WorkerSpec, dataset: Dataset, ctx: Where) -> None:
+        self.x: np.ndarray | None = None  # its training rows, unless they stay on disk
+        self.y: np.ndarray | None = None
+        self.shard: ShardBatches
+        if isinstance(dataset, StreamedDataset):
+            self.shard = stream_batches(dataset, spec.rank, spec.world, spec.config)
+        else:
+            self.x, self.y = shard_rows(spec, dataset)
+            self.shard = _in_memory(spec, self.x, self.y)
+        self.x_test, self.y_test = dataset.x_test, dataset.y_test
+        self.batch_size = spec.config.batch_size
+        self.steps_per_epoch = self.shard.rows // self.batch_size
+        self._ctx = ctx
+
+    def batches(self, epoch: int) -> Iterator[Batch]:
+        """Epoch `epoch`'s (inputs, targets) minibatches, counted from 0. A restarted worker
+        resumes from the servers' record of its steps, so batches it trained already are
+        skipped and the loop goes on where the rank stopped."""
+        ctx = self._ctx
+        ctx.epoch = epoch
+        start = min(max(0, ctx.start_step - epoch * self.steps_per_epoch), self.steps_per_epoch)
+        for inputs, targets in self.shard.epoch(epoch, start):
+            ctx.samples += len(targets)
+            yield inputs, targets
+
+
+def shard_rows(spec: WorkerSpec, dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """This worker's training rows, at least one batch of them: its own rows in place (a
+    mapped shard stays mapped, never copied), else its slice of the whole set."""
+    x, y = dataset.x_train, dataset.y_train
+    if not spec.own_rows:
+        rows = shard_indices(len(x), spec.rank, spec.world)
+        x, y = x[rows[0] : rows[-1] + 1], y[rows[0] : rows[-1] + 1]
+    if len(y) < spec.config.batch_size:
+        raise ValueError(
+            f"worker {spec.rank}: shard of {len(y)} rows is smaller than one batch of"
+            f" {spec.config.batch_size}"
+        )
+    return x, y
+
+
+def shard_batches(spec: WorkerSpec, dataset: Dataset) -> ShardBatches:
+    """This worker's training rows as batches, with the counters a stream keeps."""
+    if isinstance(dataset, StreamedDataset):
+        return stream_batches(dataset, spec.rank, spec.world, spec.config)
+    return _in_memory(spec, *shard_rows(spec, dataset))
+
+
+def _in_memory(spec: WorkerSpec, x: np.ndarray, y: np.ndarray) -> ShardBatches:
+    """Rows held in memory as batches, with the counters a stream keeps."""
+    return counted(MemoryBatches(x, y, spec.config.batch_size, spec.config.seed, spec.rank))
+
+
+__all__ = ["WorkerData", "shard_batches", "shard_rows"]
