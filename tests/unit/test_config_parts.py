@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
+import pytest
+
 from ember.algorithms import make_update_rule
-from ember.config import FIELD_NAMES, PARTS, RunConfig, ServerSettings, part_of
+from ember.config import FIELD_NAMES, PARTS, RunConfig, RunParts, ServerSettings, part_of
 
 
 def test_every_field_belongs_to_exactly_one_part() -> None:
@@ -30,3 +32,21 @@ def test_the_servers_settings_hold_no_model_loss_data_or_addresses() -> None:
     assert make_update_rule(again).betas == (0.8, 0.9)  # type: ignore[attr-defined]
     easgd = RunConfig(strategy="easgd-async", workers=4).validate()
     assert ServerSettings.of(easgd).effective_alpha == easgd.effective_alpha == 0.9 / 4
+
+
+def test_the_parts_are_typed_copies_of_the_config_each_layer_reads() -> None:
+    config = RunConfig(
+        strategy="ssp", workers=3, servers=2, replicas=2, lr=0.2, max_restarts=5, data="digits"
+    ).validate()
+    parts = RunParts.of(config)
+    types = {f.name: f.type for f in dataclasses.fields(RunConfig)}
+    for part, names in PARTS.items():
+        held = getattr(parts, part)
+        for name in names:
+            assert held is not None and getattr(held, name) == getattr(config, name), name
+        # each part declares its fields as RunConfig does
+        assert {f.name: f.type for f in dataclasses.fields(held)} == {n: types[n] for n in names}
+    assert parts.strategy.uses_server and parts.strategy.effective_alpha == config.effective_alpha
+    assert ServerSettings.of(parts) == ServerSettings.of(config)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        parts.engine.max_restarts = 0  # type: ignore[misc]

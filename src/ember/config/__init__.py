@@ -2,7 +2,17 @@
 it names, and what each implies, are in ember.strategies (re-exported here)."""
 
 from ember.config.files import did_you_mean, explicit_fields, fresh_config, make_config
-from ember.config.parts import PARTS, ServerSettings, part_of
+from ember.config.parts import (
+    PARTS,
+    DataPart,
+    EnginePart,
+    RunParts,
+    ServerSettings,
+    ServersPart,
+    StrategyPart,
+    TrainingPart,
+    part_of,
+)
 from ember.config.resume import RESUME_MAY_CHANGE, resumed_values
 from ember.config.run import (
     CODECS,
@@ -25,9 +35,15 @@ __all__ = [
     "STRATEGIES",
     "AlgorithmKind",
     "ConsistencyKind",
+    "DataPart",
+    "EnginePart",
     "RunConfig",
+    "RunParts",
     "ServerSettings",
+    "ServersPart",
     "Strategy",
+    "StrategyPart",
+    "TrainingPart",
     "did_you_mean",
     "explicit_fields",
     "fresh_config",

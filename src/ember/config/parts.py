@@ -8,24 +8,148 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ember.config.run import RunConfig, StrategyNamed
+from ember.config.run import RunConfig, StrategyNamed, moving_rate
 
+
+class Part:
+    """One part of a run's configuration: its fields copied out of a validated RunConfig."""
+
+    @classmethod
+    def of(cls, config: RunConfig) -> Any:
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        return cls(**{name: getattr(config, name) for name in names})
+
+
+@dataclass(frozen=True)
+class DataPart(Part):
+    """What the data layer reads: which rows, how they are held, the seed they shuffle by."""
+
+    data: str
+    seed: int
+    synthetic_samples: int
+    synthetic_features: int
+    data_mode: str
+    shuffle_buffer: int
+
+
+@dataclass(frozen=True)
+class TrainingPart(Part):
+    """What a worker's model, loss, optimizer and schedule are, and where it computes."""
+
+    model: str
+    loss: str
+    metrics: str | None
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    nesterov: bool
+    optimizer: str
+    optimizer_args: dict[str, Any]
+    weight_decay: float
+    scheduler: str
+    warmup_steps: int
+    clip_grad_norm: float | None
+    precision: str
+    device: str
+    threads: int
+
+
+@dataclass(frozen=True)
+class StrategyPart(Part, StrategyNamed):
+    """How the workers share their work: the strategy, the workers and each exchange."""
+
+    strategy: str
+    workers: int
+    tau: int
+    tau_policy: str
+    alpha: float | None
+    outer_lr: float
+    outer_momentum: float
+    fragments: int
+    staleness: int
+    n_push: int
+    n_fetch: int
+    compress: str
+
+    @property
+    def effective_alpha(self) -> float:
+        return moving_rate(self.alpha, self.workers)
+
+
+@dataclass(frozen=True)
+class ServersPart(Part):
+    """What the launcher's server group reads: shards, replicas, bounds and checkpoints."""
+
+    servers: int
+    replicas: int
+    replica_seconds: float
+    worker_timeout: float
+    max_workers: int | None
+    request_timeout: float
+    encrypt: bool
+    checkpoint_seconds: float
+    checkpoint_steps: int
+    keep_checkpoints: int
+
+
+@dataclass(frozen=True)
+class EnginePart(Part):
+    """What an engine and the Run read: where it runs and listens, what it writes, and how
+    often it restarts, logs and evaluates."""
+
+    engine: str
+    master: str | None
+    bind_address: str | None
+    advertise_address: str | None
+    ports: str | None
+    out: str | None
+    resume: str | None
+    max_restarts: int
+    log_every: int
+    eval_every: int
+    eval_deferred: bool
+    tensorboard: bool
+    mlflow: bool
+
+
+@dataclass(frozen=True)
+class RunParts:
+    """A validated RunConfig parsed once into the parts each layer reads."""
+
+    data: DataPart
+    training: TrainingPart
+    strategy: StrategyPart
+    servers: ServersPart
+    engine: EnginePart
+
+    @classmethod
+    def of(cls, config: RunConfig) -> RunParts:
+        return cls(
+            DataPart.of(config),
+            TrainingPart.of(config),
+            StrategyPart.of(config),
+            ServersPart.of(config),
+            EnginePart.of(config),
+        )
+
+    def value(self, name: str) -> Any:
+        """Field `name` from the part that holds it."""
+        return getattr(getattr(self, part_of(name)), name)
+
+
+_CLASSES: dict[str, type[Part]] = {
+    "data": DataPart,
+    "training": TrainingPart,
+    "strategy": StrategyPart,
+    "servers": ServersPart,
+    "engine": EnginePart,
+}
 # Every field of RunConfig in exactly one part (tests/unit/test_config_parts.py holds it so).
 PARTS: dict[str, tuple[str, ...]] = {
-    "data": ("data", "seed", "synthetic_samples", "synthetic_features", "data_mode",
-             "shuffle_buffer"),
-    "training": ("model", "loss", "metrics", "epochs", "batch_size", "lr", "momentum",
-                 "nesterov", "optimizer", "optimizer_args", "weight_decay", "scheduler",
-                 "warmup_steps", "clip_grad_norm", "precision", "device", "threads"),
-    "strategy": ("strategy", "workers", "tau", "tau_policy", "alpha", "outer_lr",
-                 "outer_momentum", "fragments", "staleness", "n_push", "n_fetch", "compress"),
-    "servers": ("servers", "replicas", "replica_seconds", "worker_timeout", "max_workers",
-                "request_timeout", "encrypt", "checkpoint_seconds", "checkpoint_steps",
-                "keep_checkpoints"),
-    "engine": ("engine", "master", "bind_address", "advertise_address", "ports", "out",
-               "resume", "max_restarts", "log_every", "eval_every", "eval_deferred",
-               "tensorboard", "mlflow"),
-}  # fmt: skip
+    name: tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+    for name, cls in _CLASSES.items()
+}
 
 
 def part_of(name: str) -> str:
@@ -61,10 +185,11 @@ class ServerSettings(StrategyNamed):
     optimizer_args: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, config: RunConfig) -> ServerSettings:
+    def of(cls, config: RunConfig | RunParts) -> ServerSettings:
+        parts = config if isinstance(config, RunParts) else RunParts.of(config)
         taken = {f.name for f in dataclasses.fields(cls)} - {"effective_alpha"}
-        values = {name: getattr(config, name) for name in taken}
-        return cls(effective_alpha=config.effective_alpha, **values)
+        values = {name: parts.value(name) for name in taken}
+        return cls(effective_alpha=parts.strategy.effective_alpha, **values)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ServerSettings:

@@ -52,6 +52,15 @@ class StrategyNamed:
     def consistency(self) -> ConsistencyKind:
         return self.mode.consistency
 
+    @property
+    def uses_server(self) -> bool:
+        return self.mode.uses_server
+
+
+def moving_rate(alpha: float | None, workers: int) -> float:
+    """easgd's moving rate: alpha, or the paper's beta / p with beta 0.9."""
+    return alpha if alpha is not None else 0.9 / workers
+
 
 @dataclass
 class RunConfig(StrategyNamed):
@@ -120,12 +129,8 @@ class RunConfig(StrategyNamed):
     extra: dict[str, Any] = field(default_factory=dict)  # reserved for engine-specific settings
 
     @property
-    def uses_server(self) -> bool:
-        return self.mode.uses_server
-
-    @property
     def effective_alpha(self) -> float:
-        return self.alpha if self.alpha is not None else 0.9 / self.workers
+        return moving_rate(self.alpha, self.workers)
 
     def validate(self) -> RunConfig:
         """Raise ConfigError naming the first invalid field; return self when all are valid."""

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ember.config import RunConfig
+from ember.config import EnginePart, RunConfig
 from ember.errors import ConfigError, EmberError
 from ember.network import port_range
 
@@ -47,7 +47,9 @@ class Placement:
 
 
 def placement(
-    config: RunConfig, cluster: bool = False, setting: Callable[[str], str | None] | None = None
+    config: RunConfig | EnginePart,
+    cluster: bool = False,
+    setting: Callable[[str], str | None] | None = None,
 ) -> Placement:
     """The run's placement: explicit fields first, then the defaults for where it runs.
     `cluster` is a master whose executors may be on other machines; `setting` reads the

@@ -48,7 +48,8 @@ class Run:
         self.memory = memory if memory is not None else PeakMemory()
         self._sampled = 0.0  # perf_counter() of the last memory sample
         self.config = setup.config
-        self.servers = setup.server_group() if self.config.uses_server else None
+        self.parts = setup.parts
+        self.servers = setup.server_group() if self.parts.strategy.uses_server else None
         self.progress = progress  # the engine's, open since its first phase
         self.done: dict[int, dict[str, Any]] = {}  # each rank's "done" record
         self.total = 0  # samples all workers train on, once `watching` knows their rows
@@ -66,19 +67,19 @@ class Run:
         self.progress.phase(phase)
         if self.timeline is not None:
             self.timeline.mark("servers")
-        config = self.config
-        addresses = self.servers.start(rows_per_worker // config.batch_size * config.epochs)
-        warn_if_exposed(addresses, self.config.encrypt)  # always, bar or not
+        training = self.parts.training
+        addresses = self.servers.start(rows_per_worker // training.batch_size * training.epochs)
+        warn_if_exposed(addresses, self.parts.servers.encrypt)  # always, bar or not
         return addresses
 
     @contextmanager
     def watching(self, rows_per_worker: int) -> Iterator[Progress]:
         """The progress bar while the workers train on `rows_per_worker` rows each (whole
         batches of them, as the worker loop takes them)."""
-        config = self.config
-        batches = rows_per_worker // config.batch_size
-        self.total = config.epochs * batches * config.batch_size * config.workers
-        self.progress.start(self.total, config.workers, config.batch_size)
+        training, workers = self.parts.training, self.parts.strategy.workers
+        batches = rows_per_worker // training.batch_size
+        self.total = training.epochs * batches * training.batch_size * workers
+        self.progress.start(self.total, workers, training.batch_size)
         try:
             yield self.progress
         finally:
@@ -89,8 +90,8 @@ class Run:
         restart a rank that dies (up to max_restarts each, under a strategy whose servers
         hold its state) or end the run when it may not be restarted, and tick between
         polls. Returns how many restarts there were."""
-        config = self.config
-        incarnations = [0] * config.workers
+        strategy, engine = self.parts.strategy, self.parts.engine
+        incarnations = [0] * strategy.workers
         with self.watching(rows_per_worker) as bar:
             workers.start()
             while workers.running():
@@ -108,8 +109,8 @@ class Run:
                         self.fail(*workers.failure(gone, "not restarted: it would fail again"))
                     if (
                         not workers.restarts_ranks
-                        or not config.uses_server
-                        or incarnations[gone.rank] >= config.max_restarts
+                        or not strategy.uses_server
+                        or incarnations[gone.rank] >= engine.max_restarts
                     ):
                         self.fail(*workers.failure(gone, ""))
                     incarnations[gone.rank] += 1
@@ -151,7 +152,8 @@ class Run:
             self.done[record["rank"]] = record
         elif record.get("kind") == "diverged":
             self.divergences.append(record)
-        all_started = len(self.progress.started) >= self.config.workers  # at their first step
+        # every worker at its first step
+        all_started = len(self.progress.started) >= self.parts.strategy.workers
         if record.get("kind") == "start" and all_started and self.timeline is not None:
             self.timeline.mark_once("training")
 
@@ -198,7 +200,7 @@ class Run:
             final = self.servers.stop()
             extra["server"] = _merge_server_stats(final)
             extra["server"]["failovers_and_restarts"] = self.servers.events
-        extra["wire"] = _wire_stats(final, self.config.encrypt and self.servers is not None)
+        extra["wire"] = _wire_stats(final, self.parts.servers.encrypt and self.servers is not None)
         workers = [self.done[rank] for rank in sorted(self.done)]
         extra.update(_divergence(self.divergences))
         if self.timeline is not None:  # the engine's own figures, its processes all known

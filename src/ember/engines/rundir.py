@@ -21,7 +21,7 @@ from ember.checkpoint import (
     verify_run_state,
     with_buffers,
 )
-from ember.config import RunConfig
+from ember.config import RunConfig, RunParts
 from ember.data import Dataset
 from ember.engines.modelwork import InProcess, ModelWork
 from ember.engines.servers import ServerGroup
@@ -69,6 +69,10 @@ class RunSetup:
     spare_servers: list[Any] = field(default_factory=list)  # started early; ServerGroup takes them
     secret: bytes = field(default_factory=lambda: os.urandom(32))  # proves membership of the run
     loop: UserLoop | None = None  # ember.run: the function the workers run instead of ember's
+    parts: RunParts = field(init=False)  # the config parsed once into what each layer reads
+
+    def __post_init__(self) -> None:
+        self.parts = RunParts.of(self.config)
 
     @property
     def checkpoints(self) -> Path:
@@ -79,7 +83,7 @@ class RunSetup:
         logs = self.run_dir / "logs"
         spares = self.spare_servers
         return ServerGroup(
-            self.config, self.initial, self.secret, logs, self.resume, spares, self.layout
+            self.parts, self.initial, self.secret, logs, self.resume, spares, self.layout
         )
 
     @property

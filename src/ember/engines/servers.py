@@ -28,7 +28,7 @@ from ember.checkpoint import (
     verify_run_state,
     with_buffers,
 )
-from ember.config import RunConfig, ServerSettings
+from ember.config import RunConfig, RunParts, ServerSettings
 from ember.engines.addresses import Placement, local_address, placement, port_of
 from ember.engines.process import Interpreter, reap, tail
 from ember.errors import CheckpointError, EmberError, ServerUnavailable
@@ -56,7 +56,7 @@ class ServerGroup:
 
     def __init__(
         self,
-        config: RunConfig,
+        config: RunConfig | RunParts,
         initial: np.ndarray,
         secret: bytes,
         log_dir: Path,
@@ -66,13 +66,18 @@ class ServerGroup:
     ) -> None:
         """`layout` says which keys of `initial` are the model's buffers, which the servers
         fold in as values (rules.py); without it every key is a parameter."""
-        self.config, self.secret, self.log_dir = config, secret, log_dir
+        parts = config if isinstance(config, RunParts) else RunParts.of(config)
+        # its part of the run, the servers' part of that, and of the engine's only the
+        # restart budget and where to listen
+        self.settings, self.server_settings = parts.servers, ServerSettings.of(parts)
+        self.max_restarts = parts.engine.max_restarts
+        self.secret, self.log_dir = secret, log_dir
         self.layout = layout if layout is not None else Layout(initial.size)
         self.spares = spares if spares is not None else []  # started early: see spare_servers
         self.initial, self.resume = initial, resume
-        self.rule = make_update_rule(config)  # its state names: what the servers keep
+        self.rule = make_update_rule(self.server_settings)  # its state names: what the servers keep
         self.steps_per_worker = 0
-        self.where: Placement = placement(config)  # the Spark driver sets a cluster's
+        self.where: Placement = placement(parts.engine)  # the Spark driver sets a cluster's
         self.slots: list[list[Slot]] = []
         self.primary: list[int] = []  # per shard, the replica serving workers
         self.events: list[dict[str, Any]] = []  # promotions and restarts, for the summary
@@ -103,13 +108,13 @@ class ServerGroup:
         """Start every slot; `steps_per_worker` (the run's optimizer steps on each worker)
         sets the length of a learning-rate schedule, which runs over the servers' commits."""
         self.steps_per_worker = steps_per_worker
-        ranges = shard_ranges(self.initial.size, self.config.servers)
+        ranges = shard_ranges(self.initial.size, self.settings.servers)
         first_buffer = self.layout.parameters
         shards = [
             ShardSpec(i, len(ranges), a, b, buffers_from=first_buffer)
             for i, (a, b) in enumerate(ranges)
         ]
-        self.slots = [[Slot(s, r) for r in range(self.config.replicas)] for s in shards]
+        self.slots = [[Slot(s, r) for r in range(self.settings.replicas)] for s in shards]
         self.primary = [0] * len(shards)
         tensors = {"params": self.initial}
         if self.resume is not None:
@@ -131,10 +136,10 @@ class ServerGroup:
         """Start processes in parallel, then wait for each to say where it listens."""
         workers, step = meta.get("workers", {}), int(meta.get("server_step", 0))
         for slot, role, backup in plan:
-            first = slot.shard.index * self.config.replicas + slot.replica
+            first = slot.shard.index * self.settings.replicas + slot.replica
             message = {
                 "parent": os.getpid(),
-                "settings": ServerSettings.of(self.config).to_dict(),  # their part alone
+                "settings": self.server_settings.to_dict(),  # their part alone
                 "secret": self.secret,
                 "shard": asdict(slot.shard),
                 "role": role,
@@ -184,7 +189,7 @@ class ServerGroup:
         for index, shard in enumerate(self.slots):
             dead = [slot for slot in shard if slot.process.exitcode is not None]
             for slot in dead:
-                if slot.restarts >= self.config.max_restarts:
+                if slot.restarts >= self.max_restarts:
                     raise EmberError(
                         f"parameter server {_name(slot)} exited with code {slot.process.exitcode}"
                         f" ({slot.restarts} restarts allowed by max_restarts used);"
@@ -242,14 +247,14 @@ class ServerGroup:
         self, root: Path, meta: dict[str, Any], timeout: float | None = None
     ) -> Path | None:
         """Save the primaries' state named by their update count; None if nothing changed."""
-        wait = self.config.request_timeout if timeout is None else timeout
+        wait = self.settings.request_timeout if timeout is None else timeout
         tensors, state_meta = fetch_state(self.primaries, self.secret, wait)
         step = int(state_meta["step"])
         if step == self._saved_step:
             return None
         full_meta = {**meta, "server_step": step, "workers": state_meta["workers"]}
         path = save_checkpoint(
-            root, free_step(root, step), tensors, full_meta, keep=self.config.keep_checkpoints
+            root, free_step(root, step), tensors, full_meta, keep=self.settings.keep_checkpoints
         )
         self._saved_step = step
         return path
@@ -259,11 +264,11 @@ class ServerGroup:
         checkpoint_steps server updates when that is set. A shard failing over meanwhile
         postpones it to the next call; a checkpoint that cannot be written (a full disk) is
         noted in `events` and tried again at the next interval, and training goes on."""
-        config = self.config
+        settings = self.settings
         try:
-            if time.monotonic() - self._last_checkpoint > config.checkpoint_seconds or (
-                config.checkpoint_steps
-                and self.updates_since_checkpoint() >= config.checkpoint_steps
+            if time.monotonic() - self._last_checkpoint > settings.checkpoint_seconds or (
+                settings.checkpoint_steps
+                and self.updates_since_checkpoint() >= settings.checkpoint_steps
             ):
                 self._last_checkpoint = time.monotonic()
                 self.checkpoint(root, meta)
@@ -279,7 +284,7 @@ class ServerGroup:
         return step - max(self._saved_step, 0)
 
     def snapshot(self) -> dict[str, np.ndarray]:
-        return fetch_state(self.primaries, self.secret, self.config.request_timeout)[0]
+        return fetch_state(self.primaries, self.secret, self.settings.request_timeout)[0]
 
     def stop(self) -> list[dict[str, Any]]:
         """Stop every process; return the primaries' final statistics."""
