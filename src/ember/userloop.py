@@ -267,6 +267,8 @@ class Optimizer:
         # each step's compute seconds, and its loss if it asks
         self.period: Period | None = getattr(self.algorithm, "period", None)
         self._adapts = self.period if self.period is not None and self.period.adaptive else None
+        # tau 'loss': step() wants each step's loss, which costs the loop a .item() sync
+        self.wants_loss = self._adapts is not None and self._adapts.wants_loss
         self.t_comp = 0.0  # seconds of compute, without waits on the network
         self._zeroed = False  # zero_grad() kept .grad on flat.grads: nothing to regather
         self._finished = False
@@ -289,8 +291,8 @@ class Optimizer:
         waited = algorithm.stats.t_wait
         if self.flat.flat_grads and not self._zeroed:
             self._regather()
-        if adapts is not None and adapts.wants_loss and loss is not None:
-            adapts.add_loss(loss)
+        if self.wants_loss and loss is not None:
+            adapts.add_loss(loss)  # type: ignore[union-attr]
         algorithm.after_backward(self.steps)
         self.steps += 1
         # Waiting on an exchange is communication time, not compute.

@@ -122,8 +122,6 @@ class BuiltinLoop:
         self.optimizer = Optimizer(local, self.model)
         self.flat: FlatModel = self.optimizer.flat
         self.algorithm = self.optimizer.algorithm
-        adapts = self.optimizer.period
-        self.feeds_loss = adapts is not None and adapts.adaptive and adapts.wants_loss
         # each step's loss since the last progress record, kept apart to name a NaN's step
         self.losses, self.logged_steps = torch.zeros(config.log_every, device=device), 0
         self.diverged = False  # a step's loss was NaN or infinite (said once)
@@ -149,7 +147,7 @@ class BuiltinLoop:
         else:  # 16-mixed: backward on the scaled loss, the gradients scaled back
             self.scaler.backward(loss)
             self.scaler.unscale()
-        optimizer.step(loss.item() if self.feeds_loss else None)
+        optimizer.step(loss.item() if optimizer.wants_loss else None)
         self.losses[self.logged_steps] = loss.detach()
         self.logged_steps += 1
 

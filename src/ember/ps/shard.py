@@ -164,11 +164,11 @@ class ShardState:
 
     def commit(self, rule: UpdateRule, keys: slice, contribution: np.ndarray, count: int) -> bool:
         """Commit `contribution` (the sum of `count` workers') to `keys` by `rule`, unless the
-        result holds NaN or Inf (then False): finite inputs can
-        still overflow (two pushes of 3e38). A refused commit puts back the slice's parameters
-        and rule state. The work goes block by block (BLOCK keys): the copy kept for that, the
-        rule's passes and the check, a sum of what was just written, all read the block from
-        cache, so the passes NumPy cannot fuse cost about one trip through memory."""
+        result holds NaN or Inf (then False): finite inputs can still overflow (two pushes of
+        3e38). A refused commit puts back the slice's parameters and rule state. The work goes
+        block by block (BLOCK keys): the copy kept for that, the rule's passes and the check, a
+        sum of what was just written, all read the block from cache, so the passes NumPy cannot
+        fuse cost about one trip through memory."""
         params, state = self.params[keys], self.state_at(keys)
         kept = [(value, self._scratch(name, params.size)) for name, value in state.items()]
         kept.append((params, self._scratch("params", params.size)))
