@@ -229,7 +229,7 @@ def evaluate_checkpoint(
             f"--model {config.model} to import and run it"
         )
     dataset = load_data(config)
-    network = make_model(config, dataset)
+    network = make_model(config.model, config.seed, dataset)
     fill_from_checkpoint(network, loaded)
     # a file named here holds new rows: all of it is scored unless it has a test split
     x, y, split = scored_rows(dataset, whole=data is not None)

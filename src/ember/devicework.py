@@ -10,18 +10,18 @@ from typing import Any
 
 import torch
 
-from ember.config import RunConfig
 from ember.data.batches import Batch, Inputs
 from ember.devices import Placement, cuda_count, needs_count, place_local, place_task
 
 
-def placement(config: RunConfig, rank: int, world: int, gpus: Sequence[str] | None) -> Placement:
-    """Worker `rank`'s device: on a local run by its rank (`gpus` None), on a Spark task from
-    the GPU addresses Spark assigned it. CUDA is asked about only when the request may use it."""
-    count = cuda_count() if needs_count(config.device, gpus) else 0
+def placement(device: str, rank: int, world: int, gpus: Sequence[str] | None) -> Placement:
+    """Worker `rank`'s device for the run's `device` (auto, cpu, cuda, cuda:N): on a local run
+    by its rank (`gpus` None), on a Spark task from the GPU addresses Spark assigned it. CUDA
+    is asked about only when the request may use it."""
+    count = cuda_count() if needs_count(device, gpus) else 0
     if gpus is None:
-        return place_local(config.device, rank, world, count)
-    return place_task(config.device, gpus, count)
+        return place_local(device, rank, world, count)
+    return place_task(device, gpus, count)
 
 
 def take(where: Placement) -> torch.device:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from ember.config import RunConfig
+from ember.config import RunConfig, RunParts
 from ember.data import Dataset, load_dataset
 from ember.objective import targets_of
 
@@ -46,6 +47,11 @@ class WorkerSpec:
     # on the local engine, where a worker's rank picks its GPU
     gpus: tuple[str, ...] | None = None
 
+    @cached_property
+    def parts(self) -> RunParts:
+        """The run's configuration in the parts the worker's layers read, parsed once."""
+        return RunParts.of(self.config)
+
 
 @dataclass(frozen=True)
 class UserLoop:
@@ -74,13 +80,16 @@ def user_functions(config: RunConfig) -> dict[str, Any]:
     return losses.registered_objects([name.strip() for name in names])
 
 
-def load_data(config: RunConfig) -> Dataset:
+def load_data(config: RunConfig | RunParts) -> Dataset:
+    """The run's data, its targets in the form the run's loss takes."""
+    parts = config if isinstance(config, RunParts) else RunParts.of(config)
+    data = parts.data
     return load_dataset(
-        config.data,
-        targets=targets_of(config.loss),
-        seed=config.seed,
-        synthetic_samples=config.synthetic_samples,
-        synthetic_features=config.synthetic_features,
+        data.data,
+        targets=targets_of(parts.training.loss),
+        seed=data.seed,
+        synthetic_samples=data.synthetic_samples,
+        synthetic_features=data.synthetic_features,
     )
 
 

@@ -18,7 +18,7 @@ from ember.algorithms import FlatModel, ScheduledOptimizer, WorkerContext, make_
 from ember.algorithms.base import Algorithm, CommStats
 from ember.algorithms.flat import flat_layout
 from ember.algorithms.period import Period
-from ember.config import RunConfig
+from ember.config import TrainingPart
 from ember.data import Dataset
 from ember.data.streaming import stream_record
 from ember.devicework import placement, take
@@ -59,7 +59,7 @@ def worker_context(
     """This worker's context, what ember.context() returns while the block runs; leaving the
     block after the function returned, the Optimizer's last exchange and the run left."""
     global _current
-    ctx = LoopContext(spec, report, dataset if dataset is not None else load_data(spec.config))
+    ctx = LoopContext(spec, report, dataset if dataset is not None else load_data(spec.parts))
     ctx.stop = stop
     _current = ctx
     try:
@@ -84,9 +84,9 @@ class LoopContext:
     ember.Optimizer has taken, and the seconds its loop set aside from training."""
 
     def __init__(self, spec: WorkerSpec, report: Report, dataset: Dataset) -> None:
-        self.spec, self.config = spec, spec.config
+        self.spec, self.parts = spec, spec.parts  # the parts of the run's config it reads
         self.rank, self.world, self.incarnation = spec.rank, spec.world, spec.incarnation
-        self.epochs = spec.config.epochs  # the run's epochs
+        self.epochs = self.parts.training.epochs  # the run's epochs
         self.epoch = 0  # of the batches served last, counted from 0
         self.samples = 0  # rows served by data.batches
         self.start_step = spec.initial_step  # where this incarnation began: the servers say
@@ -94,7 +94,7 @@ class LoopContext:
         self.stop: threading.Event | None = None  # set: the engine asks the loop to end
         self.aside = 0.0  # seconds of evaluation and checkpoints inside the loop, not training
         self.dataset = dataset
-        self.placement = placement(self.config, spec.rank, spec.world, spec.gpus)
+        self.placement = placement(self.parts.training.device, spec.rank, spec.world, spec.gpus)
         self.device = take(self.placement)  # where the function's model and batches belong
         self.data = WorkerData(spec, dataset, self)
         self.total_steps = self.epochs * self.data.steps_per_epoch
@@ -217,7 +217,7 @@ class LoopContext:
     def _served(self) -> int:
         """Samples trained: the rows data.batches served, or for a loop that brings its own
         rows, a batch of the run's batch size per step."""
-        return self.samples or (self.step - self.start_step) * self.config.batch_size
+        return self.samples or (self.step - self.start_step) * self.parts.training.batch_size
 
     def _stats(self) -> CommStats:
         return self.optimizer.algorithm.stats if self.optimizer is not None else CommStats()
@@ -236,19 +236,19 @@ class Optimizer:
         ctx = context()
         if ctx.optimizer is not None:
             raise EmberError("ember.Optimizer: this worker has one already; wrap one per worker")
-        spec, config = ctx.spec, ctx.config
-        if not config.mode.local_optimizer:  # bsp, ssp, async: the servers' optimizer steps
+        spec, strategy = ctx.spec, ctx.parts.strategy
+        if not strategy.mode.local_optimizer:  # bsp, ssp, async: the servers' optimizer steps
             if optimizer is not None:
-                check_server_optimizer(optimizer, config)
+                check_server_optimizer(optimizer, strategy.strategy, ctx.parts.training)
         elif optimizer is None:
             raise ConfigError(
-                f"strategy {config.strategy!r} runs the optimizer on the workers: ember.Optimizer"
+                f"strategy {strategy.strategy!r} runs the optimizer on the workers: ember.Optimizer"
                 " needs one to wrap"
             )
         self.optimizer, self.model = optimizer, model
-        if config.uses_server and spec.layout is not None:
+        if strategy.uses_server and spec.layout is not None:
             check_layout(model, spec.layout)
-        self.flat = flat = FlatModel(model, flat_grads=config.mode.ships_gradients)
+        self.flat = flat = FlatModel(model, flat_grads=strategy.mode.ships_gradients)
         if spec.initial is not None:  # a resumed run's parameters, for a strategy without servers
             flat.load(spec.initial)
         elif spec.initial_file is not None:
@@ -257,9 +257,9 @@ class Optimizer:
         self._views = [(p, p.grad) for p in model.parameters() if p.grad is not None]
         where = {name: getattr(spec, name) for name in _WHERE}
         exclusive = ctx.placement.exclusive
-        where_now = WorkerContext(config, **where, exclusive_device=exclusive)
+        where_now = WorkerContext(ctx.parts, **where, exclusive_device=exclusive)
         self.algorithm: Algorithm = make_algorithm(where_now)
-        local = optimizer if config.mode.local_optimizer else None
+        local = optimizer if strategy.mode.local_optimizer else None
         self.steps = max(self.algorithm.start(flat, local), spec.initial_step)
         if isinstance(optimizer, ScheduledOptimizer):  # a resumed worker's schedule goes on
             optimizer.steps = self.steps
@@ -335,15 +335,15 @@ class Optimizer:
         return self.optimizer.state_dict() if self.optimizer is not None else {}
 
 
-def check_server_optimizer(optimizer: Any, config: RunConfig) -> None:
+def check_server_optimizer(optimizer: Any, strategy: str, training: TrainingPart) -> None:
     """Under bsp, ssp and async the servers apply every update with the run's optimizer: the
     one wrapped must be the same class with the same learning rate, or training would not be
     what the loop says."""
     name, lr = type(optimizer).__name__, optimizer.param_groups[0].get("lr")
-    if name.lower() != config.optimizer.lower() or lr != config.lr:
+    if name.lower() != training.optimizer.lower() or lr != training.lr:
         raise ConfigError(
-            f"strategy {config.strategy!r} applies updates on the parameter servers with the"
-            f" run's optimizer {config.optimizer!r} (lr {config.lr:g}), but ember.Optimizer"
+            f"strategy {strategy!r} applies updates on the parameter servers with the"
+            f" run's optimizer {training.optimizer!r} (lr {training.lr:g}), but ember.Optimizer"
             f" wraps {name} (lr {lr:g}); pass ember.run optimizer={name.lower()!r} and"
             f" lr={lr:g}, or wrap the run's optimizer"
         )

@@ -16,7 +16,6 @@ import torch
 
 from ember.algorithms import FlatModel, local_optimizer
 from ember.checkpoint import free_step, save_checkpoint
-from ember.config import RunConfig
 from ember.data import Dataset
 from ember.data.batches import Batch, Inputs
 from ember.data.streaming import data_wait_fraction
@@ -32,10 +31,10 @@ from ember.wire import use_encryption
 Report = Callable[[dict[str, Any]], None]
 
 
-def make_model(config: RunConfig, dataset: Dataset) -> torch.nn.Module:
-    return build_model(
-        config.model, dataset.input_shape, dataset.num_classes, config.seed, probe=None
-    )
+def make_model(model: str, seed: int, dataset: Dataset) -> torch.nn.Module:
+    """The run's `model` (a name, a factory or an object's label) for `dataset`, its
+    initialisation seeded by `seed`."""
+    return build_model(model, dataset.input_shape, dataset.num_classes, seed, probe=None)
 
 
 CENTER_SOURCE = "center as of worker 0's latest exchange"
@@ -60,10 +59,10 @@ def run_worker(
     """Run this worker's function (ember.run's, else the built-in loop) with its context set,
     until it returns or `stop` is set; leave the servers cleanly either way, send rank 0's
     return value under ember.run (encoded, or why it cannot be) and return the totals."""
-    config = spec.config
-    use_encryption(config.encrypt)  # this process's connections speak the run's transport
-    torch.set_num_threads(config.threads)
-    register_objects(config.model, spec.model_object, spec.functions)
+    parts = spec.parts
+    use_encryption(parts.servers.encrypt)  # this process's connections speak the run's transport
+    torch.set_num_threads(parts.training.threads)
+    register_objects(parts.training.model, spec.model_object, spec.functions)
     function, args = spec.train_fn or builtin_loop, spec.train_args
     with worker_context(spec, report, dataset, stop) as ctx:
         value = function(*args)
@@ -77,7 +76,7 @@ def builtin_loop() -> None:
     for the configured epochs, or until the engine asks it to stop."""
     ctx = context()
     loop = BuiltinLoop(ctx)
-    config, optimizer = ctx.config, loop.optimizer
+    engine, optimizer = ctx.parts.engine, loop.optimizer
     first_step, total_steps = optimizer.steps, ctx.total_steps
     steps_per_epoch = ctx.data.steps_per_epoch
     last_step = total_steps
@@ -90,9 +89,9 @@ def builtin_loop() -> None:
         if index == 0 or step == first_step:  # a fresh order per epoch, fixed by the seed
             batches = loop.epoch_batches(epoch)
         loop.step(*next(batches))
-        if (step + 1) % config.log_every == 0 or step + 1 == total_steps:
+        if (step + 1) % engine.log_every == 0 or step + 1 == total_steps:
             loop.log(step, epoch)
-        if ctx.rank == 0 and evaluates_after(step, steps_per_epoch, config.eval_every):
+        if ctx.rank == 0 and evaluates_after(step, steps_per_epoch, engine.eval_every):
             loop.evaluate(step, epoch)
         if loop.checkpoint_due(step + 1):
             loop.checkpoint(step + 1)
@@ -104,26 +103,27 @@ class BuiltinLoop:
 
     def __init__(self, ctx: LoopContext) -> None:
         """Build the model and its ember.Optimizer: connected, ready to train."""
-        spec, config, dataset = ctx.spec, ctx.config, ctx.dataset
-        self.ctx, self.spec, self.config, self.dataset = ctx, spec, config, dataset
+        spec, parts, dataset = ctx.spec, ctx.parts, ctx.dataset
+        self.ctx, self.spec, self.parts, self.dataset = ctx, spec, parts, dataset
+        training = parts.training
         self.steps_per_epoch = ctx.data.steps_per_epoch
         self.device = device = ctx.device
-        self.model = make_model(config, dataset)
+        self.model = make_model(training.model, parts.data.seed, dataset)
         if ctx.placement.cuda:  # parameters, buffers and so the optimizer's state
             self.model.to(device)
-        self.autocast = forward_precision(config.precision, device)
-        self.scaler = loss_scaler(config.precision, self.model, device)
-        self.loss = make_loss(config.loss)
-        self.judged = (config.loss, config.metrics)  # what evaluations measure
+        self.autocast = forward_precision(training.precision, device)
+        self.scaler = loss_scaler(training.precision, self.model, device)
+        self.loss = make_loss(training.loss)
+        self.judged = (training.loss, training.metrics)  # what evaluations measure
         self.shape = (tuple(dataset.input_shape), dataset.num_classes)  # saved with checkpoints
         local = None  # bsp, ssp and async: the servers run the optimizer
-        if config.mode.local_optimizer:
-            local = local_optimizer(self.model, config, ctx.total_steps)
+        if parts.strategy.mode.local_optimizer:
+            local = local_optimizer(self.model, training, ctx.total_steps)
         self.optimizer = Optimizer(local, self.model)
         self.flat: FlatModel = self.optimizer.flat
         self.algorithm = self.optimizer.algorithm
         # each step's loss since the last progress record, kept apart to name a NaN's step
-        self.losses, self.logged_steps = torch.zeros(config.log_every, device=device), 0
+        self.losses, self.logged_steps = torch.zeros(parts.engine.log_every, device=device), 0
         self.diverged = False  # a step's loss was NaN or infinite (said once)
         self.snapshots: list[Snapshot] = []  # evaluation points not yet evaluated
         self.saved_step = self.optimizer.steps  # of the last local checkpoint
@@ -153,7 +153,7 @@ class BuiltinLoop:
 
     def log(self, step: int, epoch: int) -> None:
         """Report the steps since the last progress record."""
-        now, spec, batch_size = time.perf_counter(), self.spec, self.config.batch_size
+        now, spec, batch_size = time.perf_counter(), self.spec, self.parts.training.batch_size
         losses = self.losses[: self.logged_steps]
         loss = float(losses.sum()) / self.logged_steps
         if not math.isfinite(loss) and not self.diverged:
@@ -202,11 +202,13 @@ class BuiltinLoop:
             # training so far, for time and samples to a target: the loop's seconds
             # without evaluation and checkpoints, and every worker's samples alike
             "seconds": self.ctx.training_seconds(aside_started),
-            "samples": (step + 1 - self.ctx.start_step) * self.config.batch_size * self.spec.world,
+            "samples": (step + 1 - self.ctx.start_step)
+            * self.parts.training.batch_size
+            * self.spec.world,
             "source": "worker 0 local parameters" if center is None else CENTER_SOURCE,
             "test_rows": len(self.dataset.y_test),
         }
-        if self.config.eval_deferred:
+        if self.parts.engine.eval_deferred:
             self.flat.gather_buffers()
             params = self.flat.to_host() if center is None else center
             self.snapshots.append(Snapshot(params.copy(), point))
@@ -233,13 +235,13 @@ class BuiltinLoop:
 
     def checkpoint_due(self, done: int) -> bool:
         """Whether worker 0 of a strategy without a server saves after `done` steps."""
-        config, spec, saved_step = self.config, self.spec, self.saved_step
+        servers, spec, saved_step = self.parts.servers, self.spec, self.saved_step
         return (
-            not config.uses_server
+            not self.parts.strategy.uses_server
             and spec.rank == 0
             and (
-                time.perf_counter() - self.last_checkpoint > config.checkpoint_seconds
-                or (config.checkpoint_steps > 0 and done - saved_step >= config.checkpoint_steps)
+                time.perf_counter() - self.last_checkpoint > servers.checkpoint_seconds
+                or (servers.checkpoint_steps > 0 and done - saved_step >= servers.checkpoint_steps)
             )
         )
 
@@ -256,7 +258,7 @@ class BuiltinLoop:
         checkpoint and evaluation is, so the training seconds end at the last exchange."""
         self.optimizer.finish()
         spec = self.spec
-        if not self.config.uses_server and spec.rank == 0 and self.saved_step != last_step:
+        if not self.parts.strategy.uses_server and spec.rank == 0 and self.saved_step != last_step:
             self.checkpoint(last_step)
         aside_started = time.perf_counter()
         self.evaluate_snapshots()
@@ -274,5 +276,5 @@ def _save_local(
         free_step(root, step),  # never collides with checkpoints a fallen-back resume left
         {"params": flat.to_host().copy()},
         checkpoint_meta(spec.config, Layout(flat.param_size, flat.buffer_size), step, shape),
-        keep=spec.config.keep_checkpoints,
+        keep=spec.parts.servers.keep_checkpoints,
     )

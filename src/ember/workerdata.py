@@ -7,6 +7,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ember.config import DataPart
 from ember.data import Dataset, shard_indices
 from ember.data.batches import Batch, MemoryBatches, ShardBatches
 from ember.data.streamhost import StreamedDataset, counted, stream_batches
@@ -32,12 +33,12 @@ class WorkerData:
         self.y: np.ndarray | None = None
         self.shard: ShardBatches
         if isinstance(dataset, StreamedDataset):
-            self.shard = stream_batches(dataset, spec.rank, spec.world, spec.config)
+            self.shard = stream_batches(dataset, spec.rank, spec.world, *_streamed(spec))
         else:
             self.x, self.y = shard_rows(spec, dataset)
             self.shard = _in_memory(spec, self.x, self.y)
         self.x_test, self.y_test = dataset.x_test, dataset.y_test
-        self.batch_size = spec.config.batch_size
+        self.batch_size = spec.parts.training.batch_size
         self.steps_per_epoch = self.shard.rows // self.batch_size
         self._ctx = ctx
 
@@ -60,10 +61,10 @@ def shard_rows(spec: WorkerSpec, dataset: Dataset) -> tuple[np.ndarray, np.ndarr
     if not spec.own_rows:
         rows = shard_indices(len(x), spec.rank, spec.world)
         x, y = x[rows[0] : rows[-1] + 1], y[rows[0] : rows[-1] + 1]
-    if len(y) < spec.config.batch_size:
+    batch_size = spec.parts.training.batch_size
+    if len(y) < batch_size:
         raise ValueError(
-            f"worker {spec.rank}: shard of {len(y)} rows is smaller than one batch of"
-            f" {spec.config.batch_size}"
+            f"worker {spec.rank}: shard of {len(y)} rows is smaller than one batch of {batch_size}"
         )
     return x, y
 
@@ -71,13 +72,20 @@ def shard_rows(spec: WorkerSpec, dataset: Dataset) -> tuple[np.ndarray, np.ndarr
 def shard_batches(spec: WorkerSpec, dataset: Dataset) -> ShardBatches:
     """This worker's training rows as batches, with the counters a stream keeps."""
     if isinstance(dataset, StreamedDataset):
-        return stream_batches(dataset, spec.rank, spec.world, spec.config)
+        return stream_batches(dataset, spec.rank, spec.world, *_streamed(spec))
     return _in_memory(spec, *shard_rows(spec, dataset))
 
 
 def _in_memory(spec: WorkerSpec, x: np.ndarray, y: np.ndarray) -> ShardBatches:
     """Rows held in memory as batches, with the counters a stream keeps."""
-    return counted(MemoryBatches(x, y, spec.config.batch_size, spec.config.seed, spec.rank))
+    parts = spec.parts
+    batch_size, seed = parts.training.batch_size, parts.data.seed
+    return counted(MemoryBatches(x, y, batch_size, seed, spec.rank))
+
+
+def _streamed(spec: WorkerSpec) -> tuple[DataPart, int]:
+    """What a stream of this worker's rows reads of the run: its data part and batch size."""
+    return spec.parts.data, spec.parts.training.batch_size
 
 
 __all__ = ["WorkerData", "shard_batches", "shard_rows"]

@@ -76,7 +76,7 @@ def initial_parameters(seed: int = 0) -> np.ndarray:
     from ember.worker import make_model
 
     config = RunConfig(data="mnist", model="mlp", seed=seed)
-    return flatten_parameters(make_model(config, load_data(config)))
+    return flatten_parameters(make_model(config.model, config.seed, load_data(config)))
 
 
 def listening(host: int) -> list[tuple[str, int, int]]:

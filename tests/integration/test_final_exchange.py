@@ -188,7 +188,9 @@ def test_a_run_shorter_than_tau_reports_a_trained_center_not_the_initial_model(
     (last_eval,) = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "eval"]
     config = RunConfig(data="digits")
     dataset = load_data(config)
-    initial = evaluate(make_model(config, dataset), dataset.x_test, dataset.y_test)["test_accuracy"]
+    initial = evaluate(
+        make_model(config.model, config.seed, dataset), dataset.x_test, dataset.y_test
+    )["test_accuracy"]
     assert summary["exchanges"] == 2  # one final exchange per worker
     assert summary["test_accuracy"] > initial + 0.3
     assert abs(summary["test_accuracy"] - last_eval["test_accuracy"]) < 0.1

@@ -14,7 +14,6 @@ import pytest
 import ember.spark
 from ember.algorithms import load_flat_parameters
 from ember.checkpoint import latest_valid_checkpoint
-from ember.config import RunConfig
 from ember.data import load_dataset
 from ember.data.spark import FrameFacts, frame_from_arrays
 from ember.evaluation import evaluate
@@ -224,7 +223,7 @@ def test_allreduce_trains_without_servers_and_rank_0_hands_back_the_parameters(
     last = latest_valid_checkpoint(tmp_path / "run" / "checkpoints")
     assert last is not None
     assert last.meta["step"] == steps and last.meta["strategy"] == "allreduce"
-    model = make_model(RunConfig(model="mlp"), digits)
+    model = make_model("mlp", 0, digits)
     load_flat_parameters(model, last.tensors["params"])
     assert (
         evaluate(model, digits.x_test, digits.y_test)["test_accuracy"] == summary["test_accuracy"]

@@ -84,10 +84,9 @@ def test_cpu_and_auto_on_a_task_without_a_gpu_never_ask_for_cuda(monkeypatch) ->
         raise AssertionError("CUDA was asked about")
 
     monkeypatch.setattr(devicework, "cuda_count", no_cuda)
-    cpu = RunConfig(device="cpu")
-    assert devicework.placement(cpu, 0, 2, None) == Placement("cpu")
-    assert devicework.placement(cpu, 1, 2, ("5",)) == Placement("cpu", "5")
-    assert devicework.placement(RunConfig(), 0, 2, ()) == Placement("cpu")
+    assert devicework.placement("cpu", 0, 2, None) == Placement("cpu")
+    assert devicework.placement("cpu", 1, 2, ("5",)) == Placement("cpu", "5")
+    assert devicework.placement(RunConfig().device, 0, 2, ()) == Placement("cpu")
 
 
 def test_cuda_on_a_local_run_without_cuda_fails_validation(monkeypatch) -> None:

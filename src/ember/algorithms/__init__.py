@@ -96,10 +96,10 @@ def _algorithms() -> dict[Strategy, Callable[[WorkerContext], Algorithm]]:
 def make_algorithm(context: WorkerContext) -> Algorithm:
     algorithms = _algorithms()
     try:
-        factory = algorithms[Strategy(context.config.strategy)]
+        factory = algorithms[Strategy(context.strategy.strategy)]
     except ValueError:
         raise ConfigError(
-            f"strategy must be one of {', '.join(algorithms)}; got {context.config.strategy!r}"
+            f"strategy must be one of {', '.join(algorithms)}; got {context.strategy.strategy!r}"
         ) from None
     return factory(context)
 

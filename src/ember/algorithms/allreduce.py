@@ -31,7 +31,7 @@ class AllReduceSGD:
             "nccl" if exclusive else "gloo",
             rank=ctx.rank,
             world_size=ctx.world,
-            timeout=datetime.timedelta(seconds=ctx.config.request_timeout),
+            timeout=datetime.timedelta(seconds=ctx.request_timeout),
             **meeting,
         )
         flat.gather_buffers()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from ember.algorithms.flat import FlatModel
-from ember.config import RunConfig
+from ember.config import RunConfig, RunParts, StrategyPart, TrainingPart
 from ember.errors import ConfigError
 from ember.models.losses import resolve_function
 from ember.ps import ExchangeResult, PSClient
@@ -19,9 +19,10 @@ from ember.training import CONSTANT, OBJECT_PREFIX, Schedule
 
 @dataclass
 class WorkerContext:
-    """Where a worker stands in the run: handed to its algorithm by the worker loop."""
+    """Where a worker stands in the run: handed to its algorithm by the worker loop, which
+    reads of the run's configuration its strategy part and the servers' request timeout."""
 
-    config: RunConfig
+    config: InitVar[RunConfig | RunParts]
     rank: int
     world: int
     servers: list[str] = field(default_factory=list)  # parameter-server addresses
@@ -30,19 +31,24 @@ class WorkerContext:
     rendezvous: str = ""  # torch.distributed init_method for allreduce
     store: Any = None  # or the torch.distributed Store the engine met in (Spark's tasks)
     exclusive_device: bool = True  # no other worker computes on this one's GPU (allreduce: NCCL)
+    strategy: StrategyPart = field(init=False)  # the strategy, its workers and each exchange
+    request_timeout: float = field(init=False)  # a server or peer silent this long is an error
+
+    def __post_init__(self, config: RunConfig | RunParts) -> None:
+        parts = config if isinstance(config, RunParts) else RunParts.of(config)
+        self.strategy, self.request_timeout = parts.strategy, parts.servers.request_timeout
 
     def client(self, servers: list[str] | None = None, differences: bool = False) -> PSClient:
         """This worker's client of `servers` (default: all of the run's). `differences`: the
         payload is parameters, sent as differences from the servers' mirror (easgd); else
         it is gradient-like (gradients, pseudo-gradients), sent with error feedback."""
-        config = self.config
         return PSClient(
             self.servers if servers is None else servers,
             self.secret,
             worker=self.rank,
             incarnation=self.incarnation,
-            timeout=config.request_timeout,
-            compress=codec_named(config.compress),  # the codec handed to its links
+            timeout=self.request_timeout,
+            compress=codec_named(self.strategy.compress),  # the codec handed to its links
             differences=differences,
         )
 
@@ -174,10 +180,13 @@ class ScheduledOptimizer:
         self.steps += 1
 
 
-def local_optimizer(model: torch.nn.Module, config: RunConfig, total_steps: int = 0) -> Optimizer:
+def local_optimizer(
+    model: torch.nn.Module, training: TrainingPart | RunConfig, total_steps: int = 0
+) -> Optimizer:
     """The worker's optimizer: momentum SGD ("sgd"), the torch.optim class the run names
     (case-insensitively), or what an optimizer object handed to ember.fit builds from the
     parameters; with the run's weight decay, schedule (or schedule object) and clipping."""
+    config = training if isinstance(training, TrainingPart) else TrainingPart.of(training)
     params = [p for p in model.parameters() if p.requires_grad]
     name, lr, decay = config.optimizer.lower(), config.lr, config.weight_decay
     optimizer: Any

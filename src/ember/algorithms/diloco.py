@@ -17,7 +17,7 @@ from ember.ps import PSClient
 
 def make_diloco(context: WorkerContext) -> DiLoCo | StreamingDiLoCo:
     """Streaming DiLoCo with --fragments above 1, else DiLoCo's whole-model rounds."""
-    return StreamingDiLoCo(context) if context.config.fragments > 1 else DiLoCo(context)
+    return StreamingDiLoCo(context) if context.strategy.fragments > 1 else DiLoCo(context)
 
 
 class DiLoCo:
@@ -38,10 +38,10 @@ class DiLoCo:
         self.flat: FlatModel | None = None
         self.optimizer: Optimizer | None = None
         # a fixed tau, or under auto the one rank 0 names for all: rounds need every worker's
-        tau = context.config.tau
+        tau = context.strategy.tau
         self.period = (
             AgreedPeriod(tau, context.rank == 0)
-            if context.config.tau_policy == "auto"
+            if context.strategy.tau_policy == "auto"
             else Period(tau)
         )
         self.start_params = np.empty(0, np.float32)  # x_start: the period began here

@@ -24,12 +24,12 @@ class _EASGDBase:
         self.elastic = np.empty(0, dtype=np.float32)  # e = alpha * (x_i - center), from the server
         self.steps_done: int | None = None  # local steps taken so far; None before the first
         self.exchanged_at: int | None = None  # local step of the latest exchange
-        self.period = make_period(context.config)  # when to exchange
+        self.period = make_period(context.strategy)  # when to exchange
         # Worker 0 evaluates the center, the model easgd trains (its own x_0 only trails it),
         # as of its latest exchange: derived from that exchange, so it costs no network.
         self.center: np.ndarray | None = None
         self._keeps_center = context.rank == 0
-        self._center_gain = 1 / context.config.effective_alpha - 1
+        self._center_gain = 1 / context.strategy.effective_alpha - 1
 
     def _keep_center(self, base: np.ndarray) -> None:
         """center = base - e (1/alpha - 1): with base x_i as sent, the center once this
@@ -124,7 +124,7 @@ class AsyncEASGD(_EASGDBase):
         )
         self._thread.start()
         # The exchanger owns the socket, so it also registers and pulls the starting center.
-        if not self._arrived.wait(self.context.config.request_timeout + 5):
+        if not self._arrived.wait(self.context.request_timeout + 5):
             raise EmberError("exchanger thread did not start in time")
         self._arrived.clear()
         self._raise_if_failed()
@@ -192,7 +192,7 @@ class AsyncEASGD(_EASGDBase):
         if self.period.exchange_now(step + 1):
             if not self._idle.is_set():  # previous exchange still in flight: compute waits
                 started = time.perf_counter()
-                if not self._arrived.wait(self.context.config.request_timeout + 5):
+                if not self._arrived.wait(self.context.request_timeout + 5):
                     raise EmberError(f"worker {self.context.rank}: exchange did not finish")
                 self._blocked = time.perf_counter() - started
                 self._apply_arrived()
@@ -217,7 +217,7 @@ class AsyncEASGD(_EASGDBase):
             assert self.steps_done is not None
             self._send(self.steps_done)
             self._wait_for_exchange("the final exchange")
-        limit = self.context.config.request_timeout + 5
+        limit = self.context.request_timeout + 5
         self._stop = True
         self._due.set()
         self._thread.join(limit)
@@ -229,7 +229,7 @@ class AsyncEASGD(_EASGDBase):
 
     def _wait_for_exchange(self, what: str) -> None:
         """Wait for the exchange in flight, if any, and apply its elastic difference."""
-        limit = self.context.config.request_timeout + 5
+        limit = self.context.request_timeout + 5
         if not self._idle.is_set():
             if not self._arrived.wait(limit):
                 raise EmberError(

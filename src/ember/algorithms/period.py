@@ -11,7 +11,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ember.config import RunConfig
+from ember.config import RunConfig, StrategyPart
 
 TAU_MIN, TAU_MAX = 1, 256  # the periods `auto` and `loss` may choose
 MARGIN = 1.25  # auto: a period's compute covers this many exchange wall times, for their jitter
@@ -262,7 +262,7 @@ class LossPeriod(_Measured):
         return True
 
 
-def make_period(config: RunConfig) -> Period:
+def make_period(config: StrategyPart | RunConfig) -> Period:
     """The period object of the configured tau policy, starting at the configured tau."""
     kinds: dict[str, type[Period]] = {"auto": AutoPeriod, "loss": LossPeriod}
     return kinds.get(config.tau_policy, Period)(config.tau)

@@ -68,16 +68,16 @@ class ServerSGD:
         flat.from_host()
         flat.scatter_buffers()
         self.buffers = BufferChanges(flat) if flat.buffer_size else None
-        if ctx.config.n_push > 1:
+        if ctx.strategy.n_push > 1:
             self.accumulated = torch.zeros_like(flat.grads)
         return resumed["step"]
 
     def after_backward(self, step: int) -> None:
         assert self.client is not None and self.flat is not None
-        config, flat = self.context.config, self.flat
+        strategy, flat = self.context.strategy, self.flat
         self.client.step = step + 1
-        push_now = (step + 1) % config.n_push == 0
-        pull_now = (step + 1) % config.n_fetch == 0
+        push_now = (step + 1) % strategy.n_push == 0
+        pull_now = (step + 1) % strategy.n_fetch == 0
         if self.accumulated is not None:
             self.accumulated.add_(flat.grads)
             self.pending += 1

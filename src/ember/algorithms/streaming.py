@@ -30,9 +30,9 @@ class StreamingDiLoCo:
     and an exchange that comes back before the next step is plain DiLoCo."""
 
     def __init__(self, context: WorkerContext) -> None:
-        config = context.config  # a fixed tau: config refuses --tau auto with --fragments
+        strategy = context.strategy  # a fixed tau: config refuses --tau auto with --fragments
         self.context, self.stats = context, CommStats()
-        self.count, self.stagger = config.fragments, config.tau // config.fragments
+        self.count, self.stagger = strategy.fragments, strategy.tau // strategy.fragments
         self.flat: FlatModel | None = None
         self.optimizer: Optimizer | None = None
         self.keys: list[slice] = []  # each fragment's keys
@@ -51,7 +51,7 @@ class StreamingDiLoCo:
         self._thread = threading.Thread(
             target=self._exchange_loop, name="ember-exchanger", daemon=True
         )
-        self._limit = config.request_timeout + 5
+        self._limit = context.request_timeout + 5
 
     @property
     def center(self) -> np.ndarray | None:

@@ -46,8 +46,8 @@ def calibrate(config: RunConfig, dataset: Dataset) -> Calibration:
     """Measure on this machine, one torch thread, for `config.model` on `config.data`, its
     minibatches on the device and in the precision a run of `config` computes in."""
     torch.set_num_threads(1)
-    where = placement(config, 0, 1, None)  # as a local run's worker 0 takes it
-    model = make_model(config, dataset)
+    where = placement(config.device, 0, 1, None)  # as a local run's worker 0 takes it
+    model = make_model(config.model, config.seed, dataset)
     params = flatten_parameters(model)
     if where.cuda:
         model.to(take(where))

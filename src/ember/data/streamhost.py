@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ember.config import RunConfig
+from ember.config import DataPart, RunConfig
 from ember.data.datasets import DATASET_NAMES, Dataset
 from ember.data.host import HostData, _scratch, host_data
 from ember.data.idx import find_idx_files
@@ -126,26 +126,29 @@ def no_targets(plan: StreamPlan) -> np.ndarray:
     return np.empty((0, *plan.target_shape), dtype=dtype)
 
 
-def stream_batches(dataset: StreamedDataset, rank: int, world: int, config: RunConfig) -> Counted:
-    """Worker `rank`'s share of the dataset's pieces, streamed as batches."""
+def stream_batches(
+    dataset: StreamedDataset, rank: int, world: int, data: DataPart, batch_size: int
+) -> Counted:
+    """Worker `rank`'s share of the dataset's pieces, streamed as batches of `batch_size`,
+    shuffled as the run's data part says."""
     from ember.data.streaming import Counted, StreamBatches
 
     assert dataset.plan is not None  # StreamedDataset insists
     plan = dataset.plan
-    pieces = plan.shard(rank, world, config.seed) if dataset.whole else plan.pieces
+    pieces = plan.shard(rank, world, data.seed) if dataset.whole else plan.pieces
     rows = sum(p.rows for p in pieces)
-    if rows < config.batch_size:
+    if rows < batch_size:
         raise ConfigError(
-            f"worker {rank}: shard of {rows} rows is smaller than one batch of {config.batch_size}"
+            f"worker {rank}: shard of {rows} rows is smaller than one batch of {batch_size}"
         )
     inner = StreamBatches(
         pieces,
         dataset.input_shape,
         dataset.num_classes,
-        config.batch_size,
-        config.seed,
+        batch_size,
+        data.seed,
         rank,
-        config.shuffle_buffer,
+        data.shuffle_buffer,
         (plan.targets, plan.target_shape),
     )
     return Counted(inner, "stream")
