@@ -82,6 +82,7 @@ class WorkerProgress(Record):
     samples: int  # samples trained by this incarnation
     samples_per_second: float  # since the previous record
     t_comp: float  # seconds of compute so far, without waits on the network
+    seconds: float = 0.0  # the training loop so far, without evaluation and checkpoints
     data_wait_fraction: float = 0.0  # share of the time since the previous record spent
     # waiting for batches (reading, shuffling): near 1, training is input-bound
     comm: Mapping[str, Any] = _merged()  # CommStats.as_record(): exchanges, bytes, staleness

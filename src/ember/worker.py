@@ -168,6 +168,7 @@ class BuiltinLoop:
                 samples=(step + 1 - self.ctx.start_step) * batch_size,
                 samples_per_second=self.logged_steps * batch_size / (now - self.last_log),
                 t_comp=self.optimizer.t_comp,
+                seconds=self.ctx.training_seconds(now),
                 comm=self.algorithm.stats.as_record(),
                 data_wait_fraction=data_wait_fraction(self.ctx.data.shard),
             ).to_json()

@@ -1,7 +1,8 @@
 """The short local runs `ember plan` and `ember bench` feed the throughput model: the time and
 CPU of one parameter exchange alone, one evaluation of the test set, the codecs' seconds per
-float, and a few hundred minibatches of ember's own worker loop for single, and for async, bsp,
-ssp, easgd-async and allreduce with two workers sharing this host's cores."""
+float, and short runs of the local engine (ember's own loop, launcher and watch loop) timing
+a few hundred minibatches for single, and for async, bsp, ssp, easgd-async and allreduce with
+two workers sharing this host's cores."""
 
 from __future__ import annotations
 
@@ -20,14 +21,15 @@ from ember.algorithms import flatten_parameters
 from ember.config import RunConfig, Strategy
 from ember.data import Dataset
 from ember.devicework import placement, take
-from ember.engines.process import SPAWN, free_port, reap
+from ember.engines.local import train_local
 from ember.engines.servers import ServerGroup
+from ember.errors import EmberError
 from ember.evaluation import evaluate
+from ember.metrics import read_metrics
 from ember.perfmodel import CALIBRATION_TAU, Calibration
 from ember.ps import PSClient
 from ember.ps.codec import CODECS, codec_named
-from ember.spec import WorkerSpec, load_data
-from ember.worker import make_model, run_worker
+from ember.worker import make_model
 
 WARM_STEPS = 50  # minibatches per worker before the loop is measured
 # Minibatches per worker measured, at least: a second or more of the loop, since a shorter
@@ -39,7 +41,6 @@ WORKING_SET_BYTES = 128 * 2**20
 EXCHANGES = 100  # timed round trips: CPU times tick in 10 ms steps, so take many
 EVALUATIONS = 3  # timed evaluations of the test set
 CODINGS = 9  # timed encodings and decodings of the parameters per codec
-CALIBRATION_TIMEOUT = 300.0
 
 
 def calibrate(config: RunConfig, dataset: Dataset) -> Calibration:
@@ -53,7 +54,7 @@ def calibrate(config: RunConfig, dataset: Dataset) -> Calibration:
         model.to(take(where))
     t_eval = _evaluation_seconds(model, dataset)
     wall, client_cpu, server_cpu = _exchange_figures(config, params)
-    t_comp, _ = _loop_figures(config, dataset, params, Strategy.SINGLE)
+    t_comp, _ = _loop_figures(config, dataset, Strategy.SINGLE)
     strategies = (
         Strategy.ASYNC,
         Strategy.BSP,
@@ -61,7 +62,7 @@ def calibrate(config: RunConfig, dataset: Dataset) -> Calibration:
         Strategy.EASGD_ASYNC,
         Strategy.ALLREDUCE,
     )
-    on_host = {s.value: _loop_figures(config, dataset, params, s) for s in strategies}
+    on_host = {s.value: _loop_figures(config, dataset, s) for s in strategies}
     return Calibration(
         batch_size=config.batch_size,
         t_comp=t_comp,
@@ -152,91 +153,73 @@ def _calibration_rows(dataset: Dataset, batch_size: int, workers: int) -> int:
     return min(len(dataset.x_train), wanted)
 
 
-def _loop_figures(
-    config: RunConfig, dataset: Dataset, params: np.ndarray, strategy: Strategy
-) -> tuple[float, float]:
+def _loop_figures(config: RunConfig, dataset: Dataset, strategy: Strategy) -> tuple[float, float]:
     """(seconds per minibatch, seconds blocked per exchange) of ember's own worker loop running
-    `strategy` on this host (two workers, and a server if it uses one), over as many passes
-    of the calibration rows as LOOP_STEPS takes, after WARM_STEPS minibatches each: those
-    include connecting and waiting for the peer."""
+    `strategy` on this host (two workers, and a server if it uses one): a run of the local
+    engine, its launcher and watch loop as `ember train`'s, over as many passes of the
+    calibration rows as LOOP_STEPS takes, measured after WARM_STEPS minibatches each (those
+    include connecting and waiting for the peer). A worker that dies ends it: no restarts."""
     workers = 1 if strategy is Strategy.SINGLE else 2
     rows = _calibration_rows(dataset, config.batch_size, workers)
     per_pass = max(1, rows // workers // config.batch_size)
     epochs = -(-(WARM_STEPS + LOOP_STEPS) // per_pass)
     warm_steps = max(1, min(WARM_STEPS, epochs * per_pass // 4))
-    probe = RunConfig(
-        **{
-            **config.to_dict(),
-            "strategy": strategy.value,
-            "workers": workers,
-            "tau": CALIBRATION_TAU,
-            "epochs": epochs,
-            "log_every": warm_steps,
-            "checkpoint_seconds": 3600.0,
-        }
+    cut = replace(
+        dataset,
+        x_train=dataset.x_train[:rows],
+        y_train=dataset.y_train[:rows],
+        x_test=dataset.x_test[:100],  # worker 0's end-of-epoch evaluation is not measured
+        y_test=dataset.y_test[:100],
     )
-    secret, rendezvous = os.urandom(32), f"tcp://127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="ember-calibrate-") as tmp:
-        group = ServerGroup(probe, params, secret, Path(tmp)) if probe.uses_server else None
-        results, processes = SPAWN.Queue(), []
-        # Both workers enter the loop together: one still importing PyTorch while the other
-        # runs would time that one's minibatches on cores it has to itself.
-        together = SPAWN.Barrier(workers)
-        try:
-            addresses = group.start() if group is not None else []
-            for rank in range(workers):
-                spec = WorkerSpec(
-                    probe, rank, workers, addresses, secret, rendezvous, tmp, initial=params
-                )
-                args = (spec, rows, warm_steps, results, together)
-                processes.append(SPAWN.Process(target=_loop_worker, args=args))
-                processes[-1].start()
-            done = [results.get(timeout=CALIBRATION_TIMEOUT) for _ in processes]
-        finally:
-            reap(processes)
-            if group is not None:
-                group.stop()
-    failed = [d for d in done if isinstance(d, str)]
-    if failed:
-        raise RuntimeError(f"calibrating {strategy}: {'; '.join(failed)}")
-    steps = sum(d["steps"] for d in done)
-    exchanges = sum(d["exchanges"] for d in done)
-    blocked = sum(d["blocked"] for d in done) / exchanges if exchanges else 0.0
-    return sum(d["t_comp"] for d in done) / steps, blocked
-
-
-def _loop_worker(spec: WorkerSpec, rows: int, warm_steps: int, results: Any, together: Any) -> None:
-    """Run the real loop on `rows` rows; report the figures after the warm-up steps."""
-    try:
-        dataset = load_data(spec.config)
-        dataset = replace(
-            dataset,
-            x_train=dataset.x_train[:rows],
-            y_train=dataset.y_train[:rows],
-            x_test=dataset.x_test[:100],  # worker 0's end-of-epoch evaluation is not measured
-            y_test=dataset.y_test[:100],
-        )
-        warm: dict[str, Any] = {}
-
-        def keep_warm_up(record: dict[str, Any]) -> None:
-            if record.get("kind") == "worker" and record["step"] == warm_steps:
-                warm.update(record, clock=time.perf_counter())
-
-        together.wait(CALIBRATION_TIMEOUT)
-        done = run_worker(spec, keep_warm_up, dataset)
-        # A step costs more than its timed compute: batching, bookkeeping, the loop itself.
-        # A run's samples/s counts all of it, so the model's compute time does too: the loop's
-        # wall time less its evaluation and what it spent blocked on exchanges.
-        wall = time.perf_counter() - warm["clock"] - done["aside_seconds"]
-        blocked = done["t_wait"] - warm["t_wait"]
-        results.put(
-            {
-                "steps": done["steps"] - warm_steps,
-                "t_comp": max(done["t_comp"] - warm["t_comp"], wall - blocked),
-                "blocked": blocked,
-                "exchanges": done["exchanges"] - warm["exchanges"],
+        probe = RunConfig(
+            **{
+                **config.to_dict(),
+                "strategy": strategy.value,
+                "workers": workers,
+                "tau": CALIBRATION_TAU,
+                "tau_policy": "fixed",
+                "epochs": epochs,
+                "log_every": warm_steps,
+                "eval_every": 0,
+                "checkpoint_seconds": 3600.0,
+                "engine": "local",
+                "master": None,
+                "out": tmp,
+                "resume": None,
+                "max_restarts": 0,
+                "tensorboard": False,
+                "mlflow": False,
             }
         )
-    except Exception as exc:  # the parent names the failure instead of waiting it out
-        together.abort()  # nor does the peer wait for this worker at the barrier
-        results.put(f"worker {spec.rank}: {exc!r}")
+        try:
+            result = train_local(probe, show_progress=False, dataset=cut)
+        except EmberError as exc:
+            raise EmberError(f"calibrating {strategy}: {exc}") from exc
+        records = read_metrics(result.run_dir / "metrics.jsonl")
+    return _loop_measured(records, workers, warm_steps, strategy)
+
+
+def _loop_measured(
+    records: list[dict[str, Any]], workers: int, warm_steps: int, strategy: Strategy
+) -> tuple[float, float]:
+    """The figures of a calibration run's records: each worker's progress at `warm_steps`
+    and its "done" record, the steps between them timed."""
+    warm = {r["rank"]: r for r in records if r.get("kind") == "worker" and r["step"] == warm_steps}
+    done = {r["rank"]: r for r in records if r.get("kind") == "done"}
+    if len(warm) < workers or len(done) < workers:
+        raise EmberError(f"calibrating {strategy}: a worker did not report its figures")
+    steps = exchanges = 0
+    compute = blocked = 0.0
+    for rank in range(workers):
+        before, after = warm[rank], done[rank]
+        waited = after["t_wait"] - before["t_wait"]
+        # A step costs more than its timed compute: batching, bookkeeping, the loop itself.
+        # A run's samples/s counts all of it, so the model's compute time does too: the
+        # loop's time (without evaluations and checkpoints) less what it spent blocked.
+        looped = after["seconds"] - before["seconds"]
+        compute += max(after["t_comp"] - before["t_comp"], looped - waited)
+        blocked += waited
+        steps += after["steps"] - warm_steps
+        exchanges += after["exchanges"] - before["exchanges"]
+    return compute / steps, blocked / exchanges if exchanges else 0.0
