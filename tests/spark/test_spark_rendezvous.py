@@ -12,8 +12,10 @@ from ember.checkpoint import save_checkpoint
 from ember.config import RunConfig
 from ember.engines.spark.rendezvous import (
     Meeting,
+    connect,
     exposure,
     final_state,
+    meet,
     reach,
     state_params,
 )
@@ -41,6 +43,46 @@ def test_a_rank_that_cannot_reach_rank_0_says_from_where_and_what_it_tried() -> 
 def test_a_listening_rank_0_is_reached() -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:
         assert reach(Meeting("127.0.0.1", server.getsockname()[1]), rank=1) is None
+
+
+class OneTask:
+    """Rank 0 of a barrier stage of `world` tasks, as much of BarrierTaskContext as meet reads:
+    its allGather hands back what rank 0 said."""
+
+    def __init__(self, world: int) -> None:
+        self.infos = [type("Info", (), {"address": "127.0.0.1:0"})() for _ in range(world)]
+
+    def partitionId(self) -> int:  # noqa: N802 (pyspark's name)
+        return 0
+
+    def getTaskInfos(self) -> list[object]:  # noqa: N802
+        return self.infos
+
+    def allGather(self, message: str) -> list[str]:  # noqa: N802
+        return [message] * len(self.infos)
+
+
+def test_rank_0_opens_its_store_on_ports_and_a_second_rank_connects() -> None:
+    port = closed_port()
+    meeting = meet(OneTask(world=2), f"{port}-{port}", timeout=5.0, local=True)
+    try:
+        assert meeting.error is None and (meeting.host, meeting.port) == ("127.0.0.1", port)
+        other = Meeting("127.0.0.1", port)
+        connect(other, timeout=5.0, world=2)
+        assert other.store is not None
+        other.store.set("seen", "yes")
+        assert meeting.store.get("seen") == b"yes"
+    finally:
+        other.store = meeting.store = None
+
+
+def test_ports_all_taken_is_one_line_naming_them() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        meeting = meet(OneTask(world=2), f"{port}-{port}", timeout=2.0, local=True)
+    assert meeting.store is None and meeting.error is not None
+    assert f"could not listen on any port of --ports {port}-{port}" in meeting.error
+    assert meeting.error.endswith("widen --ports or free some")
 
 
 def test_rank_0_state_travels_as_float32_bytes_and_is_checked(tmp_path) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ember.config import RunConfig
+from ember.config import DataPart, RunConfig
 from ember.data.arrow import partition_arrays
 from ember.data.datasets import Dataset
 from ember.data.stream import Piece, StreamPlan
@@ -84,12 +84,12 @@ class Partition:
 
 @contextlib.contextmanager
 def partition_data(
-    batches: Iterable[Any], probe: Dataset, config: RunConfig, rows: int | None
+    batches: Iterable[Any], probe: Dataset, data: DataPart | RunConfig, rows: int | None
 ) -> Iterator[Partition]:
     """The partition's Arrow `batches` as a Partition while the task trains. Under the run's
     --data-mode stream it spills; under auto when the `rows` each worker trains on (None: not
     known) would take more than 1/AUTO_FRACTION of this host's memory."""
-    shape, mode = tuple(probe.input_shape), config.data_mode
+    shape, mode = tuple(probe.input_shape), data.data_mode
     said = _too_big(rows, shape) if mode == "auto" else ""
     if mode == "memory" or (mode == "auto" and not said):
         x, y = partition_arrays(batches, shape, like=probe)

@@ -50,36 +50,39 @@ class Meeting:
         return f"{self.host}:{self.port}"
 
 
-def meet(context: Any, config: RunConfig, local: bool) -> Meeting:
-    """Rank 0 opens its store and every task learns where (one allGather). On a local master
-    rank 0's host is 127.0.0.1; on a cluster, its executor's host as Spark knows it, the
-    address the other executors already reach it at."""
+def meet(context: Any, ports: str | None, timeout: float, local: bool) -> Meeting:
+    """Rank 0 opens its store on one of --ports and every task learns where (one allGather).
+    On a local master rank 0's host is 127.0.0.1; on a cluster, its executor's host as Spark
+    knows it, the address the other executors already reach it at. `timeout`: the run's
+    --request-timeout, how long a store waits for its peers."""
     import torch.distributed as dist
 
     host = LOOPBACK if local else context.getTaskInfos()[0].address.rsplit(":", 1)[0]
     said: dict[str, Any] = {}
     store = None
     if context.partitionId() == 0:
-        store, said = _open_store(host, config, len(context.getTaskInfos()), dist)
+        store, said = _open_store(host, ports, timeout, len(context.getTaskInfos()), dist)
     told = json.loads(context.allGather(json.dumps(said))[0])
     return Meeting(host, int(told.get("port", 0)), store, told.get("error"))
 
 
-def _open_store(host: str, config: RunConfig, world: int, dist: Any) -> tuple[Any, dict[str, Any]]:
+def _open_store(
+    host: str, ports: str | None, timeout: float, world: int, dist: Any
+) -> tuple[Any, dict[str, Any]]:
     """Rank 0's TCPStore on the first free port of --ports (after the record collector's, which
     shares the range on a local master), or on one the kernel picks."""
-    ports = port_range(config.ports) if config.ports else None
-    candidates = Placement(ports=ports).candidates(first=1)
-    timeout = datetime.timedelta(seconds=config.request_timeout)
+    allowed = port_range(ports) if ports else None
+    candidates = Placement(ports=allowed).candidates(first=1)
+    wait = datetime.timedelta(seconds=timeout)
     for port in candidates:
         try:
             store = dist.TCPStore(
-                host, port, world, is_master=True, timeout=timeout, wait_for_workers=False
+                host, port, world, is_master=True, timeout=wait, wait_for_workers=False
             )
             return store, {"port": int(store.port)}
         except dist.DistNetworkError as exc:
             if "EADDRINUSE" not in str(exc) or port == candidates[-1]:
-                where = f"any port of --ports {config.ports}" if ports else "a port"
+                where = f"any port of --ports {ports}" if ports else "a port"
                 return None, {
                     "error": f"rank 0 of allreduce on {socket.gethostname()} ({host}) could not"
                     f" listen on {where} for the gloo rendezvous: {str(exc).splitlines()[0]};"
@@ -110,14 +113,15 @@ def reach(meeting: Meeting, rank: int, seconds: float = PROBE_SECONDS) -> str | 
     )
 
 
-def connect(meeting: Meeting, config: RunConfig, world: int) -> None:
-    """A rank other than 0: its client of rank 0's store, waiting up to --request-timeout."""
+def connect(meeting: Meeting, timeout: float, world: int) -> None:
+    """A rank other than 0: its client of rank 0's store, waiting up to `timeout` seconds (the
+    run's --request-timeout)."""
     import torch.distributed as dist
 
     if meeting.store is None:
-        timeout = datetime.timedelta(seconds=config.request_timeout)
+        wait = datetime.timedelta(seconds=timeout)
         meeting.store = dist.TCPStore(
-            meeting.host, meeting.port, world, is_master=False, timeout=timeout
+            meeting.host, meeting.port, world, is_master=False, timeout=wait
         )
 
 

@@ -57,9 +57,9 @@ def train_partition(
     world = len(context.getTaskInfos())
     if world != spec.world:
         raise EmberError(f"the barrier stage has {world} tasks for {spec.world} workers")
-    use_encryption(spec.config.encrypt)  # before the probe's and the record sender's sockets
+    use_encryption(spec.parts.servers.encrypt)  # before the probe's and the record sender's sockets
     # a spill is removed when the task ends, however it ends
-    with partition_data(batches, probe, spec.config, rows) as partition:
+    with partition_data(batches, probe, spec.parts.data, rows) as partition:
         yield from _train(context, spec, probe, rows, collector, local, partition)
 
 
@@ -76,7 +76,10 @@ def _train(
 
     rank = context.partitionId()
     # allreduce has no server: rank 0 opens the rendezvous, and the others probe it instead
-    meeting = meet(context, spec.config, local) if not spec.config.uses_server else None
+    parts = spec.parts
+    meeting = None
+    if not parts.strategy.uses_server:
+        meeting = meet(context, parts.engine.ports, parts.servers.request_timeout, local)
     # Each task connects to every server before its first step and all hear every verdict
     # (allGather costs about a second): when one cannot, every task returns that one line
     # and the stage ends once. Raising instead would have Spark retry the stage, up to
@@ -145,7 +148,7 @@ def _all_reduce(
     config = replace(spec.config, checkpoint_seconds=math.inf, checkpoint_steps=0)
     with scratch() as folder, gloo_interface(meeting):
         try:
-            connect(meeting, config, spec.world)
+            connect(meeting, spec.parts.servers.request_timeout, spec.world)
             spec = replace(spec, config=config, store=meeting.store, run_dir=folder)
             report(run_worker(spec, report, dataset=data))
             # rank 0's store serves the group until every rank has left it
