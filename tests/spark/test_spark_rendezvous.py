@@ -52,13 +52,13 @@ class OneTask:
     def __init__(self, world: int) -> None:
         self.infos = [type("Info", (), {"address": "127.0.0.1:0"})() for _ in range(world)]
 
-    def partitionId(self) -> int:  # noqa: N802 (pyspark's name)
+    def partitionId(self) -> int:
         return 0
 
-    def getTaskInfos(self) -> list[object]:  # noqa: N802
+    def getTaskInfos(self) -> list[object]:
         return self.infos
 
-    def allGather(self, message: str) -> list[str]:  # noqa: N802
+    def allGather(self, message: str) -> list[str]:
         return [message] * len(self.infos)
 
 
