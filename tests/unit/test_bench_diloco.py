@@ -47,6 +47,33 @@ def test_diloco_rows_here_take_diloco_s_default_tau_not_easgd_s(tmp_path: Path) 
     assert rows["diloco fragments=4"].servers == 4  # type: ignore[union-attr]
 
 
+def test_outer_steps_add_whole_model_diloco_rows_beside_the_default_one(tmp_path: Path) -> None:
+    settings = BenchSettings(
+        out=tmp_path, tasks=["cnn"], strategies=["diloco"], sweep_tasks=[], diloco_tau=116,
+        fragments=[2], outer=[(1.0, 0.0), (0.7, 0.6)], hosts=2, mllib=False, torch=False,
+    )  # fmt: skip
+    rows = {r.label: r.config for r in plan_link_rows(settings, TASKS, "100mbit")}
+    assert list(rows) == ["diloco", "diloco outer=1/0", "diloco outer=0.7/0.6",
+                          "diloco fragments=2"]  # fmt: skip
+    steps = {label: (c.outer_lr, c.outer_momentum, c.tau, c.fragments)  # type: ignore[union-attr]
+             for label, c in rows.items()}  # fmt: skip
+    assert steps["diloco"] == (0.7, 0.9, 116, 1)  # the paper's outer step stays the default
+    assert steps["diloco outer=1/0"] == (1.0, 0.0, 116, 1)
+    assert steps["diloco outer=0.7/0.6"] == (0.7, 0.6, 116, 1)
+    assert steps["diloco fragments=2"] == (0.7, 0.9, 116, 2)
+
+
+def test_the_outer_flag_takes_lr_momentum_pairs_and_names_a_bad_one() -> None:
+    from ember.bench.commands import _outer_steps
+
+    assert _outer_steps("1/0, 0.7/0.6") == [(1.0, 0.0), (0.7, 0.6)]
+    assert _outer_steps("") == []
+    for bad in ("1", "1/x", "/0.9"):
+        with pytest.raises(ConfigError) as raised:
+            _outer_steps(f"0.7/0.9,{bad}")
+        assert str(raised.value) == f"--outer {bad!r}: expected LR/MOMENTUM, e.g. 1/0 or 0.7/0.9"
+
+
 def test_fragment_rows_come_only_with_the_diloco_strategy(tmp_path: Path) -> None:
     settings = BenchSettings(
         out=tmp_path, tasks=["mlp"], strategies=["allreduce"], fragments=[2], sweep_tasks=[],
@@ -60,6 +87,7 @@ def test_fragment_rows_come_only_with_the_diloco_strategy(tmp_path: Path) -> Non
     [
         ({"fragments": [3]}, "fragments must divide tau; got fragments 3 with tau 200"),
         ({"tau_policies": ["often"]}, "unknown tau policy often; choose from auto, loss"),
+        ({"outer": [(0.7, 1.0)]}, "outer_momentum must be in [0, 1), got 1.0"),
     ],
 )
 def test_bad_diloco_and_policy_settings_are_refused_before_any_row_runs(

@@ -74,6 +74,11 @@ def add_bench_parser(sub: Any) -> None:
         default="",
         help="a diloco row synced in each of these fragment counts, e.g. 2 (servers = count)",
     )
+    parser.add_argument(
+        "--outer",
+        default="",
+        help="a whole-model diloco row at each of these outer steps, LR/MOMENTUM, e.g. 1/0",
+    )
     parser.add_argument("--no-torch", action="store_true", help="no TorchDistributor row on links")
     parser.add_argument("--no-local", action="store_true", help="only the rows on emulated links")
 
@@ -113,6 +118,7 @@ def bench(args: argparse.Namespace) -> int:
         tau_policies=[p for p in _names(args.tau_policies) if p != "none"],
         diloco_tau=args.diloco_tau,
         fragments=fragments,
+        outer=_outer_steps(args.outer),
         torch=not args.no_torch,
         local=not args.no_local,
     )
@@ -209,6 +215,20 @@ def _counts(text: str) -> list[int]:
     from ember.perfmodel import parse_counts
 
     return [] if text.strip() == "none" else parse_counts(text)
+
+
+def _outer_steps(text: str) -> list[tuple[float, float]]:
+    """--outer: LR/MOMENTUM pairs, e.g. "1/0,0.7/0.6"."""
+    steps = []
+    for part in _names(text):
+        lr, _, momentum = part.partition("/")  # no slash: float("") refuses it
+        try:
+            steps.append((float(lr), float(momentum)))
+        except ValueError:
+            raise ConfigError(
+                f"--outer {part!r}: expected LR/MOMENTUM, e.g. 1/0 or 0.7/0.9"
+            ) from None
+    return steps
 
 
 def _names(text: str) -> list[str]:

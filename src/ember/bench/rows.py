@@ -103,6 +103,8 @@ class BenchSettings:
     diloco_tau: int = DILOCO_TAU  # the diloco rows' period
     fragments: list[int] = field(default_factory=list)  # a diloco row per count, synced in
     # that many fragments (Streaming DiLoCo), over as many servers
+    outer: list[tuple[float, float]] = field(default_factory=list)  # a whole-model diloco row
+    # per outer (lr, momentum) beside the default's, for a comparison of outer steps
     torch: bool = True  # the TorchDistributor row on links
     local: bool = True  # the rows on this host (off: only the link rows)
     links_run: dict[str, Any] = field(default_factory=dict)  # what the link rows measured, or
@@ -139,6 +141,8 @@ class BenchSettings:
             make_config(
                 {"strategy": "diloco", "tau": self.diloco_tau, "fragments": count, "servers": count}
             )
+        for lr, momentum in self.outer:
+            make_config({"strategy": "diloco", "outer_lr": lr, "outer_momentum": momentum})
         if (self.out / "results.jsonl").exists():
             raise ConfigError(
                 f"{self.out} already holds a benchmark's results.jsonl; choose another --out"
@@ -177,7 +181,7 @@ def plan_rows(settings: BenchSettings, tasks: dict[str, Task]) -> list[Row]:
                 config = _config(settings, task, strategy, engine)
                 label = strategy if engine == "local" else f"{strategy} (spark)"
                 rows.append(Row(task, label, "ember", engine, config))
-            for label, config in _fragment_rows(settings, task, engine):
+            for label, config in _diloco_rows(settings, task, engine):
                 label = label if engine == "local" else f"{label} (spark)"
                 rows.append(Row(task, label, "ember", engine, config))
         if name in settings.sweep_tasks:
@@ -216,7 +220,7 @@ def plan_link_rows(settings: BenchSettings, tasks: dict[str, Task], link: str) -
                 continue  # single runs once, on this host, for the speedups
             config = _config(settings, task, strategy, "spark", settings.hosts)
             rows.append(Row(task, strategy, "ember", "spark", config, link=link))
-        for label, config in _fragment_rows(settings, task, "spark", settings.hosts):
+        for label, config in _diloco_rows(settings, task, "spark", settings.hosts):
             rows.append(Row(task, label, "ember", "spark", config, link=link))
         for kind in [k for k in settings.compress if k != "none"]:
             for strategy in (Strategy.BSP, Strategy.ASYNC):
@@ -260,16 +264,21 @@ def _config(
     ).validate()
 
 
-def _fragment_rows(
+def _diloco_rows(
     settings: BenchSettings, task: Task, engine: str, workers: int = 0
 ) -> list[tuple[str, RunConfig]]:
-    """A diloco row per --fragments count above 1, when diloco is among the strategies, with
-    a server per fragment (fragment f is the keys of servers [f S/F, (f+1) S/F))."""
+    """When diloco is among the strategies: a whole-model row per --outer (lr, momentum), and a
+    row per --fragments count above 1 with a server per fragment (fragment f is the keys of
+    servers [f S/F, (f+1) S/F))."""
     if Strategy.DILOCO not in settings.strategies:
         return []
     diloco = _config(settings, task, Strategy.DILOCO, engine, workers)
+    rows = [
+        (f"diloco outer={lr:g}/{momentum:g}", replace(diloco, outer_lr=lr, outer_momentum=momentum))
+        for lr, momentum in settings.outer
+    ]
     counts = [count for count in settings.fragments if count > 1]
-    return [
+    return rows + [
         (f"diloco fragments={count}", replace(diloco, fragments=count, servers=count).validate())
         for count in counts
     ]
