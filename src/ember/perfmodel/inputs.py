@@ -73,7 +73,9 @@ class Calibration:
         A synchronous round waits for the slowest worker. What the calibration (one minibatch
         per exchange) blocked beyond the exchange itself is the gap between two workers'
         minibatch times; over tau minibatches of independent jitter that gap is a random
-        walk, which grows as sqrt(tau)."""
+        walk, which grows as sqrt(tau). The measured minibatch shared the cores with an
+        exchange every time; of a round's tau minibatches only the one that closes it does,
+        and the others compute as the figure alone."""
         mode = Strategy(strategy)
         if mode.overlaps_exchange:
             return self.t_comp, self.exchange_wall
@@ -83,6 +85,7 @@ class Calibration:
         step, blocked = measured
         if mode.consistency is ConsistencyKind.BSP and tau > 1:
             blocked += max(0.0, blocked - self.exchange_wall) * (math.sqrt(tau) - 1)
+            step = (step + (tau - 1) * self.t_comp) / tau
         scale = max(1.0, (workers + servers) / (2 + min(servers, 1)))
         return step * scale, blocked * scale
 
