@@ -74,6 +74,33 @@ def test_the_outer_flag_takes_lr_momentum_pairs_and_names_a_bad_one() -> None:
         assert str(raised.value) == f"--outer {bad!r}: expected LR/MOMENTUM, e.g. 1/0 or 0.7/0.9"
 
 
+def test_diloco_tau_may_be_given_per_task_and_the_others_keep_the_default(
+    tmp_path: Path,
+) -> None:
+    settings = BenchSettings(
+        out=tmp_path, tasks=["mlp", "cnn", "lenet"], strategies=["diloco"], sweep_tasks=[],
+        diloco_tau={"mlp": 234, "cnn": 116}, fragments=[2], hosts=2, mllib=False, torch=False,
+    )  # fmt: skip
+    settings.validate(TASKS)
+    periods = {(r.task.name, r.label): (r.config.tau, r.config.fragments)  # type: ignore[union-attr]
+               for r in plan_link_rows(settings, TASKS, "100mbit")}  # fmt: skip
+    assert periods == {
+        ("mlp", "diloco"): (234, 1), ("mlp", "diloco fragments=2"): (234, 2),
+        ("cnn", "diloco"): (116, 1), ("cnn", "diloco fragments=2"): (116, 2),
+        ("lenet", "diloco"): (DILOCO_TAU, 1), ("lenet", "diloco fragments=2"): (DILOCO_TAU, 2),
+    }  # fmt: skip
+
+
+def test_the_diloco_tau_flag_takes_a_count_or_task_count_pairs() -> None:
+    from ember.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["bench", "--diloco-tau", "116"]).diloco_tau == 116
+    pairs = parse(["bench", "--diloco-tau", "mlp=234,cnn=116"]).diloco_tau
+    assert pairs == {"mlp": 234, "cnn": 116}
+    assert parse(["bench"]).diloco_tau == DILOCO_TAU
+
+
 def test_fragment_rows_come_only_with_the_diloco_strategy(tmp_path: Path) -> None:
     settings = BenchSettings(
         out=tmp_path, tasks=["mlp"], strategies=["allreduce"], fragments=[2], sweep_tasks=[],
@@ -88,6 +115,11 @@ def test_fragment_rows_come_only_with_the_diloco_strategy(tmp_path: Path) -> Non
         ({"fragments": [3]}, "fragments must divide tau; got fragments 3 with tau 200"),
         ({"tau_policies": ["often"]}, "unknown tau policy often; choose from auto, loss"),
         ({"outer": [(0.7, 1.0)]}, "outer_momentum must be in [0, 1), got 1.0"),
+        (  # every task's period is checked, not only the first's
+            {"tasks": ["mlp", "cnn"], "diloco_tau": {"mlp": 234, "cnn": 117}, "fragments": [2]},
+            "fragments must divide tau; got fragments 2 with tau 117",
+        ),
+        ({"diloco_tau": {"mpl": 234}}, "unknown task mpl; choose from " + ", ".join(TASKS)),
     ],
 )
 def test_bad_diloco_and_policy_settings_are_refused_before_any_row_runs(
@@ -106,7 +138,7 @@ def test_epochs_may_be_given_per_task_and_the_others_keep_their_own() -> None:
 
 
 def test_bench_epochs_flag_takes_a_count_or_task_count_pairs() -> None:
-    from ember.bench.commands import _epochs
+    from ember.bench.commands import _count_per_task
 
-    assert _epochs("3") == 3
-    assert _epochs("mlp=3, cnn=1") == {"mlp": 3, "cnn": 1}
+    assert _count_per_task("3") == 3
+    assert _count_per_task("mlp=3, cnn=1") == {"mlp": 3, "cnn": 1}

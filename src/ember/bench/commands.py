@@ -40,7 +40,7 @@ def add_bench_parser(sub: Any) -> None:
     )
     parser.add_argument(
         "--epochs",
-        type=_epochs,
+        type=_count_per_task,
         default=None,
         help="epochs of every task, or of some, e.g. mlp=3,cnn=1 (default each task's own)",
     )
@@ -65,9 +65,9 @@ def add_bench_parser(sub: Any) -> None:
     )
     parser.add_argument(
         "--diloco-tau",
-        type=positive_int,
+        type=_count_per_task,
         default=DILOCO_TAU,
-        help=f"the diloco rows' period (default {DILOCO_TAU})",
+        help=f"diloco's period, or some tasks', e.g. mlp=234,cnn=116 (default {DILOCO_TAU})",
     )
     parser.add_argument(
         "--fragments",
@@ -202,8 +202,8 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _epochs(text: str) -> int | dict[str, int]:
-    """--epochs: a count for every task, or task=count pairs."""
+def _count_per_task(text: str) -> int | dict[str, int]:
+    """--epochs, --diloco-tau: a count for every task, or task=count pairs."""
     if "=" not in text:
         return positive_int(text)
     pairs = [part.partition("=") for part in _names(text)]

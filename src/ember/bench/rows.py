@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -100,7 +101,7 @@ class BenchSettings:
     compress: list[str] = field(default_factory=list)  # compressed bsp/async/easgd rows on links
     tau_policies: list[str] = field(default_factory=lambda: ["auto", "loss"])  # easgd-async's
     # adaptive rows on links
-    diloco_tau: int = DILOCO_TAU  # the diloco rows' period
+    diloco_tau: int | dict[str, int] = DILOCO_TAU  # the diloco rows' period, or some tasks'
     fragments: list[int] = field(default_factory=list)  # a diloco row per count, synced in
     # that many fragments (Streaming DiLoCo), over as many servers
     outer: list[tuple[float, float]] = field(default_factory=list)  # a whole-model diloco row
@@ -109,6 +110,13 @@ class BenchSettings:
     local: bool = True  # the rows on this host (off: only the link rows)
     links_run: dict[str, Any] = field(default_factory=dict)  # what the link rows measured, or
     # why they were skipped: set by the run
+
+    def diloco_period(self, task: str) -> int:
+        """The diloco rows' tau on this task: a period that suits one model's curve (its
+        rounds ending where the bench copies the model to score) need not suit another's."""
+        if isinstance(self.diloco_tau, dict):
+            return self.diloco_tau.get(task, DILOCO_TAU)
+        return self.diloco_tau
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as used: a quick run's lr task has sizes of its own."""
@@ -121,7 +129,8 @@ class BenchSettings:
         for what, given, known in (
             ("task", self.tasks, list(tasks)),
             ("sweep task", self.sweep_tasks, list(tasks)),
-            ("task", list(self.epochs) if isinstance(self.epochs, dict) else [], list(tasks)),
+            ("task", _named(self.epochs), list(tasks)),
+            ("task", _named(self.diloco_tau), list(tasks)),
             ("strategy", self.strategies, list(STRATEGIES)),
             ("engine", self.engines, list(ENGINES)),
         ):
@@ -137,16 +146,21 @@ class BenchSettings:
         for policy in self.tau_policies:
             if policy not in ("auto", "loss"):
                 raise ConfigError(f"unknown tau policy {policy}; choose from auto, loss")
-        for count in self.fragments:  # fragment f is server f's keys; count must divide tau
-            make_config(
-                {"strategy": "diloco", "tau": self.diloco_tau, "fragments": count, "servers": count}
-            )
+        periods = sorted({self.diloco_period(task) for task in self.tasks})
+        for tau, count in itertools.product(periods, self.fragments):  # fragment f is server
+            # f's keys; count must divide tau
+            make_config({"strategy": "diloco", "tau": tau, "fragments": count, "servers": count})
         for lr, momentum in self.outer:
             make_config({"strategy": "diloco", "outer_lr": lr, "outer_momentum": momentum})
         if (self.out / "results.jsonl").exists():
             raise ConfigError(
                 f"{self.out} already holds a benchmark's results.jsonl; choose another --out"
             )
+
+
+def _named(per_task: int | dict[str, int] | None) -> list[str]:
+    """The task names a per-task setting gives (none for a setting of every task)."""
+    return list(per_task) if isinstance(per_task, dict) else []
 
 
 # one worker alone, which the Spark engine does not run (its local row stands)
@@ -247,7 +261,7 @@ def _config(
     workers = 1 if strategy == Strategy.SINGLE else workers or settings.workers
     # diloco's rounds want long periods (RunConfig's tau is easgd's 8; a user's --strategy
     # diloco gets DILOCO_TAU, and the bench its own setting)
-    tau = settings.diloco_tau if strategy == Strategy.DILOCO else RunConfig.tau
+    tau = settings.diloco_period(task.name) if strategy == Strategy.DILOCO else RunConfig.tau
     return RunConfig(
         data=task.data,
         model=task.model,
