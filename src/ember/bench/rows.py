@@ -52,10 +52,7 @@ def make_tasks(
     --quick; `epochs`, when given, replaces every task's own, or the named tasks' (each still
     races to its target)."""
     tasks = _tasks(quick, lr_rows, lr_features)
-    if epochs is None:
-        return tasks
-    given = epochs if isinstance(epochs, dict) else dict.fromkeys(tasks, epochs)
-    return {k: replace(t, epochs=given.get(k, t.epochs)) for k, t in tasks.items()}
+    return {k: replace(t, epochs=_for_task(epochs, k, t.epochs)) for k, t in tasks.items()}
 
 
 def _tasks(quick: bool, lr_rows: int, lr_features: int) -> dict[str, Task]:
@@ -114,9 +111,7 @@ class BenchSettings:
     def diloco_period(self, task: str) -> int:
         """The diloco rows' tau on this task: a period that suits one model's curve (its
         rounds ending where the bench copies the model to score) need not suit another's."""
-        if isinstance(self.diloco_tau, dict):
-            return self.diloco_tau.get(task, DILOCO_TAU)
-        return self.diloco_tau
+        return _for_task(self.diloco_tau, task, DILOCO_TAU)
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as used: a quick run's lr task has sizes of its own."""
@@ -161,6 +156,14 @@ class BenchSettings:
 def _named(per_task: int | dict[str, int] | None) -> list[str]:
     """The task names a per-task setting gives (none for a setting of every task)."""
     return list(per_task) if isinstance(per_task, dict) else []
+
+
+def _for_task(per_task: int | dict[str, int] | None, task: str, default: int) -> int:
+    """A per-task setting's count for `task`: the one count of every task, the task's own
+    pair, or `default` where the setting gives neither."""
+    if isinstance(per_task, dict):
+        return per_task.get(task, default)
+    return default if per_task is None else per_task
 
 
 # one worker alone, which the Spark engine does not run (its local row stands)
