@@ -347,7 +347,7 @@ def model_check(cluster: Any, rate: str | None, epochs: int) -> dict[str, Any]:
     from ember.bench.calibrate import calibrate
     from ember.config import make_config
     from ember.perfmodel import Network, predict
-    from ember.spec import load_data
+    from ember.worker.spec import load_data
 
     config = make_config({"model": "mlp", "data": "mnist"})
     calibration = calibrate(config, load_data(config))  # before the runs: an idle machine

@@ -1,4 +1,7 @@
-"""`python -m ember` is the `ember` command."""
+"""`python -m ember` is the `ember` command.
+
+imports: cli
+"""
 
 import sys
 

@@ -1,4 +1,7 @@
-"""The Python API: `ember.fit(...)` takes the CLI's fields and returns summary and model."""
+"""The Python API: `ember.fit(...)` takes the CLI's fields and returns summary and model.
+
+imports: checkpoint, config, data, engines, errors, export, models, tracking, worker
+"""
 
 from __future__ import annotations
 
@@ -50,8 +53,8 @@ def take_objects(fields: dict[str, Any], test_data: tuple[Any, Any] | None) -> D
     label_functions(fields, engine)
     dataset = None
     if not isinstance(fields.get("data", ""), (str, Path)):
+        from ember.config.objective import targets_of
         from ember.data.files import arrays_dataset
-        from ember.objective import targets_of
 
         targets = targets_of(fields.get("loss", "cross_entropy"))
         dataset = arrays_dataset(fields.pop("data"), test_data, targets=targets)
@@ -203,11 +206,11 @@ def evaluate_checkpoint(
     from ember.checkpoint import load_checkpoint, verify_run_state
     from ember.data.datasets import scored_rows
     from ember.errors import CheckpointError
-    from ember.evaluation import evaluate
     from ember.export import fill_from_checkpoint
     from ember.models import MODEL_NAMES
-    from ember.spec import load_data
-    from ember.worker import make_model
+    from ember.worker.evaluation import evaluate
+    from ember.worker.loop import make_model
+    from ember.worker.spec import load_data
 
     loaded = verify_run_state(load_checkpoint(Path(checkpoint)))
     saved = loaded.meta.get("config", {})

@@ -1,6 +1,6 @@
 """Atomic, verifiable checkpoints: ROOT/step-XXXXXXXX/{state.safetensors,manifest.json}, ROOT/last.
 
-imports: errors and userfile only (plus numpy, safetensors)
+imports: errors, userfile
 """
 
 from __future__ import annotations

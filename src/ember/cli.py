@@ -1,5 +1,8 @@
 """`ember ...`: parsing and calling only; every default and check lives in config.py, and the
-flags of `ember bench` and `ember plan` in bench/commands.py."""
+flags of `ember bench` and `ember plan` in bench/commands.py.
+
+imports: api, bench, config, data, engines, errors, metrics, predictions, tracking, units
+"""
 
 from __future__ import annotations
 
@@ -12,8 +15,8 @@ from typing import Any
 
 from ember.bench.commands import add_bench_parser, add_plan_parser, bench, plan
 from ember.config import FIELD_NAMES, RunConfig, did_you_mean
+from ember.config.flags import HELP
 from ember.errors import CheckpointError, ConfigError, EmberError, Interrupted, WorkerFailed
-from ember.flags import HELP
 from ember.metrics import headline, json_text
 from ember.units import positive_int
 

@@ -1,4 +1,7 @@
-"""The exception types ember raises; leaf module, imports nothing from ember."""
+"""The exception types ember raises; leaf module, imports nothing from ember.
+
+imports: nothing of ember
+"""
 
 
 class EmberError(Exception):

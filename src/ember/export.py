@@ -1,7 +1,10 @@
 """A run's model as plain PyTorch reads it: model.safetensors (a state_dict: parameter and
 buffer names to tensors, shapes and dtypes as the module has them) and model.json (how to
 build the module again), and `ember.load`, which gives the module back from a run directory
-or a checkpoint."""
+or a checkpoint.
+
+imports: algorithms, checkpoint, config, data, errors, models
+"""
 
 from __future__ import annotations
 

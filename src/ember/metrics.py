@@ -1,6 +1,6 @@
 """Run records: metrics.jsonl (and optional TensorBoard scalars) and the summary of a run.
 
-Leaf module: imports nothing from ember.
+imports: nothing of ember
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""What `ember plan` prints: ember.perfmodel's predictions as a table, and advice drawn from it."""
+"""What `ember plan` prints: ember.perfmodel's predictions as a table, and advice drawn from it.
+
+imports: config, perfmodel
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """`ember predict`: a run's model over a file's rows in batches, each batch's predictions
-written before the next is read, so memory holds one batch whatever the file's size."""
+written before the next is read, so memory holds one batch whatever the file's size.
+
+imports: data, errors, export
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """`ember.run(train_fn, ...)`: the user's own training loop on every worker of a run, as
-TorchDistributor.run and horovod.spark.run run it, with rank 0's return value back."""
+TorchDistributor.run and horovod.spark.run run it, with rank 0's return value back.
+
+imports: api, config, engines, errors, worker
+"""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ def run(
     servers start from its parameters. The value travels as msgpack (numbers, strings,
     bytes, lists, dicts, None, NumPy arrays, torch tensors), never pickled."""
     from ember.engines import train
-    from ember.spec import UserLoop
+    from ember.worker.spec import UserLoop
 
     if not callable(train_fn):
         kind = type(train_fn).__name__
@@ -66,7 +69,7 @@ def check_run(config: RunConfig, has_model: bool) -> None:
 
 def returned_value(record: dict[str, Any] | None, run_dir: Any) -> Any:
     """Rank 0's return value out of the record its worker sent, or its one clear error."""
-    from ember.returns import decode
+    from ember.worker.returns import decode
 
     if record is None:
         raise EmberError(f"ember.run: rank 0 finished without returning a value (see {run_dir})")

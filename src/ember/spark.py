@@ -1,5 +1,8 @@
 """`ember.spark.fit`: train on a Spark DataFrame with the fields of `ember.fit`; and
-`EmberEstimator`, `EmberModel` (spark_ml/), the same in Spark ML pipelines."""
+`EmberEstimator`, `EmberModel` (spark_ml/), the same in Spark ML pipelines.
+
+imports: api, engines, errors, models, tracking
+"""
 
 from __future__ import annotations
 

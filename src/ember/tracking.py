@@ -1,6 +1,6 @@
 """MLflow tracking of a training job: one MLflow run per job, logged from the driver.
 
-imports: errors only; mlflow lazily, since it is an optional extra (ember[mlflow])
+imports: errors, metrics; mlflow lazily, since it is an optional extra (ember[mlflow])
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """The units `ember plan` and the bench read link rates, latencies and counts in, and the
-argparse type of a count (a leaf)."""
+argparse type of a count (a leaf).
+
+imports: nothing of ember
+"""
 
 from __future__ import annotations
 

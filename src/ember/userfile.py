@@ -1,7 +1,7 @@
 """Reading a file a user hands ember (a checkpoint's parts, a join file): regular files only,
 never more bytes than a bound, and JSON that cannot exhaust the parser's stack.
 
-imports: nothing of ember (a leaf)
+imports: nothing of ember
 """
 
 from __future__ import annotations

@@ -72,8 +72,8 @@ def initial_parameters(seed: int = 0) -> np.ndarray:
     """The flat vector the servers start from for mlp on mnist (built as the launcher does)."""
     from ember.algorithms import flatten_parameters
     from ember.config import RunConfig
-    from ember.spec import load_data
-    from ember.worker import make_model
+    from ember.worker.loop import make_model
+    from ember.worker.spec import load_data
 
     config = RunConfig(data="mnist", model="mlp", seed=seed)
     return flatten_parameters(make_model(config.model, config.seed, load_data(config)))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ember.devices import cuda_count
+from ember.config.devices import cuda_count
 from ember.emulated.netns import spark_class
 from tests.cluster.runs import RUN_TIMEOUT, train
 

@@ -14,11 +14,11 @@ import torch.nn.functional as F
 
 from ember.algorithms import EASGDRule, FlatModel, WorkerContext, make_algorithm, make_update_rule
 from ember.config import RunConfig
-from ember.evaluation import evaluate
 from ember.metrics import read_metrics
 from ember.ps import fetch_state
-from ember.spec import load_data
-from ember.worker import make_model
+from ember.worker.evaluation import evaluate
+from ember.worker.loop import make_model
+from ember.worker.spec import load_data
 from tests.conftest import SECRET, running_servers
 
 pytestmark = pytest.mark.timeout(60)

@@ -18,8 +18,8 @@ import torch
 import ember
 from ember.checkpoint import load_checkpoint, save_checkpoint
 from ember.data import load_dataset
-from ember.evaluation import evaluate
-from ember.spec import Layout, checkpoint_meta
+from ember.worker.evaluation import evaluate
+from ember.worker.spec import Layout, checkpoint_meta
 
 pytestmark = pytest.mark.timeout(240)
 BN = "tests.bn_models:bn_mlp"

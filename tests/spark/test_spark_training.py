@@ -16,9 +16,9 @@ from ember.algorithms import load_flat_parameters
 from ember.checkpoint import latest_valid_checkpoint
 from ember.data import load_dataset
 from ember.data.spark import FrameFacts, frame_from_arrays
-from ember.evaluation import evaluate
 from ember.metrics import read_metrics
-from ember.worker import make_model
+from ember.worker.evaluation import evaluate
+from ember.worker.loop import make_model
 
 pytestmark = pytest.mark.timeout(120)
 

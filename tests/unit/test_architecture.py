@@ -4,6 +4,7 @@ pyspark may be imported, and a ceiling on module size."""
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,43 +12,12 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "ember"
 MAX_LINES = 400
-
-# The parts of the package, lowest first. A part may import any part of a lower layer and
-# nothing of its own layer but itself, so the dependency direction of docs/architecture.md
-# (leaves <- wire <- ps <- algorithms <- worker <- engines <- bench, cli) cannot be reversed.
-LAYERS: list[set[str]] = [
-    {"_version", "errors", "metrics", "userfile"},
-    {
-        "network",
-        "tau",
-        "training",
-        "objective",
-        "flags",
-        "strategies",
-        "units",
-        "returns",
-        "devices",
-    },
-    {"tracking"},
-    {"config"},
-    {"wire", "data", "checkpoint", "perfmodel", "emulated"},
-    {"models", "devicework"},
-    {"plan", "spec"},
-    {"ps"},
-    {"algorithms"},
-    {"evaluation", "export", "workerdata"},
-    {"userloop"},
-    {"worker", "predictions"},
-    {"engines"},
-    {"api"},
-    {"runs"},
-    {"spark"},
-    {"spark_ml"},
-    {"bench"},
-    {"cli"},
-    {"__init__", "__main__"},
-]
-PARTS = set().union(*LAYERS)
+# What each part may import of ember is declared where the part lives: a line of its docstring
+# (a folder's __init__.py, a top-level module's own), "imports: config, errors" or
+# "imports: nothing of ember", with free text after a ";"; a long list goes on in lines
+# indented by two spaces. The layers of docs/architecture.md
+# are read from those lines, never from a list kept here.
+DECLARATION = re.compile(r"^imports: (?P<names>[^;\n]*(?:\n  [^;\n]*)*)", re.MULTILINE)
 # Third-party packages only some parts may import.
 CONFINED = {
     "zmq": ("wire",),
@@ -96,16 +66,86 @@ def imports_of(relative: str, source: str) -> list[Import]:
     return found
 
 
-def layer_of(part: str) -> int:
-    for index, layer in enumerate(LAYERS):
-        if part in layer:
-            return index
-    raise AssertionError(f"part {part!r} is in no layer of LAYERS; add it where it belongs")
+def speaker_of(relative: str) -> str | None:
+    """The part a file declares the imports of: its folder's __init__.py or a top-level module."""
+    if "/" not in relative:
+        return relative.removesuffix(".py")
+    folder, _, rest = relative.partition("/")
+    return folder if rest == "__init__.py" else None
 
 
-def violations(files: dict[str, str]) -> list[str]:
-    """What breaks the rules, as one line each, for files given as {relative path: source}."""
+def declarations(files: dict[str, str]) -> dict[str, frozenset[str] | None]:
+    """Each part's declared imports (None where its docstring has no "imports:" line)."""
+    declared: dict[str, frozenset[str] | None] = {}
+    for relative, source in files.items():
+        part = speaker_of(relative)
+        if part is None:
+            continue
+        match = DECLARATION.search(ast.get_docstring(ast.parse(source)) or "")
+        if match is None:
+            declared[part] = None
+            continue
+        names = match.group("names").strip()
+        listed = [] if names == "nothing of ember" else names.split(",")
+        declared[part] = frozenset(name.strip() for name in listed)
+    return declared
+
+
+def cycle_in(graph: dict[str, frozenset[str]]) -> list[str]:
+    """One cycle of the graph as the path round it ([] when there is none), found depth first."""
+    state: dict[str, str] = {}  # "open" while on the path, "done" once every way out is walked
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = "open"
+        path.append(node)
+        for onward in sorted(graph.get(node, ())):
+            if state.get(onward) == "open":
+                return [*path[path.index(onward) :], onward]
+            if onward not in state and (found := visit(onward)):
+                return found
+        state[node] = "done"
+        path.pop()
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def layers(declared: dict[str, frozenset[str]]) -> list[list[str]]:
+    """The parts by layer, lowest first: a part sits one above the highest part it may import."""
+    depth: dict[str, int] = {}
+
+    def depth_of(part: str) -> int:
+        if part not in depth:
+            depth[part] = 1 + max((depth_of(d) for d in declared.get(part, ())), default=-1)
+        return depth[part]
+
+    for part in declared:
+        depth_of(part)
+    return [
+        sorted(p for p, d in depth.items() if d == level)
+        for level in range(max(depth.values()) + 1)
+    ]
+
+
+def violations(
+    files: dict[str, str], declared: dict[str, frozenset[str] | None] | None = None
+) -> list[str]:
+    """What breaks the rules, as one line each, for files given as {relative path: source};
+    the parts' declared imports are read from those files unless given."""
+    declared = declarations(files) if declared is None else declared
     found = []
+    for part, names in sorted(declared.items()):
+        if names is None:
+            found.append(f"{part}: no 'imports:' line in its docstring naming what it may import")
+        for name in sorted(names or ()):
+            if name not in declared:
+                found.append(f"{part}: declares {name!r}, which is not a part of the package")
+    if cycle := cycle_in({part: names or frozenset() for part, names in declared.items()}):
+        found.append(f"the declared imports go round a cycle: {' -> '.join(cycle)}")
     for relative, source in sorted(files.items()):
         part = part_of(relative)
         lines = source.count("\n") + 1
@@ -120,12 +160,29 @@ def violations(files: dict[str, str]) -> list[str]:
                 continue
             names = imp.target.split(".")
             # `from ember import fit`: a name of the package itself, not one of its parts
-            target = names[1] if len(names) > 1 and names[1] in PARTS else "__init__"
-            if target == part:
-                continue
-            if layer_of(target) >= layer_of(part):
-                found.append(f"{where}: {part} may not depend on {target}")
+            target = names[1] if len(names) > 1 and names[1] in declared else "__init__"
+            allowed = declared.get(part) or frozenset()
+            if target != part and target not in allowed:
+                may = ", ".join(sorted(allowed)) or "nothing of ember"
+                found.append(f"{where}: {part} may not depend on {target} (it declares: {may})")
     return found
+
+
+def unused_declarations(files: dict[str, str]) -> list[str]:
+    """Declared imports no file of the part makes: a map that says more than the code does."""
+    used: dict[str, set[str]] = {}
+    declared = declarations(files)
+    for relative, source in files.items():
+        for imp in imports_of(relative, source):
+            names = imp.target.split(".")
+            if names[0] == "ember":
+                target = names[1] if len(names) > 1 and names[1] in declared else "__init__"
+                used.setdefault(part_of(relative), set()).add(target)
+    return [
+        f"{part}: declares {name} but imports nothing of it"
+        for part, names in sorted(declared.items())
+        for name in sorted((names or frozenset()) - used.get(part, set()))
+    ]
 
 
 def package_files() -> dict[str, str]:
@@ -135,14 +192,28 @@ def package_files() -> dict[str, str]:
     }
 
 
-def test_the_package_follows_its_import_directions_confinements_and_size_ceiling() -> None:
+def test_the_package_follows_its_declared_imports_confinements_and_size_ceiling() -> None:
     found = violations(package_files())
     assert not found, "\n".join(found)
 
 
-def test_every_part_of_the_package_has_a_layer() -> None:
-    for relative in package_files():
-        layer_of(part_of(relative))
+def test_every_declared_import_is_one_the_part_makes() -> None:
+    found = unused_declarations(package_files())
+    assert not found, "\n".join(found)
+
+
+DECLARED = {
+    "errors": frozenset(),
+    "config": frozenset({"errors"}),
+    "wire": frozenset({"errors"}),
+    "ps": frozenset({"config", "errors", "wire"}),
+    "algorithms": frozenset({"config", "errors", "ps"}),
+    "engines": frozenset({"algorithms", "ps", "wire"}),
+    "bench": frozenset({"engines"}),
+    "cli": frozenset({"bench"}),
+    "__init__": frozenset({"config"}),
+    "metrics": frozenset(),
+}
 
 
 @pytest.mark.parametrize(
@@ -152,17 +223,19 @@ def test_every_part_of_the_package_has_a_layer() -> None:
         (
             "ps/server.py",
             "from ember.algorithms import SGDRule\n",
-            "ps/server.py:1 imports ember.algorithms: ps may not depend on algorithms",
+            "ps/server.py:1 imports ember.algorithms: ps may not depend on algorithms"
+            " (it declares: config, errors, wire)",
         ),
         (
             "wire/channel.py",
             "def f():\n    from ember.ps import PSClient\n",
-            "wire/channel.py:2 imports ember.ps: wire may not depend on ps",
+            "wire/channel.py:2 imports ember.ps: wire may not depend on ps (it declares: errors)",
         ),
         (
             "engines/run.py",
             "from ember import __version__\n",
-            "engines/run.py:1 imports ember.__version__: engines may not depend on __init__",
+            "engines/run.py:1 imports ember.__version__: engines may not depend on __init__"
+            " (it declares: algorithms, ps, wire)",
         ),
         (
             "bench/runner.py",
@@ -171,9 +244,10 @@ def test_every_part_of_the_package_has_a_layer() -> None:
             " spark_ml/, bench/mllib.py, bench/distributor.py",
         ),
         (
-            "config.py",
-            "from . import metrics\nfrom .wire import seal\n",
-            "config.py:2 imports ember.wire: config may not depend on wire",
+            "config/run.py",
+            "from . import strategies\nfrom ember.wire import seal\n",
+            "config/run.py:2 imports ember.wire: config may not depend on wire"
+            " (it declares: errors)",
         ),
         ("metrics.py", "x = 1\n" * 401, "metrics.py: 402 lines, over the ceiling of 400"),
     ],
@@ -181,14 +255,67 @@ def test_every_part_of_the_package_has_a_layer() -> None:
 def test_a_forbidden_import_or_an_oversized_module_is_reported(
     relative: str, source: str, expected: str
 ) -> None:
-    assert expected in violations({relative: source})
+    assert expected in violations({relative: source}, DECLARED)
 
 
 def test_allowed_imports_are_not_reported() -> None:
     files = {
         "wire/channel.py": "import zmq\nfrom ember.errors import ProtocolError\n",
         "ps/server.py": "from ember.wire import Chunk\nfrom ember.ps.clocks import ClockTable\n",
-        "engines/spark/driver.py": "import pyspark\nfrom ember.worker import run_worker\n",
-        "cli.py": "from ember.bench.runner import run\nfrom ember._version import __version__\n",
+        "engines/spark/driver.py": "import pyspark\nfrom ember.ps import PSClient\n",
+        "cli.py": "from ember.bench.runner import run\n",
     }
-    assert violations(files) == []
+    assert violations(files, DECLARED) == []
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        (
+            {"wire/__init__.py": '"""The wire."""\n'},
+            "wire: no 'imports:' line in its docstring naming what it may import",
+        ),
+        (
+            {"wire/__init__.py": '"""The wire.\n\nimports: errors, sockets\n"""\n'},
+            "wire: declares 'sockets', which is not a part of the package",
+        ),
+        (
+            {
+                "errors.py": '"""Errors.\n\nimports: nothing of ember\n"""\n',
+                "wire/__init__.py": '"""The wire.\n\nimports: errors, ps\n"""\n',
+                "ps/__init__.py": '"""The server.\n\nimports: wire; and back\n"""\n',
+            },
+            "the declared imports go round a cycle: ps -> wire -> ps",
+        ),
+    ],
+)
+def test_a_missing_unknown_or_cyclic_declaration_is_reported(
+    files: dict[str, str], expected: str
+) -> None:
+    assert expected in violations(files)
+
+
+def test_a_declared_import_the_part_never_makes_is_reported() -> None:
+    files = {
+        "errors.py": '"""Errors.\n\nimports: nothing of ember\n"""\n',
+        "wire/__init__.py": '"""The wire.\n\nimports: errors\n"""\n',
+    }
+    assert unused_declarations(files) == ["wire: declares errors but imports nothing of it"]
+
+
+def test_layers_put_each_part_above_what_it_imports() -> None:
+    assert layers(DECLARED) == [
+        ["errors", "metrics"],
+        ["config", "wire"],
+        ["__init__", "ps"],
+        ["algorithms"],
+        ["engines"],
+        ["bench"],
+        ["cli"],
+    ]
+
+
+if __name__ == "__main__":  # the layers, lowest first, as docs/architecture.md draws them
+    declared = declarations(package_files())
+    for level, parts in enumerate(layers({p: n or frozenset() for p, n in declared.items()})):
+        print(level, " ".join(parts))

@@ -19,8 +19,8 @@ from ember.data.host import host_data
 from ember.data.idx import IDX_FILES, MNIST_DIR
 from ember.data.store import ArrayFile, DataFiles, write_files
 from ember.errors import ConfigError
-from ember.spec import WorkerSpec
-from ember.workerdata import shard_batches
+from ember.worker.data import shard_batches
+from ember.worker.spec import WorkerSpec
 
 SPLITS = ("x_train", "y_train", "x_test", "y_test")
 

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-import ember.devicework as devicework
+import ember.worker.device as devicework
 from ember.config import RunConfig
-from ember.devices import Placement, check_device, needs_count, place_local, place_task, stages
+from ember.config.devices import (
+    Placement,
+    check_device,
+    needs_count,
+    place_local,
+    place_task,
+    stages,
+)
 from ember.errors import ConfigError
 from ember.metrics import summarize_workers
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from ember import worker as worker_module
 from ember.bench.predict import _evaluations
 from ember.config import RunConfig
-from ember.worker import WorkerSpec, run_worker
+from ember.worker import loop as worker_module
+from ember.worker.loop import WorkerSpec, run_worker
 
 MEASURED = ("epoch", "step", "samples", "test_accuracy", "test_loss", "source")
 

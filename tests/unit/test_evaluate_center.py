@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from ember.algorithms import FlatModel
-from ember.evaluation import evaluate, evaluate_with
+from ember.worker.evaluation import evaluate, evaluate_with
 
 
 def _model(seed: int) -> torch.nn.Module:

@@ -168,7 +168,7 @@ def test_plan_prints_a_scale_table_per_link_rate(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("ember.bench.calibrate.calibrate", lambda *_: MLP)
-    monkeypatch.setattr("ember.spec.load_data", lambda *_: None)
+    monkeypatch.setattr("ember.worker.spec.load_data", lambda *_: None)
     argv = ["plan", "--bandwidth", "1Gbit,100Mbit", "--workers", "1,2,4", "--taus", "8,32"]
     assert cli.main([*argv, "--compress", "int8"]) == 0
     out = capsys.readouterr().out
@@ -245,7 +245,7 @@ def test_plan_takes_the_links_latency_and_charges_it(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("ember.bench.calibrate.calibrate", lambda *_: MLP)
-    monkeypatch.setattr("ember.spec.load_data", lambda *_: None)
+    monkeypatch.setattr("ember.worker.spec.load_data", lambda *_: None)
     argv = ["plan", "--bandwidth", "100Mbit", "--workers", "1", "--taus", "1"]
     printed = {}
     for latency in ("1ms", "0ms"):
@@ -331,7 +331,7 @@ def test_plan_calibrates_on_the_device_and_precision_it_is_given(
         return replace(MLP, device=config.device, precision=config.precision)
 
     monkeypatch.setattr("ember.bench.calibrate.calibrate", calibrated)
-    monkeypatch.setattr("ember.spec.load_data", lambda *_: None)
+    monkeypatch.setattr("ember.worker.spec.load_data", lambda *_: None)
     argv = ["plan", "--workers", "1,2", "--taus", "8", "--device", "cpu"]
     assert cli.main([*argv, "--precision", "bf16-mixed"]) == 0
     assert asked == [("cpu", "bf16-mixed")]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ember.algorithms import FlatModel
-from ember.devicework import forward_precision, loss_scaler
+from ember.worker.device import forward_precision, loss_scaler
 
 CPU = torch.device("cpu")
 

@@ -6,7 +6,7 @@ import io
 import re
 
 from ember.engines.progress import Progress
-from ember.worker import CENTER_SOURCE
+from ember.worker.loop import CENTER_SOURCE
 
 
 class Terminal(io.StringIO):

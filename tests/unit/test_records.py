@@ -32,7 +32,7 @@ from ember.metrics import (
     summarize_workers,
     write_json,
 )
-from ember.worker import WorkerSpec, run_worker
+from ember.worker.loop import WorkerSpec, run_worker
 
 COMM = {
     "t_comm": 0.5,

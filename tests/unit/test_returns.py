@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from ember.returns import UnencodableValue, decode, encode
+from ember.worker.returns import UnencodableValue, decode, encode
 
 
 def test_numbers_strings_lists_dicts_arrays_and_tensors_come_back_as_they_were() -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ember.config.training import Schedule, check_scheduler
 from ember.errors import ConfigError
-from ember.training import Schedule, check_scheduler
 
 TOTAL, LR = 40, 0.5
 

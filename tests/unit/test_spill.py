@@ -19,8 +19,8 @@ from ember.data.datasets import Dataset
 from ember.data.spill import SPILL_PREFIX, partition_data, spill_folder
 from ember.data.streamhost import StreamedDataset
 from ember.errors import ConfigError
-from ember.spec import WorkerSpec
-from ember.workerdata import shard_batches
+from ember.worker.data import shard_batches
+from ember.worker.spec import WorkerSpec
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from ember.data import streamhost
 from ember.data.generate import generate
 from ember.data.streamhost import StreamedDataset, StreamFiles, host_run_data
 from ember.errors import ConfigError
-from ember.spec import WorkerSpec
-from ember.workerdata import shard_batches
+from ember.worker.data import shard_batches
+from ember.worker.spec import WorkerSpec
 
 
 @pytest.fixture(scope="module")

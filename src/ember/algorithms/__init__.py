@@ -13,6 +13,8 @@ Map:
 - StreamingDiLoCo -> streaming.py: diloco in fragments synced at staggered steps, overlapped
 - AllReduceSGD -> allreduce.py: gloo all-reduce of gradients (Horovod/DDP baseline)
 - LocalSGD -> local.py: the single-process baseline
+
+imports: config, errors, models, ps
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@ import torch
 
 from ember.algorithms.flat import FlatModel
 from ember.config import RunConfig, RunParts, StrategyPart, TrainingPart
+from ember.config.training import CONSTANT, OBJECT_PREFIX, Schedule
 from ember.errors import ConfigError
 from ember.models.losses import resolve_function
 from ember.ps import ExchangeResult, PSClient
 from ember.ps.codec import codec_named
-from ember.training import CONSTANT, OBJECT_PREFIX, Schedule
 
 
 @dataclass

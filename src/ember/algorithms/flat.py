@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ember.devices import stages
+from ember.config.devices import stages
 
 
 @dataclass

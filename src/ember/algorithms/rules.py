@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ember.config import AlgorithmKind, ConsistencyKind, RunConfig, ServerSettings
+from ember.config.training import CONSTANT, Schedule
 from ember.errors import ConfigError
 from ember.ps.shard import UpdateRule
-from ember.training import CONSTANT, Schedule
 
 
 def _gradient(

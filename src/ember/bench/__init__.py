@@ -45,4 +45,7 @@ apply or was not measured):
                     predicted samples/s, and its error against time_to_target
     config          the resolved configuration of the row
     ember_version
+
+imports: _version, algorithms, config, data, emulated, engines, errors, metrics, models,
+  perfmodel, plan, ps, units, worker
 """

@@ -20,16 +20,16 @@ import torch
 from ember.algorithms import flatten_parameters
 from ember.config import RunConfig, Strategy
 from ember.data import Dataset
-from ember.devicework import placement, take
 from ember.engines.local import train_local
 from ember.engines.servers import ServerGroup
 from ember.errors import EmberError
-from ember.evaluation import evaluate
 from ember.metrics import read_metrics
 from ember.perfmodel import CALIBRATION_TAU, Calibration
 from ember.ps import PSClient
 from ember.ps.codec import CODECS, codec_named
-from ember.worker import make_model
+from ember.worker.device import placement, take
+from ember.worker.evaluation import evaluate
+from ember.worker.loop import make_model
 
 WARM_STEPS = 50  # minibatches per worker before the loop is measured
 # Minibatches per worker measured, at least: a second or more of the loop, since a shorter

@@ -8,8 +8,8 @@ import sys
 from typing import Any
 
 from ember.config import DILOCO_TAU, STRATEGIES, make_config
+from ember.config.flags import HELP
 from ember.errors import ConfigError
-from ember.flags import HELP
 from ember.units import positive_int
 
 
@@ -174,7 +174,7 @@ def plan(args: argparse.Namespace) -> int:
         wire_fraction,
     )
     from ember.plan import plan_report, scale_report
-    from ember.spec import load_data
+    from ember.worker.spec import load_data
 
     try:
         workers, taus = parse_counts(args.workers), parse_counts(args.taus)

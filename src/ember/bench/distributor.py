@@ -56,8 +56,8 @@ def train_ddp(job_text: str) -> str:
 
     from ember.bench.rows import Task
     from ember.data import shard_indices
-    from ember.evaluation import evaluate, evaluates_after
     from ember.models.zoo import build_model
+    from ember.worker.evaluation import evaluate, evaluates_after
 
     job = json.loads(job_text)
     torch.set_num_threads(1)  # one core per host, as ember's workers get

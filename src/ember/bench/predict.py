@@ -11,7 +11,6 @@ from typing import Any
 from ember.bench.calibrate import calibrate
 from ember.config import RunConfig, Strategy
 from ember.emulated.netns import BURST_BYTES
-from ember.evaluation import evaluates_after
 from ember.perfmodel import (
     AUTO_MARGIN,
     Calibration,
@@ -23,6 +22,7 @@ from ember.perfmodel import (
     predict,
     time_to_target,
 )
+from ember.worker.evaluation import evaluates_after
 
 # One-way seconds of a link whose rows recorded no latency: what runs before it was measured
 # assumed for veths and a bridge.

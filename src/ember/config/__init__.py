@@ -1,5 +1,8 @@
 """Validated run configuration: the one place for defaults and error messages. The strategies
-it names, and what each implies, are in ember.strategies (re-exported here)."""
+it names, and what each implies, are in ember.config.strategies (re-exported here).
+
+imports: errors
+"""
 
 from ember.config.files import did_you_mean, explicit_fields, fresh_config, make_config
 from ember.config.parts import (
@@ -22,7 +25,7 @@ from ember.config.run import (
     MAX_WORKERS,
     RunConfig,
 )
-from ember.strategies import STRATEGIES, AlgorithmKind, ConsistencyKind, Strategy
+from ember.config.strategies import STRATEGIES, AlgorithmKind, ConsistencyKind, Strategy
 
 __all__ = [
     "CODECS",

@@ -11,9 +11,9 @@ from typing import Any
 import yaml
 
 from ember.config.run import DILOCO_TAU, FIELD_NAMES, RunConfig
+from ember.config.strategies import Strategy
+from ember.config.tau import split_tau
 from ember.errors import ConfigError
-from ember.strategies import Strategy
-from ember.tau import split_tau
 
 
 def make_config(overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:

@@ -10,18 +10,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ember.devices import check_available, check_device, cuda_count
-from ember.errors import ConfigError
-from ember.network import check_host, port_range
-from ember.objective import check_objective
-from ember.strategies import STRATEGIES, AlgorithmKind, ConsistencyKind, Strategy
-from ember.tau import check_tau_policy
-from ember.training import (
+from ember.config.devices import check_available, check_device, cuda_count
+from ember.config.network import check_host, port_range
+from ember.config.objective import check_objective
+from ember.config.strategies import STRATEGIES, AlgorithmKind, ConsistencyKind, Strategy
+from ember.config.tau import check_tau_policy
+from ember.config.training import (
     check_optimizer,
     check_optimizer_args,
     check_precision,
     check_scheduler,
 )
+from ember.errors import ConfigError
 
 ENGINES = ("local", "spark")
 DATA_MODES = ("auto", "memory", "stream")  # see docs/data.md

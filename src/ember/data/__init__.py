@@ -14,6 +14,8 @@ StreamPlan     stream.py    a dataset's rows as pieces on disk (row groups, .npy
 StreamBatches  streaming.py a shard streamed: seeded piece order, read-ahead, shuffle buffer
 host_run_data  streamhost.py --data-mode on a local run: laid out to map, or planned to stream
 generate       generate.py  `ember data generate`: synthetic Parquet sets, row group by group
+
+imports: config, errors
 """
 
 from ember.data.datasets import DATASET_NAMES, Dataset, load_dataset, shard_indices

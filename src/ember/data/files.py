@@ -279,7 +279,7 @@ def _validated(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Check one input/target pair and convert it: inputs to C-contiguous float32 (int64 kept
     as token ids when `ids`; a structured array kept), targets as the loss's `targets` kind
-    takes them (objective.py): int64 classes, float32 values, or as they are (None). A
+    takes them (config/objective.py): int64 classes, float32 values, or as they are (None). A
     read-only view of Arrow memory is copied unless `views` (rows the caller copies itself)."""
     if x.dtype.kind not in "biuf" and x.dtype.names is None:
         raise ConfigError(f"{where}: {x_what} must be numeric, got dtype {x.dtype}")

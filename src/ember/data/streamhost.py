@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ember.config import DataPart, RunConfig
+from ember.config.objective import targets_of
 from ember.data.datasets import DATASET_NAMES, Dataset
 from ember.data.host import HostData, _scratch, host_data
 from ember.data.idx import find_idx_files
 from ember.data.store import DataFiles, Mode, NpyWriter, write_array
 from ember.data.stream import StreamPlan, plan_files, plan_npy, read_piece
 from ember.errors import ConfigError
-from ember.objective import targets_of
 
 if TYPE_CHECKING:  # torch's: a local run's launcher imports this module, and never torch
     from ember.data.batches import ShardBatches

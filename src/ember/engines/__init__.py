@@ -25,6 +25,9 @@ Map:
 - ModelWork, Forked, InProcess -> modelwork.py: the starting parameters and final evaluation,
   in a fork of the fork server (local) or in the driver's process (Spark)
 - forkserver.py: imported by the workers' fork server alone, which then dies with the launcher
+
+imports: _version, algorithms, checkpoint, config, data, errors, export, metrics, models, ps,
+  tracking, userfile, wire, worker
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from ember.errors import ConfigError
 if TYPE_CHECKING:
     from ember.data import Dataset
     from ember.engines.rundir import RunResult
-    from ember.spec import UserLoop
+    from ember.worker.spec import UserLoop
 
 
 def __getattr__(name: str) -> Any:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ember.config import EnginePart, RunConfig
+from ember.config.network import port_range
 from ember.errors import ConfigError, EmberError
-from ember.network import port_range
 
 LOOPBACK = "127.0.0.1"
 ANYWHERE = "0.0.0.0"

@@ -15,7 +15,7 @@ import signal
 
 FORKSERVER = mp.get_context("forkserver")
 FORKSERVER.set_forkserver_preload(
-    ["ember.engines.forkserver", "torch", "ember.worker", "ember.engines.local"]
+    ["ember.engines.forkserver", "torch", "ember.worker.loop", "ember.engines.local"]
 )
 
 

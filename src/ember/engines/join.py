@@ -21,8 +21,8 @@ from typing import Any
 
 from ember.config import RunConfig, Strategy
 from ember.errors import ConfigError
-from ember.spec import WorkerSpec
 from ember.userfile import Unreadable, parse_json, read_regular
+from ember.worker.spec import WorkerSpec
 
 JOIN_FILE = "join.json"
 JOINABLE = tuple(sorted(s.value for s in Strategy if s.joinable))  # sorted for error messages
@@ -105,6 +105,6 @@ def join_run(run_dir: Path, epochs: int, report: Any = print) -> dict[str, Any]:
         run_dir=str(run_dir),
         own_rows=True,  # the whole training set, shuffled by its own id
     )
-    from ember.worker import run_worker  # torch: not for the launcher that writes join files
+    from ember.worker.loop import run_worker  # torch: not for the launcher that writes join files
 
     return run_worker(spec, report, stop=stop)

@@ -32,7 +32,7 @@ from ember.engines.userrun import NoModel
 from ember.engines.workers import Exit, Polled
 from ember.errors import same_every_time
 from ember.metrics import Record, WorkerError, WorkerFailure, write_json
-from ember.spec import UserLoop, WorkerSpec, model_object, user_functions
+from ember.worker.spec import UserLoop, WorkerSpec, model_object, user_functions
 
 
 def train_local(
@@ -219,7 +219,7 @@ TAIL_LINES = 30
 
 
 def _work(spec: WorkerSpec, pipe: Connection, files: DataFiles) -> None:
-    from ember.worker import run_worker  # the fork server's, imported already
+    from ember.worker.loop import run_worker  # the fork server's, imported already
 
     records, started = RecordSender(pipe), False
 

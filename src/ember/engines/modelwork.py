@@ -25,7 +25,7 @@ from ember.data.store import DataFiles
 from ember.engines.phases import PeakMemory, vm_hwm
 from ember.engines.process import _die_with_parent, reap
 from ember.errors import EmberError
-from ember.spec import model_object, user_functions
+from ember.worker.spec import model_object, user_functions
 
 if TYPE_CHECKING:
     import torch
@@ -107,7 +107,7 @@ class InProcess:
     def evaluate(
         self, config: RunConfig, dataset: Dataset, params: np.ndarray, export: Path | None
     ) -> dict[str, float]:
-        from ember.evaluation import evaluate
+        from ember.worker.evaluation import evaluate
 
         shape = (tuple(dataset.input_shape), dataset.num_classes)
         model = exported_model(config, shape, params, export)
@@ -248,7 +248,7 @@ def _answer(
             body: Any = parameters.to_bytes(8, "little") + values.tobytes()
         else:
             params = np.frombuffer(conn.recv_bytes(), dtype=np.float32).copy()  # writable
-            from ember.evaluation import evaluate_batches
+            from ember.worker.evaluation import evaluate_batches
 
             where = None if export is None else Path(export)
             model = exported_model(config, (input_shape, num_classes), params, where)

@@ -19,9 +19,9 @@ from ember.engines.userrun import finish_loop
 from ember.engines.workers import Exit, Workers
 from ember.errors import CheckpointError, EmberError, WorkerFailed
 from ember.metrics import Record, RunEvent, ServerEvent, WorkerRestart
-from ember.returns import RETURNED
-from ember.spec import checkpoint_meta
 from ember.wire import warn_if_exposed
+from ember.worker.returns import RETURNED
+from ember.worker.spec import checkpoint_meta
 
 POLL_SECONDS = 0.25  # the watch loop's poll: how soon a record, an exit or a tick is seen
 

@@ -27,8 +27,8 @@ from ember.engines.modelwork import InProcess, ModelWork
 from ember.engines.servers import ServerGroup
 from ember.errors import CheckpointError, ConfigError
 from ember.metrics import MetricsLog, RunEvent, RunSummary, write_json
-from ember.spec import Layout, UserLoop, load_data
 from ember.wire import use_encryption
+from ember.worker.spec import Layout, UserLoop, load_data
 
 if TYPE_CHECKING:
     import torch

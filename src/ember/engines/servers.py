@@ -33,7 +33,7 @@ from ember.engines.addresses import Placement, local_address, placement, port_of
 from ember.engines.process import Interpreter, reap, tail
 from ember.errors import CheckpointError, EmberError, ServerUnavailable
 from ember.ps import ShardSpec, control, fetch_state, shard_ranges
-from ember.spec import Layout
+from ember.worker.spec import Layout
 
 SERVER_MODULE = "ember.engines.server_main"  # what each server process runs
 START_SECONDS = 60.0  # a server that has not bound its socket by then is not going to

@@ -1,5 +1,5 @@
 """The loss a run minimizes, as a function (output, target) -> scalar tensor: a named one
-(objective.py says what targets each takes), a user's `package.module:function`, or a callable
+(config/objective.py says what targets each takes), a user's `package.module:function`, or a callable
 or nn.Module handed to ember.fit; and the one check, before anything starts, that the model's
 output fits the targets."""
 
@@ -13,9 +13,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ember.config.objective import OBJECT_PREFIX, targets_of
 from ember.errors import ConfigError
 from ember.models.zoo import Probe
-from ember.objective import OBJECT_PREFIX, targets_of
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 NAMED: dict[str, LossFunction] = {

@@ -16,6 +16,8 @@ A larger tau raises throughput but lets workers drift apart, so a distributed ru
 samples than `single` to reach the same target: the divergence penalty d = samples to target /
 single's samples to target, measured by `ember bench`. Time to target is then
 d * single's samples / throughput, and the speedup that matters is n / d for a large tau.
+
+imports: config, units
 """
 
 from __future__ import annotations

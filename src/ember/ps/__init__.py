@@ -19,6 +19,8 @@ Map:
   and bounded
 - clockrows.py: the clock table as int64 rows in a payload frame, and their checks
 - Consistency, BulkSynchronous, StaleSynchronous, Asynchronous, make_consistency -> consistency.py
+
+imports: config, errors, wire
 """
 
 from ember.ps.client import ExchangeResult, PSClient, control, fetch_state

@@ -8,6 +8,8 @@ Map:
   persistence (save/load, inside a PipelineModel too) as metadata plus model.safetensors
 - EmberParams -> params.py: the Params both share (Spark's column names, the run's fields)
 - scorer -> scoring.py: the executors' side of transform (torch on Arrow batches)
+
+imports: config, data, errors, export, spark
 """
 
 from __future__ import annotations

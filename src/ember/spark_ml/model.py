@@ -18,10 +18,10 @@ from pyspark.ml.util import (
     MLWriter,
 )
 
+from ember.config.objective import targets_of
 from ember.data.spark import features_array
 from ember.errors import CheckpointError, ConfigError
 from ember.export import JSON_LIMIT, MODEL_FILE, MODEL_JSON, load_bytes
-from ember.objective import targets_of
 from ember.spark_ml.params import EmberParams
 from ember.spark_ml.scoring import CLASSES, VALUE, VALUES, scorer
 

@@ -14,6 +14,8 @@ Map:
 - shared            -> shared.py: same-host payloads through a shared-memory region
 - SendTicket        -> ticket.py: when a zero-copy reply no longer reads its buffers
 - channel.py        -> re-exports the endpoints' names and the handshake tags
+
+imports: errors
 """
 
 from ember.wire import shared

@@ -12,6 +12,7 @@ import numpy as np
 
 from ember.checkpoint import free_step, save_checkpoint
 from ember.config import RunConfig
+from ember.config.objective import targets_of
 from ember.data import Dataset
 from ember.data.datasets import check_shards, train_pixels
 from ember.data.spark import FrameFacts, dataframe_dataset, frame_from_arrays, frame_from_pixels
@@ -42,8 +43,7 @@ from ember.engines.spark.task import train_partition
 from ember.engines.spark.watch import SparkWorkers
 from ember.engines.userrun import NoModel
 from ember.metrics import RunEvent
-from ember.objective import targets_of
-from ember.spec import (
+from ember.worker.spec import (
     UserLoop,
     WorkerSpec,
     checkpoint_meta,

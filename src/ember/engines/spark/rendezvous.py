@@ -27,8 +27,8 @@ import psutil
 
 from ember.checkpoint import latest_valid_checkpoint
 from ember.config import RunConfig
+from ember.config.network import port_range
 from ember.engines.addresses import LOOPBACK, Placement
-from ember.network import port_range
 
 PROBE_SECONDS = 5.0  # rank 0's store, listening already, answers a connection at once
 STATE = "state"  # the kind of the record holding rank 0's final parameters

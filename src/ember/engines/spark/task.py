@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from ember.config.devices import GPU_RESOURCE
 from ember.data import Dataset
 from ember.data.spill import Partition, partition_data
-from ember.devices import GPU_RESOURCE
 from ember.engines.spark.records import RecordSender
 from ember.engines.spark.rendezvous import (
     STATE,
@@ -28,10 +28,10 @@ from ember.engines.spark.rendezvous import (
 )
 from ember.errors import EmberError, same_every_time
 from ember.metrics import WorkerError
-from ember.returns import RETURNED
-from ember.spec import WorkerSpec
 from ember.wire import CONNECTION_ERRORS, ClientConnection, use_encryption
-from ember.worker import Report, run_worker
+from ember.worker.loop import Report, run_worker
+from ember.worker.returns import RETURNED
+from ember.worker.spec import WorkerSpec
 
 PROBE_SECONDS = 5.0  # a server this task cannot reach within this is not going to answer
 UNREACHABLE = "unreachable"  # the kind of the record a task returns when a server is not

@@ -10,11 +10,11 @@ import numpy as np
 import torch
 
 from ember.algorithms import FlatModel
+from ember.config.objective import METRICS, metric_names, targets_of
 from ember.data.batches import as_tensor, model_inputs
 from ember.data.datasets import IGNORED_CLASS
-from ember.devicework import inputs_to
 from ember.models.losses import fit_to_targets, forward, make_loss, resolve_function
-from ember.objective import METRICS, metric_names, targets_of
+from ember.worker.device import inputs_to
 
 
 def ends_epoch(step: int, steps_per_epoch: int) -> bool:

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
+from ember.config.devices import Placement, cuda_count, needs_count, place_local, place_task
 from ember.data.batches import Batch, Inputs
-from ember.devices import Placement, cuda_count, needs_count, place_local, place_task
 
 
 def placement(device: str, rank: int, world: int, gpus: Sequence[str] | None) -> Placement:

@@ -11,7 +11,7 @@ from ember.config import DataPart
 from ember.data import Dataset, shard_indices
 from ember.data.batches import Batch, MemoryBatches, ShardBatches
 from ember.data.streamhost import StreamedDataset, counted, stream_batches
-from ember.spec import WorkerSpec
+from ember.worker.spec import WorkerSpec
 
 
 class Where(Protocol):

@@ -19,14 +19,14 @@ from ember.checkpoint import free_step, save_checkpoint
 from ember.data import Dataset
 from ember.data.batches import Batch, Inputs
 from ember.data.streaming import data_wait_fraction
-from ember.devicework import forward_precision, loss_scaler, on_device
-from ember.evaluation import ends_epoch, evaluate, evaluate_with, evaluates_after
 from ember.metrics import Divergence, Evaluation, WorkerProgress
 from ember.models import build_model
 from ember.models.losses import make_loss, register_objects
-from ember.spec import Layout, WorkerSpec, checkpoint_meta
-from ember.userloop import LoopContext, Optimizer, context, returned, worker_context
 from ember.wire import use_encryption
+from ember.worker.device import forward_precision, loss_scaler, on_device
+from ember.worker.evaluation import ends_epoch, evaluate, evaluate_with, evaluates_after
+from ember.worker.spec import Layout, WorkerSpec, checkpoint_meta
+from ember.worker.userloop import LoopContext, Optimizer, context, returned, worker_context
 
 Report = Callable[[dict[str, Any]], None]
 

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from ember.config import RunConfig, RunParts
+from ember.config.objective import targets_of
 from ember.data import Dataset, load_dataset
-from ember.objective import targets_of
 
 
 @dataclass

@@ -21,12 +21,12 @@ from ember.algorithms.period import Period
 from ember.config import TrainingPart
 from ember.data import Dataset
 from ember.data.streaming import stream_record
-from ember.devicework import placement, take
 from ember.errors import ConfigError, EmberError
 from ember.metrics import LoopProgress, TauChoice, WorkerDone, WorkerStart
-from ember.returns import RETURNED, UnencodableValue, encode
-from ember.spec import Layout, WorkerSpec, load_data
-from ember.workerdata import WorkerData
+from ember.worker.data import WorkerData
+from ember.worker.device import placement, take
+from ember.worker.returns import RETURNED, UnencodableValue, encode
+from ember.worker.spec import Layout, WorkerSpec, load_data
 
 # what every progress record holds already: a metric may not take one of these names
 _RESERVED = frozenset(
