@@ -1,5 +1,5 @@
 """Peers that misbehave towards a server, and what a server process holds while they do: for
-the hardening tests and benchmarks/hardening.py, which measures the same attacks."""
+the hardening tests and lab/benchmarks/hardening.py, which measures the same attacks."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""`ember ...`: parsing and calling only; every default and check lives in config.py, and the
-flags of `ember bench` and `ember plan` in bench/commands.py.
+"""`ember ...`: parsing and calling only; every default and check lives in config/. The lab's
+commands (`ember bench`, `ember plan`) come from the "ember.commands" entry points it installs.
 
-imports: api, bench, config, data, engines, errors, metrics, predictions, tracking, units
+imports: api, config, data, engines, errors, metrics, predictions, tracking
 """
 
 from __future__ import annotations
@@ -11,14 +11,13 @@ import dataclasses
 import json
 import signal
 import sys
+from importlib.metadata import entry_points
 from typing import Any
 
-from ember.bench.commands import add_bench_parser, add_plan_parser, bench, plan
 from ember.config import FIELD_NAMES, RunConfig, did_you_mean
-from ember.config.flags import HELP
+from ember.config.flags import HELP, positive_int
 from ember.errors import CheckpointError, ConfigError, EmberError, Interrupted, WorkerFailed
 from ember.metrics import headline, json_text
-from ember.units import positive_int
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,7 +31,7 @@ class _Parser(argparse.ArgumentParser):
         self, args: Any = None, namespace: Any = None
     ) -> tuple[argparse.Namespace, list[str]]:
         parsed, extras = super().parse_known_args(args, namespace)
-        if extras:
+        if extras and getattr(parsed, "handler", None) is not _lab_missing:
             self.error(self._unrecognized(extras))
         return parsed, extras
 
@@ -147,9 +146,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--epochs", type=positive_int, default=1, help="passes over the data (default 1)"
     )
     _add_data_parser(sub)
-    add_bench_parser(sub)
-    add_plan_parser(sub)
+    _add_lab_parsers(sub)
     return parser
+
+
+# The commands ember's lab adds, and what each says where the lab is not installed
+LAB_COMMANDS = {
+    "bench": "compare Spark MLlib and every strategy here; write a report and plots",
+    "plan": "predict throughput per strategy and tau; recommend a tau",
+}
+
+
+def _add_lab_parsers(sub: Any) -> None:
+    """Each lab command through its entry point, so that ember never imports the lab; where the
+    lab is missing, a stand-in that takes any arguments and says how to install it."""
+    found = {entry.name: entry for entry in entry_points(group="ember.commands")}
+    for name, summary in LAB_COMMANDS.items():
+        if name in found:
+            found[name].load()(sub)
+            continue
+        stand_in = sub.add_parser(name, help=f"{summary} (needs ember's lab)", add_help=False)
+        stand_in.set_defaults(handler=_lab_missing)  # whatever flags follow
+
+
+def _lab_missing(args: argparse.Namespace) -> int:
+    raise ConfigError(
+        f"`ember {args.command}` is a command of ember's lab (the ember-lab package), which is not"
+        " installed here: from ember's repository, pip install -e ./lab"
+    )
 
 
 def _add_data_parser(sub: Any) -> None:
@@ -171,15 +195,14 @@ def _stop_on_sigterm(signum: int, _frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    # _Parser refuses unknown flags itself, but lets a missing lab command's through
+    args, _ = build_parser().parse_known_args(argv)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         if args.command == "train":
             return _train(args)
-        if args.command == "bench":
-            return bench(args)
-        if args.command == "plan":
-            return plan(args)
+        if handler := getattr(args, "handler", None):
+            return int(handler(args))
         if args.command == "join":
             return _join(args)
         if args.command == "data":

@@ -1,5 +1,6 @@
 """Multi-host test fixtures: one emulated cluster for the whole session (host 0 runs the Spark
-master and the driver, hosts 1 and 2 a worker with one core each), built by ember.emulated.netns.
+master and the driver, hosts 1 and 2 a worker with one core each), built by
+ember_lab.emulated.netns.
 
 Without root, iproute2, Java or pyspark these tests are skipped with the reason; with
 EMBER_REQUIRE_CLUSTER=1 (as .ci/run sets) a missing prerequisite fails them instead."""
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ember.emulated import netns
+from ember_lab.emulated import netns
 from tests.processes import kill_stray_children
 
 HERE = Path(__file__).parent

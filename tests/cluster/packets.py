@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ember.emulated.netns import Cluster
+from ember_lab.emulated.netns import Cluster
 
 SCRIPT = Path(__file__).parent / "scripts" / "capture.py"
 CHUNK = 32

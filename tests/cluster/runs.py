@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from ember.emulated.netns import Cluster, namespace
+from ember_lab.emulated.netns import Cluster, namespace
 from tests.processes import has_progress, wait_for
 
 RUN_TIMEOUT = 600.0  # seconds one training run may take on two shared cores

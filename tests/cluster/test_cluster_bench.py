@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ember.bench.rows import BenchSettings
-from ember.bench.runner import run_bench
-from ember.emulated import netns
+from ember_lab.bench.rows import BenchSettings
+from ember_lab.bench.runner import run_bench
+from ember_lab.emulated import netns
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -50,7 +50,7 @@ def test_bench_rows_run_across_hosts_and_the_report_has_their_link(
     saved = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [r["row"] for r in saved] == [r["row"] for r in records]
 
-    from ember.bench.report import write_report
+    from ember_lab.bench.report import write_report
 
     written = write_report(records, out, settings.to_dict())
     report = (out / "report.md").read_text()

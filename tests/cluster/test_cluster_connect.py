@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ember.emulated import netns
+from ember_lab.emulated import netns
 from tests.cluster.runs import RUN_TIMEOUT
 from tests.connect_server import ConnectServer, run_client
 

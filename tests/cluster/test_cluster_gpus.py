@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ember.config.devices import cuda_count
-from ember.emulated.netns import spark_class
+from ember_lab.emulated.netns import spark_class
 from tests.cluster.runs import RUN_TIMEOUT, train
 
 pytestmark = pytest.mark.timeout(900)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ember.emulated import netns
-from ember.emulated.links import transfer
+from ember_lab.emulated import netns
+from ember_lab.emulated.links import transfer
 
 pytestmark = pytest.mark.timeout(300)
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -45,7 +45,7 @@ def test_a_shaped_link_carries_a_tbf_qdisc_both_ways_and_still_moves_data(cluste
     assert "tbf" not in cluster.qdiscs(2)
     unshaped = transfer(cluster, 1, 2, 20_000_000)
     assert shaped["bytes"] == unshaped["bytes"] == 20_000_000
-    # the figures, for the eye (benchmarks/cluster.py measures links; tests assert no speed)
+    # the figures, for the eye (lab/benchmarks/cluster.py measures links; tests assert no speed)
     print(
         f"\n200mbit link: {shaped['gbit_per_s']:.3f} Gbit/s; unshaped {unshaped['gbit_per_s']:.3f}"
     )

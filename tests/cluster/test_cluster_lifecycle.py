@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ember.emulated import netns
+from ember_lab.emulated import netns
 from tests.cluster.conftest import missing
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.lifecycle]
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HARNESS = """
 import os, signal, sys, time
 from pathlib import Path
-from ember.emulated.netns import Cluster
+from ember_lab.emulated.netns import Cluster
 # Ctrl-C as at a terminal: a suite started in the background of a script (`cmd &`) has SIGINT
 # ignored, and a child inherits that
 signal.signal(signal.SIGINT, signal.default_int_handler)

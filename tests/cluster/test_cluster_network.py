@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from ember.emulated import netns
+from ember_lab.emulated import netns
 from tests.cluster.packets import Capture, shares_window
 from tests.cluster.runs import (
     initial_parameters,
@@ -146,7 +146,7 @@ def _name(pid: int) -> str:
 
 
 def _state() -> dict[str, list[object]]:
-    from ember.emulated.standalone import master_state
+    from ember_lab.emulated.standalone import master_state
 
     state = master_state()
     assert state is not None

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from ember.emulated.links import block, transfer
+from ember_lab.emulated.links import block, transfer
 from tests.cluster.packets import Capture, shares_window
 
 SECRET = random.Random(1).randbytes(4096)

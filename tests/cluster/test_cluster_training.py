@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ember.emulated import netns
 from ember.metrics import read_metrics
+from ember_lab.emulated import netns
 from tests.cluster.runs import RUN_TIMEOUT, start_training, summary, train, wait_for_steps
 from tests.processes import wait_for
 
@@ -52,7 +52,7 @@ def write_parquet(path: Path, x: np.ndarray, y: np.ndarray) -> None:
 
 def test_a_top_level_spark_submit_script_trains_from_parquet(cluster, spark_env, tmp_path) -> None:
     from ember.data import load_dataset
-    from ember.emulated.netns import spark_class
+    from ember_lab.emulated.netns import spark_class
 
     mnist = load_dataset("mnist")
     write_parquet(tmp_path / "train.parquet", mnist.x_train, mnist.y_train)

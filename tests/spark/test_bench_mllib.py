@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ember.bench.mllib import mllib_frames, run_mllib
 from ember.data import Dataset, load_dataset
+from ember_lab.bench.mllib import mllib_frames, run_mllib
 
 pytestmark = pytest.mark.timeout(120)
 

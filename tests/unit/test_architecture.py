@@ -10,26 +10,37 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "src" / "ember"
+REPOSITORY = Path(__file__).resolve().parents[2]
 MAX_LINES = 400
 # What each part may import of ember is declared where the part lives: a line of its docstring
 # (a folder's __init__.py, a top-level module's own), "imports: config, errors" or
 # "imports: nothing of ember", with free text after a ";"; a long list goes on in lines
 # indented by two spaces. The layers of docs/architecture.md
 # are read from those lines, never from a list kept here.
+SPARK_PARTS = ("engines/spark/", "data/spark.py", "spark_ml/")
 DECLARATION = re.compile(r"^imports: (?P<names>[^;\n]*(?:\n  [^;\n]*)*)", re.MULTILINE)
-# Third-party packages only some parts may import.
-CONFINED = {
-    "zmq": ("wire",),
-    "mlflow": ("tracking.py",),
-    "pyspark": (
-        "engines/spark/",
-        "data/spark.py",
-        "spark_ml/",
-        "bench/mllib.py",
-        "bench/distributor.py",
-    ),
-}
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str  # the top-level import name: "ember"
+    folder: Path  # where its files are
+    confined: dict[str, tuple[str, ...]]  # a package only some files may import -> those files
+    forbidden: dict[str, str]  # a package none may import -> why
+
+
+EMBER = Package(
+    "ember",
+    REPOSITORY / "src" / "ember",
+    {"zmq": ("wire",), "mlflow": ("tracking.py",), "pyspark": SPARK_PARTS},
+    {"ember_lab": "ember never imports its lab; the lab imports ember"},
+)
+LAB = Package(
+    "ember_lab",
+    REPOSITORY / "lab" / "ember_lab",
+    {"pyspark": ("bench/mllib.py", "bench/distributor.py"), "zmq": ()},
+    {},
+)
 
 
 @dataclass(frozen=True)
@@ -45,9 +56,9 @@ def part_of(relative: str) -> str:
     return first.removesuffix(".py")
 
 
-def imports_of(relative: str, source: str) -> list[Import]:
-    """Every import in a module, lazy ones inside functions included."""
-    package = ["ember", *relative.removesuffix(".py").split("/")]
+def imports_of(relative: str, source: str, root: str = "ember") -> list[Import]:
+    """Every import in a module of the package `root`, lazy ones inside functions included."""
+    package = [root, *relative.removesuffix(".py").split("/")]
     package = package[:-1]  # the package the module lives in (an __init__ is its own)
     found = []
     for node in ast.walk(ast.parse(source)):
@@ -59,8 +70,8 @@ def imports_of(relative: str, source: str) -> list[Import]:
                 target = ".".join([*base, *([node.module] if node.module else [])])
             else:
                 target = node.module or ""
-            if target == "ember":  # `from ember import x`: x is a part, or the package
-                found += [Import(relative, node.lineno, f"ember.{a.name}") for a in node.names]
+            if target in ("ember", root):  # `from ember import x`: x is a part, or the package
+                found += [Import(relative, node.lineno, f"{target}.{a.name}") for a in node.names]
             else:
                 found.append(Import(relative, node.lineno, target))
     return found
@@ -86,7 +97,7 @@ def declarations(files: dict[str, str]) -> dict[str, frozenset[str] | None]:
             declared[part] = None
             continue
         names = match.group("names").strip()
-        listed = [] if names == "nothing of ember" else names.split(",")
+        listed = [] if names.startswith("nothing") else names.split(",")
         declared[part] = frozenset(name.strip() for name in listed)
     return declared
 
@@ -132,10 +143,12 @@ def layers(declared: dict[str, frozenset[str]]) -> list[list[str]]:
 
 
 def violations(
-    files: dict[str, str], declared: dict[str, frozenset[str] | None] | None = None
+    files: dict[str, str],
+    declared: dict[str, frozenset[str] | None] | None = None,
+    package: Package = EMBER,
 ) -> list[str]:
-    """What breaks the rules, as one line each, for files given as {relative path: source};
-    the parts' declared imports are read from those files unless given."""
+    """What breaks the rules, as one line each, for a package's files given as {relative path:
+    source}; the parts' declared imports are read from those files unless given."""
     declared = declarations(files) if declared is None else declared
     found = []
     for part, names in sorted(declared.items()):
@@ -151,31 +164,34 @@ def violations(
         lines = source.count("\n") + 1
         if lines > MAX_LINES:
             found.append(f"{relative}: {lines} lines, over the ceiling of {MAX_LINES}")
-        for imp in imports_of(relative, source):
+        for imp in imports_of(relative, source, package.name):
             top = imp.target.split(".")[0]
             where = f"{relative}:{imp.line} imports {imp.target}"
-            if top in CONFINED and not relative.startswith(CONFINED[top]):
-                found.append(f"{where}, allowed only in {', '.join(CONFINED[top])}")
-            if top != "ember":
+            allowed_in = package.confined.get(top)
+            if allowed_in is not None and not relative.startswith(allowed_in):
+                found.append(f"{where}, allowed only in {', '.join(allowed_in) or 'ember'}")
+            if top in package.forbidden:
+                found.append(f"{where}: {package.forbidden[top]}")
+            if top != package.name:
                 continue
             names = imp.target.split(".")
             # `from ember import fit`: a name of the package itself, not one of its parts
             target = names[1] if len(names) > 1 and names[1] in declared else "__init__"
             allowed = declared.get(part) or frozenset()
             if target != part and target not in allowed:
-                may = ", ".join(sorted(allowed)) or "nothing of ember"
+                may = ", ".join(sorted(allowed)) or "nothing"
                 found.append(f"{where}: {part} may not depend on {target} (it declares: {may})")
     return found
 
 
-def unused_declarations(files: dict[str, str]) -> list[str]:
+def unused_declarations(files: dict[str, str], root: str = "ember") -> list[str]:
     """Declared imports no file of the part makes: a map that says more than the code does."""
     used: dict[str, set[str]] = {}
     declared = declarations(files)
     for relative, source in files.items():
-        for imp in imports_of(relative, source):
+        for imp in imports_of(relative, source, root):
             names = imp.target.split(".")
-            if names[0] == "ember":
+            if names[0] == root:
                 target = names[1] if len(names) > 1 and names[1] in declared else "__init__"
                 used.setdefault(part_of(relative), set()).add(target)
     return [
@@ -185,10 +201,30 @@ def unused_declarations(files: dict[str, str]) -> list[str]:
     ]
 
 
-def package_files() -> dict[str, str]:
+def private_names(relative: str, source: str) -> list[str]:
+    """The lab's imports of an underscore name of ember (a module or a name in one): the lab
+    uses what ember exports on purpose, as a user would."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            dotted = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            module = node.module or ""
+            dotted = [f"{module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in dotted:
+            parts = name.split(".")
+            private = [p for p in parts[1:] if p.startswith("_") and not p.startswith("__")]
+            if parts[0] == "ember" and private:
+                found.append(f"{relative}:{node.lineno} imports {name}, a private name of ember")
+    return found
+
+
+def package_files(package: Package = EMBER) -> dict[str, str]:
     return {
-        path.relative_to(PACKAGE).as_posix(): path.read_text(encoding="utf-8")
-        for path in PACKAGE.rglob("*.py")
+        path.relative_to(package.folder).as_posix(): path.read_text(encoding="utf-8")
+        for path in package.folder.rglob("*.py")
     }
 
 
@@ -202,6 +238,15 @@ def test_every_declared_import_is_one_the_part_makes() -> None:
     assert not found, "\n".join(found)
 
 
+def test_the_lab_follows_its_declared_imports_and_imports_no_private_name_of_ember() -> None:
+    files = package_files(LAB)
+    found = violations(files, package=LAB) + unused_declarations(files, LAB.name)
+    found += [
+        line for relative, source in files.items() for line in private_names(relative, source)
+    ]
+    assert not found, "\n".join(found)
+
+
 DECLARED = {
     "errors": frozenset(),
     "config": frozenset({"errors"}),
@@ -209,8 +254,7 @@ DECLARED = {
     "ps": frozenset({"config", "errors", "wire"}),
     "algorithms": frozenset({"config", "errors", "ps"}),
     "engines": frozenset({"algorithms", "ps", "wire"}),
-    "bench": frozenset({"engines"}),
-    "cli": frozenset({"bench"}),
+    "cli": frozenset({"engines"}),
     "__init__": frozenset({"config"}),
     "metrics": frozenset(),
 }
@@ -238,10 +282,16 @@ DECLARED = {
             " (it declares: algorithms, ps, wire)",
         ),
         (
-            "bench/runner.py",
+            "engines/run.py",
             "from pyspark.sql import SparkSession\n",
-            "bench/runner.py:1 imports pyspark.sql, allowed only in engines/spark/, data/spark.py,"
-            " spark_ml/, bench/mllib.py, bench/distributor.py",
+            "engines/run.py:1 imports pyspark.sql, allowed only in engines/spark/, data/spark.py,"
+            " spark_ml/",
+        ),
+        (
+            "cli.py",
+            "def f():\n    from ember_lab.bench.commands import bench\n",
+            "cli.py:2 imports ember_lab.bench.commands: ember never imports its lab; the lab"
+            " imports ember",
         ),
         (
             "config/run.py",
@@ -263,7 +313,7 @@ def test_allowed_imports_are_not_reported() -> None:
         "wire/channel.py": "import zmq\nfrom ember.errors import ProtocolError\n",
         "ps/server.py": "from ember.wire import Chunk\nfrom ember.ps.clocks import ClockTable\n",
         "engines/spark/driver.py": "import pyspark\nfrom ember.ps import PSClient\n",
-        "cli.py": "from ember.bench.runner import run\n",
+        "cli.py": "from ember.engines import train\n",
     }
     assert violations(files, DECLARED) == []
 
@@ -310,12 +360,20 @@ def test_layers_put_each_part_above_what_it_imports() -> None:
         ["__init__", "ps"],
         ["algorithms"],
         ["engines"],
-        ["bench"],
         ["cli"],
     ]
 
 
+def test_the_labs_imports_of_private_names_of_ember_are_reported() -> None:
+    source = "from ember.data.spill import _spill\nfrom ember import __version__, _version\n"
+    assert private_names("bench/runner.py", source) == [
+        "bench/runner.py:1 imports ember.data.spill._spill, a private name of ember",
+        "bench/runner.py:2 imports ember._version, a private name of ember",
+    ]
+
+
 if __name__ == "__main__":  # the layers, lowest first, as docs/architecture.md draws them
-    declared = declarations(package_files())
-    for level, parts in enumerate(layers({p: n or frozenset() for p, n in declared.items()})):
-        print(level, " ".join(parts))
+    for package in (EMBER, LAB):
+        declared = declarations(package_files(package))
+        for level, parts in enumerate(layers({p: n or frozenset() for p, n in declared.items()})):
+            print(package.name, level, " ".join(parts))

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ember.bench.rows import BenchSettings, make_tasks, plan_link_rows, plan_rows
 from ember.config import DILOCO_TAU
 from ember.errors import ConfigError
+from ember_lab.bench.rows import BenchSettings, make_tasks, plan_link_rows, plan_rows
 
 TASKS = make_tasks(False, 1000, 10)
 
@@ -64,7 +64,7 @@ def test_outer_steps_add_whole_model_diloco_rows_beside_the_default_one(tmp_path
 
 
 def test_the_outer_flag_takes_lr_momentum_pairs_and_names_a_bad_one() -> None:
-    from ember.bench.commands import _outer_steps
+    from ember_lab.bench.commands import _outer_steps
 
     assert _outer_steps("1/0, 0.7/0.6") == [(1.0, 0.0), (0.7, 0.6)]
     assert _outer_steps("") == []
@@ -138,7 +138,7 @@ def test_epochs_may_be_given_per_task_and_the_others_keep_their_own() -> None:
 
 
 def test_bench_epochs_flag_takes_a_count_or_task_count_pairs() -> None:
-    from ember.bench.commands import _count_per_task
+    from ember_lab.bench.commands import _count_per_task
 
     assert _count_per_task("3") == 3
     assert _count_per_task("mlp=3, cnn=1") == {"mlp": 3, "cnn": 1}

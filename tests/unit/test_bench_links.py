@@ -10,19 +10,19 @@ from typing import Any
 
 import pytest
 
-from ember.bench.groups import group_records
-from ember.bench.hosts import config_file, nominal_rate, transfer_bytes
-from ember.bench.linkreport import speedups
-from ember.bench.report import write_report
-from ember.bench.rows import (
+from ember.config import make_config
+from ember.errors import ConfigError
+from ember_lab.bench.groups import group_records
+from ember_lab.bench.hosts import config_file, nominal_rate, transfer_bytes
+from ember_lab.bench.linkreport import speedups
+from ember_lab.bench.report import write_report
+from ember_lab.bench.rows import (
     BenchSettings,
     make_tasks,
     plan_link_rows,
     plan_rows,
     tc_rate,
 )
-from ember.config import make_config
-from ember.errors import ConfigError
 from tests.unit.test_bench_report import record, sweep
 
 TASKS = make_tasks(False, 1000, 10)

@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from ember.bench.measure import TreeSampler
+from ember_lab.bench.measure import TreeSampler
 
 BURN = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass\n"
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ember.bench.report import write_report
+from ember_lab.bench.report import write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SETTINGS = {"quick": False, "repeat": 3, "tasks": ["lr", "mlp"], "machine": {"cpus": 2}}

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from ember.bench.rows import BenchSettings, make_tasks, plan_rows
-from ember.bench.runner import add_divergence
 from ember.config import STRATEGIES
 from ember.errors import ConfigError
+from ember_lab.bench.rows import BenchSettings, make_tasks, plan_rows
+from ember_lab.bench.runner import add_divergence
 
 
 def test_rows_are_mllib_then_every_strategy_then_the_sweep(tmp_path: Path) -> None:
@@ -130,7 +130,7 @@ def test_epochs_replace_every_tasks_own_and_keep_its_target() -> None:
 def test_a_runs_figures_keep_each_workers_periods_from_its_first_start(tmp_path: Path) -> None:
     import json
 
-    from ember.bench.runner import run_figures
+    from ember_lab.bench.record import run_figures
 
     settings = BenchSettings(out=tmp_path, tasks=["mlp"], strategies=["easgd-async"])
     row = next(r for r in plan_rows(settings, make_tasks(True, 1000, 10)) if r.config)
@@ -162,7 +162,7 @@ def test_a_run_that_retried_its_training_is_a_failed_row(
 ) -> None:
     import json
 
-    from ember.bench.runner import run_figures
+    from ember_lab.bench.record import run_figures
 
     settings = BenchSettings(out=tmp_path, tasks=["mlp"], strategies=["easgd-async"])
     row = next(r for r in plan_rows(settings, make_tasks(True, 1000, 10)) if r.config)
@@ -182,7 +182,7 @@ def test_a_diverged_row_reaches_no_target_and_its_results_stay_strict_json(
 ) -> None:
     import json
 
-    from ember.bench.runner import append, one_line
+    from ember_lab.bench.record import append, one_line
 
     tasks = make_tasks(True, 1000, 10).values()
     loss_task = next(t for t in tasks if t.target_metric == "test_loss")

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from ember.bench.calibrate import _loop_measured
 from ember.config import Strategy
 from ember.errors import EmberError
+from ember_lab.bench.calibrate import _loop_measured
 
 
 def progress(rank: int, step: int, seconds: float, t_comp: float, t_wait: float) -> dict[str, Any]:

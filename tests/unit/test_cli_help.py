@@ -89,3 +89,19 @@ def test_a_misspelled_flag_of_another_subcommand_gets_a_suggestion_too(capsys) -
     assert capsys.readouterr().err.splitlines()[-1] == (
         "ember plan: error: unrecognized arguments: --bandwith 1Gbit; did you mean --bandwidth?"
     )
+
+
+def test_the_lab_commands_come_from_the_labs_entry_points() -> None:
+    bench = _subparsers(build_parser())["bench"]
+    assert "--quick" in {flag for a in bench._actions for flag in a.option_strings}
+
+
+def test_without_the_lab_bench_and_plan_say_how_to_install_it(monkeypatch, capsys) -> None:
+    monkeypatch.setattr("ember.cli.entry_points", lambda group: [])
+    for command in (["bench", "--quick", "--out", "x"], ["plan"]):
+        assert main(command) == 2
+        error = capsys.readouterr().err.strip()
+        assert error == (
+            f"ember: error: `ember {command[0]}` is a command of ember's lab (the ember-lab"
+            " package), which is not installed here: from ember's repository, pip install -e ./lab"
+        )

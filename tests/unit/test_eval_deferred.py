@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from ember.bench.predict import _evaluations
 from ember.config import RunConfig
 from ember.worker import loop as worker_module
 from ember.worker.loop import WorkerSpec, run_worker
+from ember_lab.bench.predict import _evaluations
 
 MEASURED = ("epoch", "step", "samples", "test_accuracy", "test_loss", "source")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from ember.bench.exchange_probe import cpu_snapshot, unattributed_cpu
+from ember_lab.bench.exchange_probe import cpu_snapshot, unattributed_cpu
 
 BURN = "import sys, time\nend = time.process_time() + 1.0\nwhile time.process_time() < end: pass\n"
 

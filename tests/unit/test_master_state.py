@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ember.emulated import standalone
+from ember_lab.emulated import standalone
 
 
 def answering(stdout: str, returncode: int = 0) -> Any:

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from ember.bench.predict import add_predictions
-from ember.perfmodel import (
+from ember_lab.bench.predict import add_predictions
+from ember_lab.perfmodel import (
     Calibration,
     Network,
     evaluation_wait,
@@ -19,7 +19,7 @@ from ember.perfmodel import (
     predict,
     time_to_target,
 )
-from ember.plan import plan_report
+from ember_lab.plan import plan_report
 
 # Figures of the reference mlp on a 2-core machine: 2 ms per batch, a 2.2 ms exchange.
 MLP = Calibration(

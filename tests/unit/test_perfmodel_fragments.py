@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from ember.bench.predict import add_predictions
 from ember.config import DILOCO_TAU
-from ember.perfmodel import Network, closing_seconds, predict
-from ember.perfmodel.fragments import fragment_calibration
-from ember.plan import plan_report
+from ember_lab.bench.predict import add_predictions
+from ember_lab.perfmodel import Network, closing_seconds, predict
+from ember_lab.perfmodel.fragments import fragment_calibration
+from ember_lab.plan import plan_report
 from tests.unit.test_perfmodel import MLP, SHARED, printed_rows
 
 SLOW = Network(bandwidth=12.5e6, latency=5e-4)  # 100 Mbit/s

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from ember.bench.hosts import predict_on_link
-from ember.emulated.links import SCRIPT, one_way_latency
-from ember.emulated.netns import BURST_BYTES
 from ember.engines.process import free_port
-from ember.perfmodel import RESIDUAL, Calibration, Network, predict, shared_link_cycle
+from ember_lab.bench.hosts import predict_on_link
+from ember_lab.emulated.links import SCRIPT, one_way_latency
+from ember_lab.emulated.netns import BURST_BYTES
+from ember_lab.perfmodel import RESIDUAL, Calibration, Network, predict, shared_link_cycle
 from tests.unit.test_perfmodel import MLP
 
-# The calibration before the two runs of `benchmarks/cluster.py --parts model --link 100mbit`
+# The calibration before the two runs of `lab/benchmarks/cluster.py --parts model --link 100mbit`
 # (docs/perfmodel.md): MNIST mlp, an idle two-core host.
 RUNS = Calibration(
     batch_size=64,
@@ -183,7 +183,7 @@ def test_link_rows_are_predicted_at_the_latency_their_link_measured() -> None:
     predict_on_link(near, [{"mlp": MLP}], 12.5e6, 0.0)
     # async (the third row) pays the latency twice an exchange, at each of its minibatches;
     # the emulated hosts share this machine's cores, and their links' buckets burst
-    from ember.bench.predict import link_network
+    from ember_lab.bench.predict import link_network
 
     link = link_network(12.5e6, 0.05, os.cpu_count() or 1, None)
     assert link.burst == BURST_BYTES and link.emulated
@@ -195,7 +195,7 @@ def test_link_rows_are_predicted_at_the_latency_their_link_measured() -> None:
 def test_every_link_row_shows_predicted_against_measured_speed_and_time_to_target(
     tmp_path: Path,
 ) -> None:
-    from ember.bench.report import write_report
+    from ember_lab.bench.report import write_report
     from tests.unit.test_bench_links import link_record
 
     def on_link(row: str, **fields: Any) -> dict[str, Any]:
@@ -234,7 +234,7 @@ def _link_rows(link: str, rate: float, latency: float | None) -> list[dict[str, 
 def test_a_results_file_is_predicted_again_per_link_at_what_each_link_measured() -> None:
     from dataclasses import asdict
 
-    from ember.bench.predict import UNMEASURED_LATENCY, predict_results
+    from ember_lab.bench.predict import UNMEASURED_LATENCY, predict_results
 
     rows = _link_rows("100mbit", 11.9e6, 0.0003) + _link_rows("1gbit", 118e6, None)
     predict_results(rows, {"mlp": [asdict(MLP)]})
@@ -260,8 +260,8 @@ def test_a_results_file_is_predicted_again_per_link_at_what_each_link_measured()
 
 
 def test_auto_covers_the_exchange_with_a_steps_compute_not_the_exchanges_cpu() -> None:
-    from ember.bench.predict import link_network
-    from ember.perfmodel import model_tau
+    from ember_lab.bench.predict import link_network
+    from ember_lab.perfmodel import model_tau
 
     # at 100 Mbit with the 1 Gbit probe's CPU per byte: the link adds ms to an exchange's CPU,
     # which a period holds once, whatever its tau, and so must not count as a step's compute
@@ -274,8 +274,8 @@ def test_auto_covers_the_exchange_with_a_steps_compute_not_the_exchanges_cpu() -
 
 
 def test_the_cpu_bound_counts_a_steps_cpu_not_its_wall_time_on_shared_cores() -> None:
-    from ember.bench.predict import link_network
-    from ember.perfmodel import _kernel_cpu, _on_link
+    from ember_lab.bench.predict import link_network
+    from ember_lab.perfmodel import _kernel_cpu, _on_link
 
     link = link_network(GBIT.bandwidth, GBIT.latency, 2, GBIT_PROBE)
     on_link = _on_link(JUDGED, link)
@@ -298,8 +298,8 @@ def test_the_cpu_bound_counts_a_steps_cpu_not_its_wall_time_on_shared_cores() ->
 
 
 def test_tau_auto_is_predicted_at_the_models_pick_and_tau_loss_at_its_mean() -> None:
-    from ember.bench.predict import add_predictions
-    from ember.perfmodel import AUTO_MARGIN, model_tau
+    from ember_lab.bench.predict import add_predictions
+    from ember_lab.perfmodel import AUTO_MARGIN, model_tau
 
     slow = Network(12.5e6, 1e-4)
     rows = _link_rows("100mbit", 12.5e6, 1e-4)[:2] + _link_rows("100mbit", 12.5e6, 1e-4)[1:2]
@@ -321,7 +321,7 @@ def test_tau_auto_is_predicted_at_the_models_pick_and_tau_loss_at_its_mean() -> 
 
 
 def test_a_torchdistributor_row_is_predicted_as_the_all_reduce_ring() -> None:
-    from ember.bench.predict import add_predictions
+    from ember_lab.bench.predict import add_predictions
 
     slow = Network(11.97e6, 1e-4)
     spec = {"system": "TorchDistributor", "workers": 2, "batch_size": 64, "epochs": 1}
@@ -340,8 +340,8 @@ def test_a_torchdistributor_row_is_predicted_as_the_all_reduce_ring() -> None:
 def test_the_calibration_times_every_codec_per_float() -> None:
     import numpy as np
 
-    from ember.bench.calibrate import codec_figures
     from ember.ps.codec import CODECS
+    from ember_lab.bench.calibrate import codec_figures
 
     figures = codec_figures(np.zeros(50_000, np.float32))
     assert set(figures) == set(CODECS) - {"none"}
@@ -386,7 +386,7 @@ GBIT_PROBE = {
 def test_emulated_hosts_at_1gbit_are_predicted_within_15_percent(
     strategy: str, tau: int, measured: float
 ) -> None:
-    from ember.bench.predict import link_network
+    from ember_lab.bench.predict import link_network
 
     link = link_network(GBIT.bandwidth, GBIT.latency, 2, GBIT_PROBE)
     # that run's rows at 1 Gbit; samples/s pays for worker 0's evaluations (12 of them) in
@@ -423,7 +423,7 @@ def test_emulated_hosts_share_the_cores_and_wait_as_the_calibration_did() -> Non
 
 
 def test_a_links_measured_exchange_adds_its_time_and_cpu_and_a_busy_core_stretches_it() -> None:
-    from ember.bench.predict import link_network
+    from ember_lab.bench.predict import link_network
 
     # a probe on a 1 Gbit link: 2 MiB moved in 21.1 ms, 6.6 ms client CPU, 8.25 ms server
     probe = {"bytes": 2 << 20, "seconds": 0.0211, "client_cpu": 0.0066, "server_cpu": 0.00825}
@@ -469,7 +469,7 @@ def test_on_emulated_hosts_the_codecs_cpu_waits_for_a_core_too() -> None:
 
 
 def test_the_kernels_cpu_for_a_links_bytes_bounds_the_period_on_emulated_hosts() -> None:
-    from ember.bench.predict import link_network
+    from ember_lab.bench.predict import link_network
 
     charged = link_network(GBIT.bandwidth, GBIT.latency, 2, {**GBIT_PROBE, "kernel_cpu": 0.0075})
     uncharged = link_network(GBIT.bandwidth, GBIT.latency, 2, GBIT_PROBE)  # an older probe's
@@ -497,7 +497,9 @@ def test_link_report_names_the_line_of_a_malformed_row(change: dict[str, Any], n
     import importlib.util
 
     root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("link_report", root / "benchmarks/link_report.py")
+    spec = importlib.util.spec_from_file_location(
+        "link_report", root / "lab/benchmarks/link_report.py"
+    )
     assert spec is not None and spec.loader is not None
     link_report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(link_report)
@@ -512,8 +514,8 @@ def test_link_report_names_the_line_of_a_malformed_row(change: dict[str, Any], n
 
 
 def test_a_codec_shrinks_what_the_link_adds_per_byte_but_not_the_work_per_parameter() -> None:
-    from ember.bench.predict import link_network
-    from ember.perfmodel import _on_link
+    from ember_lab.bench.predict import link_network
+    from ember_lab.perfmodel import _on_link
 
     link = link_network(GBIT.bandwidth, GBIT.latency, 2, GBIT_PROBE)
     full = JUDGED.exchange_bytes  # uncompressed: the link's CPU per byte, for these bytes
@@ -531,8 +533,8 @@ def test_a_codec_shrinks_what_the_link_adds_per_byte_but_not_the_work_per_parame
 
 
 def test_a_bsp_round_waits_for_the_servers_work_the_calibration_did_not_see() -> None:
-    from ember.bench.predict import link_network
-    from ember.perfmodel import _on_link
+    from ember_lab.bench.predict import link_network
+    from ember_lab.perfmodel import _on_link
 
     link = link_network(GBIT.bandwidth, GBIT.latency, 2, GBIT_PROBE)
     timed = Calibration(**{**JUDGED.__dict__, "codecs": CODED.codecs})
@@ -555,7 +557,7 @@ def test_a_bsp_round_waits_for_the_servers_work_the_calibration_did_not_see() ->
 
 
 def test_a_probes_kernel_cpu_beyond_what_the_cores_had_is_left_out() -> None:
-    from ember.bench.predict import link_network
+    from ember_lab.bench.predict import link_network
 
     seconds = GBIT_PROBE["seconds"]
     possible = {**GBIT_PROBE, "kernel_cpu": 2 * seconds}  # both cores, the whole exchange
@@ -567,7 +569,7 @@ def test_a_probes_kernel_cpu_beyond_what_the_cores_had_is_left_out() -> None:
 
 
 def test_easgds_last_exchanges_are_what_a_loop_spends_after_its_last_step() -> None:
-    from ember.perfmodel import Prediction, closing_seconds
+    from ember_lab.perfmodel import Prediction, closing_seconds
 
     def made(strategy: str, t_comm: float, cycle: float, period: float = 0.4) -> Prediction:
         """tau 100, compute 0.4 s a period, an exchange alone of t_comm, a shared cycle."""
@@ -595,7 +597,7 @@ def test_easgds_last_exchanges_are_what_a_loop_spends_after_its_last_step() -> N
 
 
 def test_the_judged_runs_rows_at_both_link_rates_are_predicted_within_15_percent() -> None:
-    from ember.bench.predict import predict_results
+    from ember_lab.bench.predict import predict_results
 
     # docs/comparison/links: one `ember bench` of every row at 100 Mbit/s and 1 Gbit/s,
     # predicted again from the calibration, link rates, latencies and probes it recorded

@@ -11,8 +11,8 @@ import pytest
 
 from ember import cli
 from ember.algorithms import period
-from ember.bench.predict import add_predictions
-from ember.perfmodel import (
+from ember_lab.bench.predict import add_predictions
+from ember_lab.perfmodel import (
     AUTO_MARGIN,
     MAX_TAU,
     WIRE_FRACTION,
@@ -24,7 +24,7 @@ from ember.perfmodel import (
     shared_link_cycle,
     wire_fraction,
 )
-from ember.plan import saturation, scale_report, servers_needed
+from ember_lab.plan import saturation, scale_report, servers_needed
 from tests.unit.test_perfmodel import (
     MLP,  # the reference mlp: 2 ms a minibatch, 2.15 MB an exchange
     printed_rows,
@@ -69,7 +69,7 @@ def no_calibration(monkeypatch: pytest.MonkeyPatch) -> None:
     def calibrated(*_: object) -> None:
         raise AssertionError("calibrated before checking the flags")
 
-    monkeypatch.setattr("ember.bench.calibrate.calibrate", calibrated)
+    monkeypatch.setattr("ember_lab.bench.calibrate.calibrate", calibrated)
 
 
 @pytest.mark.usefixtures("no_calibration")
@@ -167,7 +167,7 @@ def test_scale_report_states_saturation_and_servers_per_link() -> None:
 def test_plan_prints_a_scale_table_per_link_rate(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("ember.bench.calibrate.calibrate", lambda *_: MLP)
+    monkeypatch.setattr("ember_lab.bench.calibrate.calibrate", lambda *_: MLP)
     monkeypatch.setattr("ember.worker.spec.load_data", lambda *_: None)
     argv = ["plan", "--bandwidth", "1Gbit,100Mbit", "--workers", "1,2,4", "--taus", "8,32"]
     assert cli.main([*argv, "--compress", "int8"]) == 0
@@ -235,8 +235,8 @@ def test_the_model_picks_tau_with_the_same_margin_and_range_as_tau_auto() -> Non
 
 
 def test_the_model_counts_int8_bytes_as_the_codec_writes_them() -> None:
-    from ember.perfmodel import INT8_CHUNK
     from ember.ps.codec import BLOCK
+    from ember_lab.perfmodel import INT8_CHUNK
 
     assert INT8_CHUNK == BLOCK
 
@@ -244,7 +244,7 @@ def test_the_model_counts_int8_bytes_as_the_codec_writes_them() -> None:
 def test_plan_takes_the_links_latency_and_charges_it(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("ember.bench.calibrate.calibrate", lambda *_: MLP)
+    monkeypatch.setattr("ember_lab.bench.calibrate.calibrate", lambda *_: MLP)
     monkeypatch.setattr("ember.worker.spec.load_data", lambda *_: None)
     argv = ["plan", "--bandwidth", "100Mbit", "--workers", "1", "--taus", "1"]
     printed = {}
@@ -330,7 +330,7 @@ def test_plan_calibrates_on_the_device_and_precision_it_is_given(
         asked.append((config.device, config.precision))
         return replace(MLP, device=config.device, precision=config.precision)
 
-    monkeypatch.setattr("ember.bench.calibrate.calibrate", calibrated)
+    monkeypatch.setattr("ember_lab.bench.calibrate.calibrate", calibrated)
     monkeypatch.setattr("ember.worker.spec.load_data", lambda *_: None)
     argv = ["plan", "--workers", "1,2", "--taus", "8", "--device", "cpu"]
     assert cli.main([*argv, "--precision", "bf16-mixed"]) == 0

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ember.config import DILOCO_TAU
-from ember.perfmodel import Network, closing_seconds, predict
-from ember.plan import plan_report
+from ember_lab.perfmodel import Network, closing_seconds, predict
+from ember_lab.plan import plan_report
 from tests.unit.test_perfmodel import MLP, SHARED, printed_rows
 
 NETWORKS = [Network(cores=2), Network(bandwidth=12.5e6), Network(bandwidth=125e6, latency=5e-4)]

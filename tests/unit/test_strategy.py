@@ -12,7 +12,7 @@ from ember.algorithms import ALGORITHMS, WorkerContext, make_algorithm, make_upd
 from ember.config import STRATEGIES, AlgorithmKind, ConsistencyKind, RunConfig, Strategy
 from ember.engines.join import JOINABLE
 from ember.errors import ConfigError
-from ember.perfmodel import Calibration, Network, predict
+from ember_lab.perfmodel import Calibration, Network, predict
 
 # The table in README.md and DESIGN.md: strategy -> (algorithm, consistency, uses a server,
 # every round waits for all workers, `ember join` can add a worker).

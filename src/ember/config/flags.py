@@ -1,5 +1,7 @@
 """What each `ember train` flag sets: one line of help per RunConfig field, kept apart from
-the parser so cli.py stays about parsing."""
+the parser so cli.py stays about parsing; and the argparse type of a count."""
+
+import argparse
 
 HELP = {
     # One line per RunConfig field: what it sets, its unit, and what leaving it unset means.
@@ -113,3 +115,14 @@ HELP = {
     " evaluation at each epoch's end, the summary's figures, its files and the model"
     " (docs/spark.md#tracking-with-mlflow)",
 }
+
+
+def positive_int(text: str) -> int:
+    """An argparse type for counts: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value

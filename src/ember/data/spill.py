@@ -98,7 +98,7 @@ def partition_data(
     folder = spill_folder()
     janitor = start_janitor(folder)
     try:
-        pieces = _spill(batches, folder / "partition.arrow")
+        pieces = spill_batches(batches, folder / "partition.arrow")
         targets = "classes" if probe.y_test.dtype == np.int64 else "values"
         plan = StreamPlan(pieces, shape, probe.num_classes, targets, probe.y_test.shape[1:])
         yield Partition(plan.rows, plan=plan, said=said)
@@ -134,7 +134,7 @@ def spill_folder() -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=root))
 
 
-def _spill(batches: Iterable[Any], path: Path) -> tuple[Piece, ...]:
+def spill_batches(batches: Iterable[Any], path: Path) -> tuple[Piece, ...]:
     """Write the record batches to one Arrow IPC file as they arrive (one batch in memory at
     a time); each batch becomes a piece."""
     import pyarrow as pa

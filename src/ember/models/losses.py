@@ -1,7 +1,7 @@
 """The loss a run minimizes, as a function (output, target) -> scalar tensor: a named one
-(config/objective.py says what targets each takes), a user's `package.module:function`, or a callable
-or nn.Module handed to ember.fit; and the one check, before anything starts, that the model's
-output fits the targets."""
+(config/objective.py says what targets each takes), a user's `package.module:function`, or a
+callable or nn.Module handed to ember.fit; and the one check, before anything starts, that the
+model's output fits the targets."""
 
 from __future__ import annotations
 

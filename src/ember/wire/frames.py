@@ -21,7 +21,7 @@ MAX_REPLY_BYTES = 1 << 36  # replies come from an authenticated server; this onl
 # a 4 MB push in one 8 MiB frame crossed a link store-and-forward (encrypt, send, decrypt, then
 # the same back). On an emulated 1 Gbit link, 1M floats each way went from 0.72 to 0.96 Gbit/s
 # encrypted, and from 0.94x to 1.16x gloo plain, when frames went from 8 MiB to 1 MiB; 512 KiB
-# did as well there but cost more per frame on loopback (benchmarks/cluster.py, exchange.py).
+# did as well there but cost more per frame on loopback (lab/benchmarks/cluster.py, exchange.py).
 CHUNK_BYTES = 1 << 20
 DTYPES: dict[str, np.dtype] = {
     "float32": np.dtype(np.float32),
