@@ -221,6 +221,38 @@ def private_names(relative: str, source: str) -> list[str]:
     return found
 
 
+def module_graph(files: dict[str, str], root: str) -> dict[str, frozenset[str]]:
+    """Each module of the package (dotted) and the package's modules it imports, anywhere in it:
+    `from ember.wire import curve` is an import of ember.wire.curve, `from ember.wire import
+    Chunk` one of ember.wire (its __init__)."""
+    names = {
+        ".".join([root, *relative.removesuffix(".py").split("/")]).removesuffix(".__init__")
+        for relative in files
+    }
+    graph = {}
+    for relative, source in files.items():
+        module = ".".join([root, *relative.removesuffix(".py").split("/")])
+        package = module.split(".")[:-1] if not module.endswith("__init__") else module.split(".")
+        module = module.removesuffix(".__init__")
+        targets = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                dotted = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                target = ".".join([*base, *([node.module] if node.module else [])])
+                dotted = [f"{target}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for name in dotted:
+                while name and name not in names:  # a name in a module: the module
+                    name = name.rpartition(".")[0]
+                if name and name != module:
+                    targets.add(name)
+        graph[module] = frozenset(targets)
+    return graph
+
+
 def package_files(package: Package = EMBER) -> dict[str, str]:
     return {
         path.relative_to(package.folder).as_posix(): path.read_text(encoding="utf-8")
@@ -231,6 +263,28 @@ def package_files(package: Package = EMBER) -> dict[str, str]:
 def test_the_package_follows_its_declared_imports_confinements_and_size_ceiling() -> None:
     found = violations(package_files())
     assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("package", [EMBER, LAB], ids=lambda package: package.name)
+def test_no_module_imports_itself_round_a_cycle(package: Package) -> None:
+    """Lazy imports and those only for type checking count too: a cycle is two modules that
+    each need the other, whenever the import runs."""
+    cycle = cycle_in(module_graph(package_files(package), package.name))
+    assert not cycle, f"an import cycle: {' -> '.join(cycle)}"
+
+
+def test_an_import_cycle_is_found_through_a_lazy_or_type_checking_import() -> None:
+    files = {
+        "ps/__init__.py": "",
+        "ps/coded.py": "if TYPE_CHECKING:\n    from ember.ps.pushpull import Held\n",
+        "ps/pushpull.py": "def f():\n    from ember.ps import coded\n",
+        "ps/fold.py": "from ember.ps import coded, pushpull\n",
+    }
+    assert cycle_in(module_graph(files, "ember")) == [
+        "ember.ps.coded",
+        "ember.ps.pushpull",
+        "ember.ps.coded",
+    ]
 
 
 def test_every_declared_import_is_one_the_part_makes() -> None:

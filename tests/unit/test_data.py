@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ember.data import DATASET_NAMES, Dataset, load_dataset, read_idx, shard_indices
-from ember.data.datasets import IGNORED_CLASS
+from ember.data.dataset import IGNORED_CLASS
 from ember.data.idx import MNIST_DIR, _load_cached, load_idx_folder
 from ember.errors import ConfigError
 

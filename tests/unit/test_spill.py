@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from ember.config import RunConfig
-from ember.data.datasets import Dataset
+from ember.data.dataset import Dataset
 from ember.data.spill import SPILL_PREFIX, partition_data, spill_folder
 from ember.data.streamhost import StreamedDataset
 from ember.errors import ConfigError

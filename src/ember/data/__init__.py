@@ -1,8 +1,8 @@
 """Training data: named datasets, user files (.npz, .parquet, MNIST IDX) and per-worker shards.
 
-Dataset        datasets.py  train/test arrays (float32 features, int64 labels), classes and shape
+Dataset        dataset.py   train/test arrays (float32 features, int64 labels), classes and shape
 load_dataset   datasets.py  mnist, digits, synthetic-lr or a .npz/.parquet/IDX path -> Dataset
-shard_indices  datasets.py  the contiguous, equal-size rows worker `rank` of `world` trains on
+shard_indices  dataset.py   the contiguous, equal-size rows worker `rank` of `world` trains on
 DATASET_NAMES  datasets.py  the names load_dataset accepts besides paths
 load_npz       files.py     a user's .npz (its own split, or x and y) checked -> Dataset
 load_parquet   files.py     a user's Parquet file or folder (features, label) checked -> Dataset
@@ -18,7 +18,8 @@ generate       generate.py  `ember data generate`: synthetic Parquet sets, row g
 imports: config, errors
 """
 
-from ember.data.datasets import DATASET_NAMES, Dataset, load_dataset, shard_indices
+from ember.data.dataset import Dataset, shard_indices
+from ember.data.datasets import DATASET_NAMES, load_dataset
 from ember.data.idx import read_idx
 
 __all__ = ["DATASET_NAMES", "Dataset", "load_dataset", "read_idx", "shard_indices"]

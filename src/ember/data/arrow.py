@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ember.data.datasets import Dataset
+from ember.data.dataset import Dataset
 from ember.data.idx import normalize_images
 from ember.errors import EmberError
 

@@ -3,78 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ember.data.cache import cached_idx
+from ember.data.dataset import (
+    Dataset,
+    output_width,
+)
+from ember.data.files import load_npz, load_parquet
 from ember.data.idx import MNIST_DIR, find_idx_files, load_idx_folder, normalize_images
 from ember.errors import ConfigError
 
 _DIGITS_ROWS = (10_000, 2_000)  # digits: the first train and test MNIST images
 _SIGNAL = 4.0  # synthetic-lr: std of the true logit; Bayes accuracy is then about 0.87
 _FILE_KINDS = ".npz, .parquet file or an MNIST IDX folder"
-
-
-@dataclass(frozen=True, eq=False)
-class Dataset:
-    """A train/test split as NumPy arrays; the caller owns the arrays and may write to them."""
-
-    name: str  # the spec it was loaded from: a dataset name or a path
-    x_train: np.ndarray  # C-contiguous, shape (n, *input_shape): float32 features, int64 ids,
-    # or a structured array of several named inputs
-    y_train: np.ndarray  # shape (n, ...): int64 class indices in [0, num_classes), or floats
-    x_test: np.ndarray  # as x_train, shape (m, *input_shape)
-    y_test: np.ndarray  # as y_train, shape (m, ...)
-    num_classes: int  # output width of the model: classes, or values per row for floats
-    input_shape: tuple[int, ...]  # shape of one example, e.g. (1, 28, 28) or (100,)
-    held_out: bool = False  # the test rows are a file's last rows: it has no test split
-
-    def __post_init__(self) -> None:
-        where = f"dataset {self.name}"
-        if self.num_classes < 1:
-            raise ConfigError(f"{where}: num_classes must be >= 1, got {self.num_classes}")
-        for split in ("train", "test"):
-            x, y = getattr(self, f"x_{split}"), getattr(self, f"y_{split}")
-            if (x.dtype not in INPUT_DTYPES and x.dtype.names is None) or not x.flags.c_contiguous:
-                layout = "C-contiguous" if x.flags.c_contiguous else "not C-contiguous"
-                raise ConfigError(
-                    f"{where}: x_{split} must be C-contiguous float32 or int64 (or a structured"
-                    f" array), got {layout} {x.dtype}"
-                )
-            if x.shape[1:] != tuple(self.input_shape):
-                raise ConfigError(
-                    f"{where}: x_{split} has rows of shape {x.shape[1:]},"
-                    f" but input_shape is {self.input_shape}"
-                )
-            if y.dtype not in TARGET_DTYPES or y.ndim < 1 or len(y) != len(x):
-                raise ConfigError(
-                    f"{where}: y_{split} must be int64 or float32 with {len(x)} rows,"
-                    f" got {y.dtype} {y.shape}"
-                )
-            if len(x) == 0:
-                raise ConfigError(f"{where}: x_{split} has no rows")
-            if y.dtype == np.int64 and not class_targets_fit(y, self.num_classes):
-                raise ConfigError(f"{where}: y_{split} has labels outside [0, {self.num_classes})")
-
-
-INPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.int64))
-TARGET_DTYPES = (np.dtype(np.int64), np.dtype(np.float32))
-IGNORED_CLASS = -100  # a class target cross-entropy skips (a padded token)
-
-
-def class_targets_fit(y: np.ndarray, num_classes: int) -> bool:
-    """Whether every class target is in [0, num_classes) or the ignored one."""
-    counted = y[y != IGNORED_CLASS] if y.ndim > 1 or y.min() < 0 else y
-    return counted.size == 0 or (counted.min() >= 0 and counted.max() < num_classes)
-
-
-def output_width(y_train: np.ndarray, y_test: np.ndarray) -> int:
-    """The model's output width for these targets: classes (at least 2) for class indices,
-    values per row for floats."""
-    if y_train.dtype.kind == "f":
-        return max(1, int(np.prod(y_train.shape[1:], dtype=np.int64)))
-    return max(2, int(max(y_train.max(), y_test.max())) + 1)
 
 
 def load_dataset(
@@ -96,7 +40,6 @@ def load_dataset(
     named = _NAMED.get(spec)
     if named is not None:
         return named(seed, synthetic_samples, synthetic_features)
-    from ember.data.files import load_npz, load_parquet  # files.py builds on Dataset, above
 
     path = Path(spec).expanduser()
     if not spec:  # Path("") is the working directory, which nobody means by an empty spec
@@ -148,24 +91,6 @@ def train_pixels(data: Dataset) -> np.ndarray | None:
     return pixels
 
 
-def shard_indices(n: int, rank: int, world: int) -> np.ndarray:
-    """Rows worker `rank` of `world` trains on: a contiguous int64 range of exactly n // world rows.
-
-    Shards are disjoint and equal-sized so synchronous strategies take the same number of steps on
-    every worker; the last n % world rows are dropped.
-    """
-    if world < 1:
-        raise ConfigError(f"world must be >= 1, got {world}")
-    if not 0 <= rank < world:
-        raise ConfigError(f"rank must be in [0, {world}), got {rank}")
-    if n < world:
-        raise ConfigError(
-            f"cannot split {n} rows over {world} workers: each needs at least one row"
-        )
-    per = n // world
-    return np.arange(rank * per, (rank + 1) * per, dtype=np.int64)
-
-
 def scored_rows(data: Dataset, whole: bool) -> tuple[np.ndarray, np.ndarray, str]:
     """The rows to score a model on, and which they are: the test split; of a file without
     one, the whole file when `whole` (a file of new rows), else the last rows held out."""
@@ -201,8 +126,6 @@ def _digits(seed: int, samples: int, features: int) -> Dataset:
 
 
 def _from_idx(name: str, folder: Path, train_rows: int | None, test_rows: int | None) -> Dataset:
-    from ember.data.cache import cached_idx  # lazily: the cache's module builds on this one
-
     cached = cached_idx(folder)
     if cached is not None:  # mapped copy-on-write: the caller may still write to the arrays
         return cached.limited(name, train_rows, test_rows).dataset(mode="c")

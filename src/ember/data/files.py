@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ember.data.datasets import IGNORED_CLASS, Dataset, output_width
+from ember.data.dataset import IGNORED_CLASS, Dataset, output_width
 from ember.errors import ConfigError
 
 NPZ_SPLIT = ("x_train", "y_train", "x_test", "y_test")  # an .npz with its own test split

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from ember.data.cache import cached_idx
-from ember.data.datasets import Dataset, load_dataset, synthetic_model
+from ember.data.dataset import Dataset
+from ember.data.datasets import load_dataset, synthetic_model
 from ember.data.idx import MNIST_DIR, find_idx_files
 from ember.data.store import DataFiles, NpyWriter, scratch_root, write_files, write_meta
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ember.data.arrow import FEATURES, LABEL, table_arrays, values_like
-from ember.data.datasets import Dataset
+from ember.data.dataset import Dataset
 from ember.data.idx import normalize_images
 from ember.errors import ConfigError
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from ember.config import DataPart, RunConfig
 from ember.data.arrow import partition_arrays
-from ember.data.datasets import Dataset
+from ember.data.dataset import Dataset
 from ember.data.stream import Piece, StreamPlan
 from ember.data.streamhost import AUTO_FRACTION, StreamedDataset, no_targets
 

@@ -14,7 +14,7 @@ from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
-from ember.data.datasets import Dataset, shard_indices
+from ember.data.dataset import Dataset, shard_indices
 from ember.errors import ConfigError
 
 RELEASE_BYTES = 32 << 20  # MappedRows lets go of the pages it read after this many

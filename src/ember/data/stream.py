@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ember.data.arrow import values_like
-from ember.data.datasets import Dataset
+from ember.data.dataset import Dataset
 from ember.data.files import _validated, parquet_columns
 from ember.data.store import ArrayFile
 from ember.errors import ConfigError

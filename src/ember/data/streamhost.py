@@ -19,7 +19,8 @@ import numpy as np
 
 from ember.config import DataPart, RunConfig
 from ember.config.objective import targets_of
-from ember.data.datasets import DATASET_NAMES, Dataset
+from ember.data.dataset import Dataset
+from ember.data.datasets import DATASET_NAMES
 from ember.data.host import HostData, _scratch, host_data
 from ember.data.idx import find_idx_files
 from ember.data.store import DataFiles, Mode, NpyWriter, write_array

@@ -14,7 +14,8 @@ from typing import Any
 import safetensors.numpy
 
 from ember.config import RunConfig
-from ember.data.datasets import Dataset, check_shards
+from ember.data.dataset import Dataset
+from ember.data.datasets import check_shards
 from ember.data.host import host_dataset
 from ember.data.store import DataFiles
 from ember.data.streamhost import host_run_data

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ember.config.objective import OBJECT_PREFIX, targets_of
 from ember.errors import ConfigError
-from ember.models.zoo import Probe
+from ember.models.zoo import Probe, forward, register_model
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 NAMED: dict[str, LossFunction] = {
@@ -41,8 +41,6 @@ def register_object(label: str, source: object) -> None:
 def register_objects(model_label: str, model: Any, functions: dict[str, Any]) -> None:
     """Make this process build the run's model, loss and metrics from the objects handed to
     it by its engine (the model under `model_label`, the functions under theirs)."""
-    from ember.models.zoo import register_model
-
     if model is not None:
         register_model(model_label, model)
     _OBJECTS.update(functions)
@@ -104,13 +102,6 @@ def fit_to_targets(
             output = output.squeeze(-1)
         return output, target if target.is_floating_point() else target.to(output.dtype)
     return output, target
-
-
-def forward(model: torch.nn.Module, inputs: Any) -> torch.Tensor:
-    """The model on a batch: several inputs (a dict) as keyword arguments."""
-    if isinstance(inputs, dict):
-        return model(**inputs)
-    return model(inputs)
 
 
 def data_probe(loss: str, x: np.ndarray, y: np.ndarray, num_classes: int) -> Probe:

@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -289,10 +290,16 @@ def _accepted_kwargs(
     return {k: v for k, v in offered.items() if k in params and params[k].kind in by_name}
 
 
+def forward(model: torch.nn.Module, inputs: Any) -> torch.Tensor:
+    """The model on a batch: several inputs (a dict) as keyword arguments."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    return model(inputs)
+
+
 def _check_output(spec: str, model: nn.Module, probe: Probe) -> None:
     """Fail now, naming the factory, rather than inside the loss on a worker later."""
     from ember.data.batches import model_inputs
-    from ember.models.losses import forward
 
     rows = np.zeros(2, dtype=probe.dtype)  # (2, *input_shape), or structured
     inputs = model_inputs(rows)

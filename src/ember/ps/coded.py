@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ember.errors import ProtocolError
 from ember.ps.compress import Views, delta_reply
+from ember.ps.held import Held
 from ember.ps.replies import Replies
 from ember.ps.shard import SLICE, ShardSpec, ShardState, UpdateRule
 from ember.wire import ServerEndpoint
-
-if TYPE_CHECKING:
-    from ember.ps.pushpull import Held
 
 
 class CodedExchanges:

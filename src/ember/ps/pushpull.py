@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -15,6 +14,7 @@ from ember.ps.coded import CodedExchanges
 from ember.ps.compress import Squeeze, Views, check_codec
 from ember.ps.consistency import Consistency
 from ember.ps.fold import Fold
+from ember.ps.held import Held
 from ember.ps.replies import Replies
 from ember.ps.shard import (
     ALL_KEYS,
@@ -27,24 +27,6 @@ from ember.ps.shard import (
     header_int,
 )
 from ember.wire import Chunk, Request, SendTicket, ServerEndpoint
-
-
-@dataclass
-class Held:
-    request: Request
-    worker: WorkerEntry
-    payload: list[np.ndarray] | None  # read-only views of zmq's receive buffers, as they arrive
-    folded: bool = False
-    streaming: bool = False  # folded chunk by chunk as it arrives, each answered at once
-    offset: int = 0  # keys folded so far while streaming
-    reply: np.ndarray | None = None  # easgd's elastic difference, filled chunk by chunk
-    pooled: bool = True  # the reply buffer returns to the pool (not a shared-memory view)
-    tickets: list[SendTicket] = field(default_factory=list)
-    codec: Codec | None = None  # the worker's (compress.py); None: full precision
-
-    @property
-    def resync(self) -> bool:
-        return bool(self.request.header.get("resync"))
 
 
 class PushPull(CodedExchanges):

@@ -12,8 +12,9 @@ import torch
 from ember.algorithms import FlatModel
 from ember.config.objective import METRICS, metric_names, targets_of
 from ember.data.batches import as_tensor, model_inputs
-from ember.data.datasets import IGNORED_CLASS
-from ember.models.losses import fit_to_targets, forward, make_loss, resolve_function
+from ember.data.dataset import IGNORED_CLASS
+from ember.models.losses import fit_to_targets, make_loss, resolve_function
+from ember.models.zoo import forward
 from ember.worker.device import inputs_to
 
 
