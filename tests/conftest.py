@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,27 @@ from tests import peers
 from tests.processes import kill_stray_children
 
 SECRET = b"s" * 32
+HERE = Path(__file__).parent
+# Each suite is a folder, and its folder's name is the mark that selects it (tests/README.md)
+SUITES = {
+    "unit": "one process, no sockets beyond in-process servers on 127.0.0.1",
+    "integration": "real processes and sockets on 127.0.0.1",
+    "spark": "one local[2] SparkSession (and a Spark Connect server) shared by the suite",
+    "cluster": "an emulated multi-host Spark cluster in network namespaces; root",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for suite, what in SUITES.items():
+        config.addinivalue_line("markers", f"{suite}: {what}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test with its suite, the folder it lives in: `-m "not cluster"`."""
+    for item in items:
+        folder = item.path.relative_to(HERE).parts[0] if HERE in item.path.parents else ""
+        if folder in SUITES:
+            item.add_marker(folder)
 
 
 def on_threads(work: Callable[[int], None], count: int, seconds: float = 30.0) -> None:
