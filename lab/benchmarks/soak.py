@@ -26,10 +26,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+from ember.metrics.records import (
+    Record,
+    ServerEvent,
+    WorkerProgress,
+    WorkerRestart,
+    WorkerStart,
+)
 
 PRIMARY_SLOTS = ("server-0.log", "server-1.log")  # slot 0 of each shard starts as primary
 
@@ -193,7 +202,7 @@ def summarize(
         "faults_injected": len(faults),
         "worker_kills": sum(f["kind"] == "worker" for f in faults),
         "primary_kills": sum(f["kind"] == "primary server" for f in faults),
-        "worker_restarts": sum(r.get("kind") == "restart" for r in records),
+        "worker_restarts": sum(isinstance(r, WorkerRestart) for r in records),
         "server_promotions": sum(r.get("event") == "promoted" for r in _server_events(run)),
         "server_restarts": sum(r.get("event") == "restarted" for r in _server_events(run)),
         "worker_steps_redone": steps_redone(records),
@@ -203,39 +212,37 @@ def summarize(
     }
 
 
-def steps_redone(records: list[dict[str, Any]]) -> int:
+def steps_redone(records: list[Record]) -> int:
     """Progress lost: for each restarted worker, the steps its last incarnation had reported
     beyond the step its new incarnation resumed from (what the servers had recorded). Workers
     report every 8 steps, so up to 7 more per restart may go uncounted."""
     last_step: dict[int, int] = {}
     lost = 0
     for record in records:
-        rank = int(record.get("rank", -1))
-        if record.get("kind") == "worker":
-            last_step[rank] = record["step"]
-        elif record.get("kind") == "start" and record.get("incarnation", 0) > 0:
-            lost += max(0, last_step.get(rank, 0) - record["first_step"])
+        if isinstance(record, WorkerProgress):
+            last_step[record.rank] = record.step
+        elif isinstance(record, WorkerStart) and record.incarnation > 0:
+            lost += max(0, last_step.get(record.rank, 0) - record.first_step)
     return lost
 
 
-def _records(run: Path) -> list[dict[str, Any]]:
+def _records(run: Path) -> list[Record]:
     """metrics.jsonl as written so far (the launcher may be mid-line)."""
     path, records = run / "metrics.jsonl", []
     for line in path.read_text().splitlines() if path.exists() else []:
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            records.append(Record.from_json(json.loads(line)))
+        except ValueError:  # a line cut short (JSONDecodeError is one)
             continue
     return records
 
 
-def _server_events(run: Path) -> list[dict[str, Any]]:
-    return [r for r in _records(run) if r.get("kind") == "server"]
+def _server_events(run: Path) -> list[Mapping[str, Any]]:
+    return [r.details for r in _records(run) if isinstance(r, ServerEvent)]
 
 
 def _training(run: Path) -> bool:
-    path = run / "metrics.jsonl"
-    return path.exists() and '"kind": "worker"' in path.read_text()
+    return any(isinstance(r, WorkerProgress) for r in _records(run))
 
 
 def _log_name(process: psutil.Process) -> str:

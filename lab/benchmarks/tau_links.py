@@ -27,6 +27,8 @@ from typing import Any
 
 from common import make_parser, markdown_table, report
 from ember.config import RunConfig
+from ember.metrics import read_records
+from ember.metrics.records import TauChoice, WorkerDone
 from ember_lab.bench.hosts import config_file, tc_rate
 from ember_lab.bench.record import eval_config, first_reached, run_figures
 from ember_lab.bench.rows import BenchSettings, Row, make_tasks, plan_link_rows
@@ -60,8 +62,8 @@ def figures(row: Row, run: Path, config: RunConfig) -> dict[str, Any]:
     parameters too), and the tau changes after each worker's first, with their bounds."""
     bench = run_figures(row, run, config)
     hit = first_reached(row, bench["curve"])
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    changes = [r for r in records if r["kind"] == "tau" and r["reason"] == "measured"]
+    records = read_records(run / "metrics.jsonl")
+    changes = [r.flat() for r in records if isinstance(r, TauChoice) and r.reason == "measured"]
     decided = [
         {
             "rank": r["rank"],
@@ -81,7 +83,7 @@ def figures(row: Row, run: Path, config: RunConfig) -> dict[str, Any]:
         "time_to_target": hit[0] if hit else None,
         "samples_per_second": bench["samples_per_second"],
         "final_accuracy": bench["test_accuracy"],
-        "exchanges": [r["exchanges"] for r in records if r["kind"] == "done"],
+        "exchanges": [r.flat()["exchanges"] for r in records if isinstance(r, WorkerDone)],
         "changes": decided,
     }
 

@@ -14,7 +14,7 @@ Map (class or function -> file -> what it does):
 - EmberError, ConfigError, ProtocolError, ServerUnavailable, WorkerFailed, CheckpointError
   -> errors.py
 - ParameterServer, PSClient -> ps/: the sharded parameter server and its client
-- wire/, algorithms/, worker/, data/, models/, checkpoint.py, metrics.py, engines/: see their
+- wire/, algorithms/, worker/, data/, models/, checkpoint.py, metrics/, engines/: see their
   own docstrings
 
 The names that need torch (fit, run, Optimizer, context, evaluate_checkpoint, RunResult,

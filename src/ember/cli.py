@@ -266,23 +266,22 @@ def _join(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ember.engines.join import join_run
+    from ember.metrics.records import Record, WorkerProgress, WorkerStart
 
-    def report(record: dict[str, Any]) -> None:
-        if record.get("kind") == "start":
-            print(f"joined as worker {record['rank']}", file=sys.stderr, flush=True)
-        elif record.get("kind") == "worker":
+    def report(record: Record) -> None:
+        if isinstance(record, WorkerStart):
+            print(f"joined as worker {record.rank}", file=sys.stderr, flush=True)
+        elif isinstance(record, WorkerProgress):
             print(
-                f"worker {record['rank']}: epoch {record['epoch']}, step {record['step']},"
-                f" loss {record['loss']:.4f}, {record['samples_per_second']:,.0f} samples/s",
+                f"worker {record.rank}: epoch {record.epoch}, step {record.step},"
+                f" loss {record.loss:.4f}, {record.samples_per_second:,.0f} samples/s",
                 file=sys.stderr,
                 flush=True,
             )
 
     done = join_run(Path(args.run_dir), args.epochs, report)
-    speed = done["samples"] / max(done["seconds"], 1e-9)
-    print(
-        f"worker {done['rank']} left the run after {done['steps']} steps ({speed:,.0f} samples/s)"
-    )
+    speed = done.samples / max(done.seconds, 1e-9)
+    print(f"worker {done.rank} left the run after {done.steps} steps ({speed:,.0f} samples/s)")
     return 0
 
 

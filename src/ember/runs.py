@@ -1,7 +1,7 @@
 """`ember.run(train_fn, ...)`: the user's own training loop on every worker of a run, as
 TorchDistributor.run and horovod.spark.run run it, with rank 0's return value back.
 
-imports: api, config, engines, errors, worker
+imports: api, config, engines, errors, metrics, worker
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 from ember.api import check_picklable, require_main_guard, run_config, take_objects
 from ember.config import RunConfig
 from ember.errors import ConfigError, EmberError
+from ember.metrics.records import Returned
 
 
 def run(
@@ -67,15 +68,15 @@ def check_run(config: RunConfig, has_model: bool) -> None:
         )
 
 
-def returned_value(record: dict[str, Any] | None, run_dir: Any) -> Any:
+def returned_value(record: Returned | None, run_dir: Any) -> Any:
     """Rank 0's return value out of the record its worker sent, or its one clear error."""
     from ember.worker.returns import decode
 
     if record is None:
         raise EmberError(f"ember.run: rank 0 finished without returning a value (see {run_dir})")
-    if "error" in record:
-        raise EmberError(record["error"])
-    return decode(base64.b64decode(record["value"]))
+    if record.error is not None or record.value is None:
+        raise EmberError(record.error or "ember.run: rank 0 returned no value")
+    return decode(base64.b64decode(record.value))
 
 
 __all__ = ["run"]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ember.errors import ConfigError
+from ember.metrics.records import Evaluation, Record
 
 Result = TypeVar("Result")
 # The summary's figures logged as the run's final metrics, besides test_loss and test_<metric>
@@ -71,11 +72,11 @@ def tracked(mlflow: bool | None, config: Any, train: Callable[[], Result]) -> Re
     return result
 
 
-def record(line: Mapping[str, Any]) -> None:
+def record(received: Record) -> None:
     """A record the driver received from a worker: worker 0's evaluation at an epoch's end
     goes to the tracked job as `epoch/test_loss`, `epoch/test_<metric>`, at step = epoch."""
-    if _jobs and line.get("kind") == "eval" and line.get("epoch_end"):
-        _jobs[-1].log_epoch(line)
+    if _jobs and isinstance(received, Evaluation) and received.epoch_end:
+        _jobs[-1].log_epoch(received.scores, received.epoch)
 
 
 class MlflowJob:
@@ -86,14 +87,14 @@ class MlflowJob:
         self.run_id = run_id
         self._broken = False
 
-    def log_epoch(self, line: Mapping[str, Any]) -> None:
+    def log_epoch(self, scores: Mapping[str, Any], epoch: int) -> None:
         import mlflow
 
         if self._broken:
             return
-        scores = {f"epoch/{k}": float(v) for k, v in line.items() if _is_score(k, v)}
+        logged = {f"epoch/{k}": float(v) for k, v in scores.items() if _is_score(k, v)}
         try:
-            mlflow.log_metrics(scores, step=int(line["epoch"]), run_id=self.run_id)
+            mlflow.log_metrics(logged, step=epoch, run_id=self.run_id)
         except Exception as exc:  # a tracking server that went away must not end the run
             self._broken = True
             warnings.warn(

@@ -9,8 +9,10 @@ import signal
 import threading
 import time
 from multiprocessing.connection import Connection
+from typing import Any
 
 from ember.engines.recordpipes import RecordPipes, RecordSender
+from ember.metrics.records import Note
 
 FORK = mp.get_context("fork")
 BIG = "x" * (1 << 20)  # far more than a pipe holds: its writer blocks until it is read
@@ -19,7 +21,7 @@ BIG = "x" * (1 << 20)  # far more than a pipe holds: its writer blocks until it 
 def _send(pipe: Connection, count: int, text: str = "") -> None:
     sender = RecordSender(pipe)
     for step in range(count):
-        sender.send({"kind": "worker", "step": step, "text": text})
+        sender.send(Note(rank=step, text=text))  # the rank field numbers the records
 
 
 def _start(pipes: RecordPipes, rank: int, target, *args) -> mp.process.BaseProcess:
@@ -30,8 +32,8 @@ def _start(pipes: RecordPipes, rank: int, target, *args) -> mp.process.BaseProce
     return process
 
 
-def _collect(pipes: RecordPipes, until, seconds: float = 30.0) -> list[tuple[int, dict]]:
-    got: list[tuple[int, dict]] = []
+def _collect(pipes: RecordPipes, until, seconds: float = 30.0) -> list[tuple[int, Any]]:
+    got: list[tuple[int, Any]] = []
     deadline = time.monotonic() + seconds
     while not until(got) and time.monotonic() < deadline:
         got.extend(pipes.wait(0.2))
@@ -49,7 +51,7 @@ def test_a_worker_killed_while_writing_a_record_stops_only_its_own_pipe() -> Non
         stuck.join(10)
         started.append(_start(pipes, 1, _send, 50))
         got = _collect(pipes, lambda got: sum(rank == 1 for rank, _ in got) == 50)
-        assert [record["step"] for rank, record in got if rank == 1] == list(range(50))
+        assert [record.rank for rank, record in got if rank == 1] == list(range(50))
         got += _collect(pipes, lambda _: not pipes.is_open(0), seconds=5)
         assert not pipes.is_open(0)  # its end reached, the torn record dropped
         assert all(rank == 1 for rank, _ in got)
@@ -66,7 +68,7 @@ def _two_threads(pipe: Connection) -> None:
 
     def send(name: str) -> None:
         for step in range(5):
-            sender.send({"kind": "worker", "thread": name, "step": step, "text": BIG[:100_000]})
+            sender.send(Note(rank=step, text=name + BIG[:100_000]))
 
     threads = [threading.Thread(target=send, args=(name,)) for name in "ab"]
     for thread in threads:
@@ -86,7 +88,8 @@ def test_records_sent_from_two_threads_arrive_whole_and_the_pipe_then_ends() -> 
         if worker.is_alive():
             worker.kill()
             worker.join(10)
-    assert sorted((r["thread"], r["step"]) for _, r in got) == [
+    notes = [record for _, record in got if isinstance(record, Note)]
+    assert sorted((r.text[0], r.rank) for r in notes) == [
         (name, step) for name in "ab" for step in range(5)
     ]
-    assert all(len(r["text"]) == 100_000 for _, r in got)
+    assert len(notes) == len(got) and all(len(r.text) == 100_001 for r in notes)

@@ -10,6 +10,7 @@ import ember.spark
 from ember.engines import progress as progress_module
 from ember.engines.spark import watch
 from ember.metrics import read_metrics
+from ember.metrics.records import Evaluation, Record
 
 pytestmark = pytest.mark.timeout(180)
 EPOCHS = 8  # long enough that records sent at each epoch's end arrive before the job's
@@ -29,11 +30,11 @@ def test_epoch_records_reach_the_driver_while_the_training_stage_still_runs(
     test_sets: set[str] = set()  # what the evaluations the bar was told say they scored
     update = progress_module.Progress.update
 
-    def spy(self: Any, record: dict[str, Any]) -> None:
+    def spy(self: Any, record: Record) -> None:
         running = bool(jobs) and jobs[-1].thread.is_alive()
-        seen.append((record.get("kind", ""), record.get("epoch"), running))
-        if record.get("kind") == "eval":
-            test_sets.add(record["test_set"])
+        seen.append((record.kind, getattr(record, "epoch", None), running))
+        if isinstance(record, Evaluation):
+            test_sets.add(str(record.test_set))
         update(self, record)
 
     monkeypatch.setattr(watch, "Job", Watched)  # where the training job starts

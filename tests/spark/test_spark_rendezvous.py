@@ -19,6 +19,7 @@ from ember.engines.spark.rendezvous import (
     reach,
     state_params,
 )
+from ember.metrics.records import FinalState
 
 
 def closed_port() -> int:
@@ -89,8 +90,8 @@ def test_rank_0_state_travels_as_float32_bytes_and_is_checked(tmp_path) -> None:
     params = np.linspace(-1, 1, 1001, dtype=np.float32)
     save_checkpoint(tmp_path / "checkpoints", 40, {"params": params}, {"step": 40})
     state = final_state(str(tmp_path), Meeting("10.0.0.11", 7101))
-    assert state["kind"] == "state" and state["step"] == 40
-    assert state["rendezvous"] == "10.0.0.11:7101" and isinstance(state["params"], str)
+    assert isinstance(state, FinalState) and state.step == 40
+    assert state.rendezvous == "10.0.0.11:7101" and isinstance(state.params, str)
     assert np.array_equal(state_params(state, 1001), params)
     with pytest.raises(RuntimeError, match="rank 0 returned 1001 parameters; the model has 7"):
         state_params(state, 7)

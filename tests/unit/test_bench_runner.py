@@ -138,13 +138,16 @@ def test_a_runs_figures_keep_each_workers_periods_from_its_first_start(tmp_path:
     summary = {"test_accuracy": 0.9, "test_loss": 0.3, "samples": 1280, "train_seconds": 1.0,
                "samples_per_second": 1280.0}  # fmt: skip
     (tmp_path / "summary.json").write_text(json.dumps(summary))
+    chosen = {"policy": "auto", "reason": "measured", "t_comp": None, "t_comm": None}
     lines = [
-        {"kind": "tau", "rank": 0, "incarnation": 7, "step": 0, "tau": 8},
-        {"kind": "tau", "rank": 1, "incarnation": 9, "step": 0, "tau": 8},
-        {"kind": "tau", "rank": 0, "incarnation": 7, "step": 40, "tau": 32},
-        {"kind": "eval", "seconds": 0.5, "samples": 640, "test_accuracy": 0.8},
-        {"kind": "tau", "rank": 1, "incarnation": 12, "step": 30, "tau": 16},  # a retried task
-    ]
+        {"kind": "tau", "rank": 0, "incarnation": 7, "step": 0, "tau": 8, "previous": None},
+        {"kind": "tau", "rank": 1, "incarnation": 9, "step": 0, "tau": 8, "previous": None},
+        {"kind": "tau", "rank": 0, "incarnation": 7, "step": 40, "tau": 32, "previous": 8},
+        {"kind": "eval", "epoch": 1, "step": 10, "epoch_end": False, "seconds": 0.5,
+         "samples": 640, "test_accuracy": 0.8},
+        {"kind": "tau", "rank": 1, "incarnation": 12, "step": 30, "tau": 16, "previous": 8},
+    ]  # fmt: skip
+    lines = [{**chosen, **line} if line["kind"] == "tau" else line for line in lines]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     figures = run_figures(row, tmp_path, row.config)
     assert figures["tau_choices"] == {"0": [[0, 8], [40, 32]], "1": [[0, 8]]}

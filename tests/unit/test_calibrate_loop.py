@@ -3,30 +3,30 @@ steps between its progress record at the warm-up step and its "done" record."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from ember.config import Strategy
 from ember.errors import EmberError
+from ember.metrics.records import Record
 from ember_lab.bench.calibrate import _loop_measured
 
 
-def progress(rank: int, step: int, seconds: float, t_comp: float, t_wait: float) -> dict[str, Any]:
-    exchanges = step // 4
-    return {
-        "kind": "worker",
-        "rank": rank,
-        "step": step,
-        "seconds": seconds,
-        "t_comp": t_comp,
-        "t_wait": t_wait,
-        "exchanges": exchanges,
-    }
+def progress(rank: int, step: int, seconds: float, t_comp: float, t_wait: float) -> Record:
+    return Record.from_json(
+        {"kind": "worker", "rank": rank, "incarnation": 0, "step": step, "epoch": 1,
+         "loss": 0.5, "samples": step * 10, "samples_per_second": 1e3, "seconds": seconds,
+         "t_comp": t_comp, "t_wait": t_wait, "exchanges": step // 4}
+    )  # fmt: skip
 
 
-def done(rank: int, steps: int, seconds: float, t_comp: float, t_wait: float) -> dict[str, Any]:
-    return {**progress(rank, steps, seconds, t_comp, t_wait), "kind": "done", "steps": steps}
+def done(
+    rank: int, steps: int, seconds: float, t_comp: float, t_wait: float, exchanges: int = 0
+) -> Record:
+    return Record.from_json(
+        {"kind": "done", "rank": rank, "incarnation": 0, "steps": steps, "samples": steps * 10,
+         "seconds": seconds, "aside_seconds": 0.0, "t_comp": t_comp, "t_wait": t_wait,
+         "exchanges": exchanges or steps // 4}
+    )  # fmt: skip
 
 
 def test_figures_count_only_the_steps_after_the_warm_up() -> None:
@@ -50,7 +50,6 @@ def test_a_worker_without_figures_is_one_clear_error() -> None:
 
 
 def test_single_has_no_exchanges_and_blocks_for_none() -> None:
-    records = [progress(0, 50, 1.0, 0.9, 0.0), done(0, 850, 9.0, 8.5, 0.0)]
-    records[-1]["exchanges"] = records[0]["exchanges"]
+    records = [progress(0, 50, 1.0, 0.9, 0.0), done(0, 850, 9.0, 8.5, 0.0, exchanges=50 // 4)]
     t_comp, blocked = _loop_measured(records, 1, 50, Strategy.SINGLE)
     assert (t_comp, blocked) == (pytest.approx(8.0 / 800), 0.0)

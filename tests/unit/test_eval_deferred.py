@@ -33,7 +33,7 @@ def _train(tmp_path: Path, deferred: bool) -> list[dict[str, Any]]:
     ).validate()
     reported: list[dict[str, Any]] = []
     spec = WorkerSpec(config, 0, 1, run_dir=str(tmp_path))
-    run_worker(spec, reported.append)
+    run_worker(spec, lambda record: reported.append(record.to_json()))
     return reported
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -11,26 +12,25 @@ import numpy as np
 import pytest
 
 from ember.config import RunConfig
-from ember.metrics import (
+from ember.metrics import MetricsLog, read_metrics, summarize_workers, write_json
+from ember.metrics.records import (
     Divergence,
     Evaluation,
-    JobFailure,
-    LoopProgress,
-    MetricsLog,
+    Failure,
+    FinalState,
+    Note,
     Record,
+    Returned,
     RunEvent,
     RunSummary,
     ServerEvent,
     TauChoice,
+    Unreachable,
     WorkerDone,
     WorkerError,
-    WorkerFailure,
     WorkerProgress,
     WorkerRestart,
     WorkerStart,
-    read_metrics,
-    summarize_workers,
-    write_json,
 )
 from ember.worker.loop import WorkerSpec, run_worker
 
@@ -157,10 +157,33 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
         {"kind": "restart", "rank": 1, "incarnation": 1, "exitcode": -9, "error": ""},
     ),
     (
-        WorkerFailure(rank=1, exitcode=None, error="boom"),
+        Failure(rank=1, exitcode=None, error="boom"),
         {"kind": "failure", "rank": 1, "exitcode": None, "error": "boom"},
     ),
-    (JobFailure(error="boom"), {"kind": "failure", "error": "boom"}),
+    (Failure(error="boom"), {"kind": "failure", "exitcode": None, "error": "boom"}),
+    (
+        Returned(value="gqFhAQ=="),
+        {"kind": "returned", "rank": 0, "value": "gqFhAQ==", "error": None},
+    ),
+    (
+        Note(rank=1, text="partition 1 is empty"),
+        {"kind": "note", "rank": 1, "text": "partition 1 is empty"},
+    ),
+    (
+        Unreachable(rank=0, error="tcp://10.0.0.1:5000: no answer"),
+        {"kind": "unreachable", "rank": 0, "error": "tcp://10.0.0.1:5000: no answer"},
+    ),
+    (
+        FinalState(rendezvous="127.0.0.1:29500", step=3, size=2, params="AAAAAAAAgD8="),
+        {
+            "kind": "state",
+            "rank": 0,
+            "rendezvous": "127.0.0.1:29500",
+            "step": 3,
+            "size": 2,
+            "params": "AAAAAAAAgD8=",
+        },
+    ),
     (
         RunEvent(event="start", details={"checkpoint": None, "config": CONFIG}),
         {"kind": "run", "event": "start", "checkpoint": None, "config": CONFIG},
@@ -224,7 +247,7 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
         },
     ),
     (
-        LoopProgress(
+        WorkerProgress(
             rank=0,
             incarnation=0,
             step=28,
@@ -272,16 +295,15 @@ def test_records_are_frozen() -> None:
         record.test_accuracy = 0.5  # type: ignore[misc]
 
 
-def test_metrics_log_writes_a_record_as_the_same_line_as_its_dict(tmp_path: Path) -> None:
+def test_metrics_log_writes_a_record_as_the_line_of_its_shape(tmp_path: Path) -> None:
     log = MetricsLog(tmp_path / "metrics.jsonl")
-    for record, shape in SHAPES:
+    for record, _ in SHAPES:
         log.write(record)
-        log.write(shape)
     log.close()
     lines = read_metrics(tmp_path / "metrics.jsonl")
     assert all(next(iter(line)) == "time" for line in lines)
     untimed = [{k: v for k, v in line.items() if k != "time"} for line in lines]
-    assert untimed[0::2] == untimed[1::2] == [json.loads(json.dumps(s)) for _, s in SHAPES]
+    assert untimed == [json.loads(json.dumps(s)) for _, s in SHAPES]
 
 
 def test_json_files_hold_null_for_a_float_that_is_not_finite(tmp_path: Path) -> None:
@@ -319,15 +341,15 @@ def _train_single(
         log_every=5,
         eval_every=eval_every,
     ).validate()
-    reported: list[dict[str, Any]] = []
+    reported: list[Record] = []
     spec = WorkerSpec(config, 0, 1, run_dir=str(tmp_path))
     reported.append(run_worker(spec, reported.append, stop=stop))
-    return reported
+    assert all(isinstance(record, Record) for record in reported)
+    return [record.to_json() for record in reported]  # as they leave the worker's process
 
 
-def test_a_worker_reports_plain_dicts_start_progress_evals_and_done(tmp_path: Path) -> None:
+def test_a_worker_reports_start_progress_evals_and_done(tmp_path: Path) -> None:
     reported = _train_single(tmp_path)
-    assert all(type(record) is dict for record in reported)
     kinds = [record["kind"] for record in reported]
     assert kinds == ["start"] + (["worker"] * 2 + ["eval"]) * 2 + ["done"]
     comm = list(COMM)
@@ -364,7 +386,7 @@ def test_a_user_loops_reported_metrics_are_tensorboard_scalars_too(tmp_path: Pat
 
     log = MetricsLog(tmp_path / "metrics.jsonl", tensorboard=True)
     for step, seen in ((10, 640), (20, 1280)):
-        record = LoopProgress(
+        record = WorkerProgress(
             rank=0,
             incarnation=0,
             step=step,
@@ -399,3 +421,38 @@ def test_the_summary_says_the_data_mode_and_each_workers_rows_and_waits() -> Non
         "read_wait_seconds": 0.25,
         "peak_rss_bytes": 9,
     }
+
+
+@pytest.mark.parametrize(("record", "shape"), SHAPES, ids=lambda v: getattr(v, "kind", ""))
+def test_a_line_read_back_is_the_record_that_wrote_it(
+    record: Record, shape: dict[str, Any]
+) -> None:
+    line = {"time": 1.5, **json.loads(json.dumps(shape))}  # as metrics.jsonl holds it
+    read = Record.from_json(line)
+    assert type(read) is type(record)
+    assert read.to_json() == json.loads(json.dumps(record.to_json()))
+
+
+def test_a_spark_tasks_tags_ride_along_and_stay_out_of_the_scores() -> None:
+    line = {**SHAPES[2][1], "incarnation": 7, "attempt": 1, "test_set": "all 10 rows"}
+    read = Record.from_json(line)
+    assert isinstance(read, Evaluation)
+    assert (read.incarnation, read.attempt, read.test_set) == (7, 1, "all 10 rows")
+    assert read.scores == {"test_accuracy": 0.9, "test_loss": 0.3}
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        ({"rank": 0}, "unknown record kind None; known: diverged, done, error, eval, failure,"),
+        ({"kind": "weird"}, "unknown record kind 'weird'; known:"),
+        (
+            {"kind": "note", "rank": 0, "text": "x", "color": 1},
+            "a 'note' record has no field 'color'",
+        ),
+        ({"kind": "start", "rank": 0}, "a 'start' record: "),
+    ],
+)
+def test_a_line_that_is_no_record_is_one_clear_error(line: dict[str, Any], error: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(error)):
+        Record.from_json(line)

@@ -11,6 +11,7 @@ from ember.config import RunConfig
 from ember.engines.spark import connect
 from ember.engines.spark.session import check_cluster, master_of, run_placement
 from ember.errors import ConfigError
+from ember.metrics.records import Note, RunEvent, WorkerStart
 
 
 class RuntimeConf:
@@ -86,8 +87,8 @@ def test_a_connect_job_is_tagged_cancelled_by_its_tag_and_counts_attempts_by_inc
     assert spark.calls == [("add", jobs.tag), ("interrupt", jobs.tag), ("remove", jobs.tag)]
     assert jobs.attempt() == 0
     for rank, incarnation in [(0, 10), (1, 11), (0, 10), (1, 11)]:
-        jobs.saw({"kind": "worker", "rank": rank, "incarnation": incarnation})
+        jobs.saw(Note(rank=rank, incarnation=incarnation, text="a worker's"))
     assert jobs.attempt() == 0
-    jobs.saw({"kind": "start", "rank": 1, "incarnation": 14})  # Spark retried the stage
-    jobs.saw({"kind": "event"})  # a record of no worker counts for nothing
+    jobs.saw(WorkerStart(rank=1, incarnation=14, first_step=0, total_steps=9))  # a retry
+    jobs.saw(RunEvent(event="stage retry"))  # a record of no worker counts for nothing
     assert jobs.attempt() == 1

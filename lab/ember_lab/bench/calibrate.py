@@ -11,7 +11,6 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import psutil
@@ -23,7 +22,8 @@ from ember.data import Dataset
 from ember.engines.local import train_local
 from ember.engines.servers import ServerGroup
 from ember.errors import EmberError
-from ember.metrics import read_metrics
+from ember.metrics import read_records
+from ember.metrics.records import Record, WorkerDone, WorkerProgress
 from ember.ps import PSClient
 from ember.ps.codec import CODECS, codec_named
 from ember.worker.device import placement, take
@@ -196,17 +196,19 @@ def _loop_figures(config: RunConfig, dataset: Dataset, strategy: Strategy) -> tu
             result = train_local(probe, show_progress=False, dataset=cut)
         except EmberError as exc:
             raise EmberError(f"calibrating {strategy}: {exc}") from exc
-        records = read_metrics(result.run_dir / "metrics.jsonl")
+        records = read_records(result.run_dir / "metrics.jsonl")
     return _loop_measured(records, workers, warm_steps, strategy)
 
 
 def _loop_measured(
-    records: list[dict[str, Any]], workers: int, warm_steps: int, strategy: Strategy
+    records: list[Record], workers: int, warm_steps: int, strategy: Strategy
 ) -> tuple[float, float]:
     """The figures of a calibration run's records: each worker's progress at `warm_steps`
-    and its "done" record, the steps between them timed."""
-    warm = {r["rank"]: r for r in records if r.get("kind") == "worker" and r["step"] == warm_steps}
-    done = {r["rank"]: r for r in records if r.get("kind") == "done"}
+    and its totals, the steps between them timed."""
+    warm = {
+        r.rank: r.flat() for r in records if isinstance(r, WorkerProgress) and r.step == warm_steps
+    }
+    done = {r.rank: r.flat() for r in records if isinstance(r, WorkerDone)}
     if len(warm) < workers or len(done) < workers:
         raise EmberError(f"calibrating {strategy}: a worker did not report its figures")
     steps = exchanges = 0

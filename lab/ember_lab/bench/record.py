@@ -16,7 +16,8 @@ from typing import Any
 from ember import __version__
 from ember.config import RunConfig
 from ember.data import Dataset
-from ember.metrics import json_text
+from ember.metrics import json_text, read_records
+from ember.metrics.records import Evaluation, TauChoice
 from ember_lab.bench.measure import TreeSampler
 from ember_lab.bench.rows import BenchSettings, Row
 
@@ -61,13 +62,13 @@ def run_figures(row: Row, out: Path, config: RunConfig) -> dict[str, Any]:
         )
     curve = []
     chosen: dict[tuple[str, int], list[list[int]]] = {}  # (rank, incarnation) -> its choices
-    for line in (out / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if record.get("kind") == "eval":
-            curve.append([record["seconds"], record["samples"], record[row.task.target_metric]])
-        elif record.get("kind") == "tau":  # a period chosen (auto, loss): [local step, tau]
-            start = (str(record["rank"]), int(record.get("incarnation") or 0))
-            chosen.setdefault(start, []).append([record["step"], record["tau"]])
+    for record in read_records(out / "metrics.jsonl"):
+        if isinstance(record, Evaluation):
+            metric = record.scores[row.task.target_metric]
+            curve.append([record.seconds, record.samples, metric])
+        elif isinstance(record, TauChoice):  # a period chosen (auto, loss): [local step, tau]
+            start = (str(record.rank), record.incarnation)
+            chosen.setdefault(start, []).append([record.step, record.tau])
     # each worker's periods as its first start chose them (a Spark task's incarnation is its
     # attempt id: the lowest is the first)
     periods = {rank: chosen[rank, min(i for r, i in chosen if r == rank)] for rank, _ in chosen}

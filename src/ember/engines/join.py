@@ -16,13 +16,16 @@ import re
 import secrets
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ember.config import RunConfig, Strategy
 from ember.errors import ConfigError
+from ember.metrics.records import Record, WorkerDone
 from ember.userfile import Unreadable, parse_json, read_regular
 from ember.worker.spec import WorkerSpec
+
+Report = Callable[[Record], None]  # where the joiner's records go
 
 JOIN_FILE = "join.json"
 JOINABLE = tuple(sorted(s.value for s in Strategy if s.joinable))  # sorted for error messages
@@ -86,7 +89,7 @@ def _is_address(value: object) -> bool:
     return isinstance(value, str) and ADDRESS.fullmatch(value) is not None
 
 
-def join_run(run_dir: Path, epochs: int, report: Any = print) -> dict[str, Any]:
+def join_run(run_dir: Path, epochs: int, report: Report = print) -> WorkerDone:
     """Train one more worker in the run at `run_dir` for `epochs` passes; return its totals."""
     path = run_dir / JOIN_FILE
     config, servers, secret = read_join_file(path, epochs)

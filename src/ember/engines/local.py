@@ -32,7 +32,8 @@ from ember.engines.servers import spare_servers
 from ember.engines.userrun import NoModel
 from ember.engines.workers import Exit, Polled
 from ember.errors import same_every_time
-from ember.metrics import Record, WorkerError, WorkerFailure, write_json
+from ember.metrics import write_json
+from ember.metrics.records import Failure, Record, WorkerDone, WorkerError, WorkerStart
 from ember.worker.spec import UserLoop, WorkerSpec, model_object, user_functions
 
 
@@ -171,7 +172,7 @@ class LocalWorkers:
         last = tail(log, TAIL_LINES)
         error = exit.error
         said = error.split("\n" + TRACEBACK)[0].strip() if TRACEBACK in last else error.strip()
-        record = WorkerFailure(rank=exit.rank, exitcode=exit.exitcode, error=error)
+        record = Failure(rank=exit.rank, exitcode=exit.exitcode, error=error)
         text = f"{said or '(no traceback)'}\n--- last lines of {log} ---\n{last}"
         return record, f"worker {exit.rank} {how}:\n{text}"
 
@@ -186,16 +187,14 @@ class LocalWorkers:
     def _unaccounted(self, rank: int) -> bool:
         return rank not in self.finished and rank not in self.failed
 
-    def _take(self, received: Iterable[tuple[int, dict[str, Any]]], polled: Polled) -> None:
+    def _take(self, received: Iterable[tuple[int, Record]], polled: Polled) -> None:
         """Records as they came (a pipe carries its current process's alone); a worker's
         error record is its exit, final when it says a restart would repeat it."""
         for rank, record in received:
-            kind = record.get("kind")
-            if kind == "error":
+            if isinstance(record, WorkerError):
                 self.failed.add(rank)
-                error = record.get("error", "")
-                polled.exits.append(Exit(rank, None, error, not record.get("retry", True)))
-            elif kind == "done":
+                polled.exits.append(Exit(rank, None, record.error, not record.retry))
+            elif isinstance(record, WorkerDone):
                 self.finished.add(rank)
             polled.records.append(record)
 
@@ -224,9 +223,9 @@ def _work(spec: WorkerSpec, pipe: Connection, files: DataFiles) -> None:
 
     records, started = RecordSender(pipe), False
 
-    def report(record: dict[str, Any]) -> None:
+    def report(record: Record) -> None:
         nonlocal started
-        started = started or record.get("kind") == "start"
+        started = started or isinstance(record, WorkerStart)
         records.send(record)
 
     try:
@@ -238,7 +237,7 @@ def _work(spec: WorkerSpec, pipe: Connection, files: DataFiles) -> None:
         error = f"{type(exc).__name__}: {exc}\n{text}"
         retry = not same_every_time(exc, started)
         record = WorkerError(rank=spec.rank, incarnation=spec.incarnation, error=error, retry=retry)
-        records.send_last(record.to_json())
+        records.send_last(record)
         raise SystemExit(1) from None
 
 

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, TextIO
+from typing import TextIO
 
 from tqdm import tqdm
 
 from ember.metrics import headline
+from ember.metrics.records import (
+    Divergence,
+    Evaluation,
+    Note,
+    Record,
+    WorkerProgress,
+    WorkerStart,
+)
 
 # tqdm's own rate and remaining time are left out: its rate, smoothed over the start-up, is
 # not the workers' speed. The one speed shown is the workers' summed samples/s, in the postfix.
@@ -73,56 +81,60 @@ class Progress:
     def samples_per_second(self) -> float:
         return sum(self.speed.values())
 
-    def update(self, record: dict[str, Any]) -> None:
-        kind, rank = record.get("kind"), record.get("rank", 0)
-        if kind == "start":
-            self.started.add(rank)
+    def update(self, record: Record) -> None:
+        if isinstance(record, WorkerStart):
+            self.started.add(record.rank)
             if not self.training and len(self.started) == self.workers:
                 self.phase("waiting for the first step")
             elif not self.training and self.interactive and self.phases:  # whom it waits for
                 ready = f"{len(self.started)} of {self.workers} ready"
                 self._bar.set_description_str(f"ember: {self.phases[-1]} ({ready})...")
-        elif kind == "worker":
-            self.speed[rank] = record["samples_per_second"]
-            self.loss[rank] = record["loss"]
-            self.data_wait[rank] = record.get("data_wait_fraction", 0.0)
-            self.epoch = max(self.epoch, record["epoch"])
-            self.seen[rank] = record["step"] * self.samples_per_step or record["samples"]
-            if not self.training:
-                self._bar.set_description_str("", refresh=False)
-                self._bar.bar_format = TRAINING_FORMAT
-                self._end_phase()
-                self.training = True
-            self._bar.n = min(self._bar.total or 0, sum(self.seen.values()))
-        elif kind == "eval":
-            self.score = headline(record)
-            whose = "center" if record.get("source", "").startswith("center") else "worker 0"
-            if record.get("test_set", "").startswith("subset"):
-                whose = f"{whose}, {record['test_set']}"
-            # one line at each epoch's end, not at the evaluations within it (--eval-every);
-            # a retried or replayed epoch is said once
-            if record.get("epoch_end") and record["epoch"] > self._said_epoch:
-                self._said_epoch = record["epoch"]
-                self.note(
-                    f"epoch {record['epoch']}: test {self.score[0]} {self.score[1]:.4f} "
-                    f"({whose}), {self.samples_per_second:,.0f} samples/s"
-                    + (f", {self.input_bound()}" if self.input_bound() else "")
-                )
-        elif kind == "diverged" and rank not in self.diverged:
-            self.diverged.add(rank)
+        elif isinstance(record, WorkerProgress):
+            self._progress(record)
+        elif isinstance(record, Evaluation):
+            self._evaluation(record)
+        elif isinstance(record, Divergence) and record.rank not in self.diverged:
+            self.diverged.add(record.rank)
             self.warn(
-                f"ember: warning: worker {rank}'s training loss is {record['loss']} at step"
-                f" {record['step']} (epoch {record['epoch']}): training has diverged; a lower"
+                f"ember: warning: worker {record.rank}'s training loss is {record.loss} at step"
+                f" {record.step} (epoch {record.epoch}): training has diverged; a lower"
                 " --lr usually helps"
             )
-        elif kind == "note" and record["text"] not in self.said:
-            self.said.add(record["text"])
-            self.note(record["text"])
-        elif kind in ("rejoin", "failure"):
-            self.note(f"{kind}: {record}")
-        if kind in ("worker", "eval") and self.training:
+        elif isinstance(record, Note) and record.text not in self.said:
+            self.said.add(record.text)
+            self.note(record.text)
+        if isinstance(record, (WorkerProgress, Evaluation)) and self.training:
             self._bar.set_postfix_str(self._postfix(), refresh=False)
             self._bar.refresh()
+
+    def _progress(self, record: WorkerProgress) -> None:
+        rank = record.rank
+        self.speed[rank] = record.samples_per_second
+        self.loss[rank] = record.loss
+        self.data_wait[rank] = record.data_wait_fraction or 0.0
+        self.epoch = max(self.epoch, record.epoch)
+        self.seen[rank] = record.step * self.samples_per_step or record.samples
+        if not self.training:
+            self._bar.set_description_str("", refresh=False)
+            self._bar.bar_format = TRAINING_FORMAT
+            self._end_phase()
+            self.training = True
+        self._bar.n = min(self._bar.total or 0, sum(self.seen.values()))
+
+    def _evaluation(self, record: Evaluation) -> None:
+        self.score = headline(record.scores)
+        whose = "center" if record.source.startswith("center") else "worker 0"
+        if record.test_set and record.test_set.startswith("subset"):
+            whose = f"{whose}, {record.test_set}"
+        # one line at each epoch's end, not at the evaluations within it (--eval-every);
+        # a retried or replayed epoch is said once
+        if record.epoch_end and record.epoch > self._said_epoch:
+            self._said_epoch = record.epoch
+            self.note(
+                f"epoch {record.epoch}: test {self.score[0]} {self.score[1]:.4f} "
+                f"({whose}), {self.samples_per_second:,.0f} samples/s"
+                + (f", {self.input_bound()}" if self.input_bound() else "")
+            )
 
     def _postfix(self) -> str:
         loss = sum(self.loss.values()) / max(1, len(self.loss))

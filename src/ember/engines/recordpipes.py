@@ -1,4 +1,5 @@
-"""The local workers' records to the launcher: one pipe per worker process, JSON on each.
+"""The local workers' records to the launcher: one pipe per worker process, JSON on each. A
+record is a dict only on the pipe: sent as Record.to_json(), read back as Record.from_json().
 
 A single multiprocessing.Queue shared by the workers guards its pipe with a lock held across
 processes while a record is written. A worker killed while holding it (SIGKILL, the OOM
@@ -14,11 +15,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, wait
-from typing import Any
 
 from ember.metrics import jsonable
-
-Record = dict[str, Any]
+from ember.metrics.records import Record
 
 
 class RecordPipes:
@@ -68,10 +67,10 @@ class RecordPipes:
             return
         try:
             while reader.poll(0):
-                record = json.loads(reader.recv_bytes())
-                if not isinstance(record, dict):
-                    raise ValueError(f"a record is a JSON object, not {type(record).__name__}")
-                yield rank, record
+                line = json.loads(reader.recv_bytes())
+                if not isinstance(line, dict):
+                    raise ValueError(f"a record is a JSON object, not {type(line).__name__}")
+                yield rank, Record.from_json(line)
         except (EOFError, OSError, ValueError):
             # EOF: its process is gone (a torn last record too); garbage ends the stream as
             # well, and the worker, writing on, then fails on the closed pipe and is restarted
@@ -86,7 +85,7 @@ class RecordSender:
         self._lock = threading.Lock()  # the exchanger thread reports too
 
     def send(self, record: Record) -> None:
-        data = json.dumps(record, default=jsonable).encode()
+        data = json.dumps(record.to_json(), default=jsonable).encode()
         with self._lock:
             self._pipe.send_bytes(data)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, NoReturn
 
 from ember import tracking
@@ -18,9 +19,18 @@ from ember.engines.rundir import RunResult, RunSetup, finish_run
 from ember.engines.userrun import finish_loop
 from ember.engines.workers import Exit, Workers
 from ember.errors import CheckpointError, EmberError, WorkerFailed
-from ember.metrics import Record, RunEvent, ServerEvent, WorkerRestart
+from ember.metrics.records import (
+    Divergence,
+    Evaluation,
+    Record,
+    Returned,
+    RunEvent,
+    ServerEvent,
+    WorkerDone,
+    WorkerRestart,
+    WorkerStart,
+)
 from ember.wire import warn_if_exposed
-from ember.worker.returns import RETURNED
 from ember.worker.spec import checkpoint_meta
 
 POLL_SECONDS = 0.25  # the watch loop's poll: how soon a record, an exit or a tick is seen
@@ -51,11 +61,11 @@ class Run:
         self.parts = setup.parts
         self.servers = setup.server_group() if self.parts.strategy.uses_server else None
         self.progress = progress  # the engine's, open since its first phase
-        self.done: dict[int, dict[str, Any]] = {}  # each rank's "done" record
+        self.done: dict[int, WorkerDone] = {}  # each rank's last totals
         self.total = 0  # samples all workers train on, once `watching` knows their rows
         self._reported = 0  # how many of the servers' events metrics.jsonl has
-        self.divergences: list[dict[str, Any]] = []  # each worker's first non-finite loss
-        self.returned: dict[str, Any] | None = None  # ember.run: rank 0's return value
+        self.divergences: list[Divergence] = []  # each worker's first non-finite loss
+        self.returned: Returned | None = None  # ember.run: rank 0's return value
 
     def start_servers(
         self, phase: str = "starting parameter servers", rows_per_worker: int = 0
@@ -99,7 +109,7 @@ class Run:
                 for record in polled.shown:
                     bar.update(self.described(record))
                 for record in polled.records:
-                    if record.get("kind") == "done":  # its peak, before it exits
+                    if isinstance(record, WorkerDone):  # its peak, before it exits
                         self.sample_memory(workers.pids())
                     self.relay(record)
                 for event, text in polled.notes:
@@ -130,31 +140,31 @@ class Run:
             record, f"worker {gone.rank} {how} {last[0]}; restarted (incarnation {incarnation})"
         )
 
-    def described(self, record: dict[str, Any]) -> dict[str, Any]:
+    def described(self, record: Record) -> Record:
         """A worker's record as the run tells it: an evaluation says which test rows it
         scored, all of the test set or a subset (what a Spark task was handed)."""
-        if record.get("kind") != "eval" or not record.get("test_rows"):
+        if not isinstance(record, Evaluation) or not record.test_rows:
             return record
-        rows, every = record["test_rows"], len(self.setup.dataset.y_test)
+        rows, every = record.test_rows, len(self.setup.dataset.y_test)
         scored = f"subset of {rows:,} rows" if rows < every else f"all {rows:,} rows"
-        return {**record, "test_set": scored}
+        return replace(record, test_set=scored)
 
-    def relay(self, record: dict[str, Any]) -> None:
-        """A worker's record: to metrics.jsonl and the bar; a "done" one is kept for the end."""
-        if record.get("kind") == RETURNED:  # what ember.run returns: no metric, maybe large
+    def relay(self, record: Record) -> None:
+        """A worker's record: to metrics.jsonl and the bar; its totals are kept for the end."""
+        if isinstance(record, Returned):  # what ember.run returns: no metric, maybe large
             self.returned = record
             return
         record = self.described(record)
         self.setup.metrics.write(record)
         tracking.record(record)  # worker 0's epoch evaluations, when MLflow tracks the run
         self.progress.update(record)
-        if record.get("kind") == "done":
-            self.done[record["rank"]] = record
-        elif record.get("kind") == "diverged":
+        if isinstance(record, WorkerDone):
+            self.done[record.rank] = record
+        elif isinstance(record, Divergence):
             self.divergences.append(record)
         # every worker at its first step
         all_started = len(self.progress.started) >= self.parts.strategy.workers
-        if record.get("kind") == "start" and all_started and self.timeline is not None:
+        if isinstance(record, WorkerStart) and all_started and self.timeline is not None:
             self.timeline.mark_once("training")
 
     def note(self, record: Record, text: str) -> None:
@@ -201,7 +211,7 @@ class Run:
             extra["server"] = _merge_server_stats(final)
             extra["server"]["failovers_and_restarts"] = self.servers.events
         extra["wire"] = _wire_stats(final, self.parts.servers.encrypt and self.servers is not None)
-        workers = [self.done[rank] for rank in sorted(self.done)]
+        workers = [self.done[rank].flat() for rank in sorted(self.done)]
         extra.update(_divergence(self.divergences))
         if self.timeline is not None:  # the engine's own figures, its processes all known
             self.timeline.mark("evaluation")
@@ -260,14 +270,14 @@ class Run:
         return checkpoint_meta(self.config, setup.layout, 0, setup.shape)
 
 
-def _divergence(records: list[dict[str, Any]]) -> dict[str, Any]:
+def _divergence(records: list[Divergence]) -> dict[str, Any]:
     """The summary's word on divergence: whether any worker's loss was NaN or infinite, and
     the earliest step it was, with its worker."""
-    first = min(records, key=lambda r: (r["step"], r["rank"]), default=None)
+    first = min(records, key=lambda r: (r.step, r.rank), default=None)
     fields = ("rank", "incarnation", "step", "epoch", "loss")
     return {
         "diverged": first is not None,
-        "first_non_finite_loss": {k: first[k] for k in fields} if first is not None else None,
+        "first_non_finite_loss": {k: getattr(first, k) for k in fields} if first else None,
     }
 
 

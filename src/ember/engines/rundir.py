@@ -26,7 +26,8 @@ from ember.data import Dataset
 from ember.engines.modelwork import InProcess, ModelWork
 from ember.engines.servers import ServerGroup
 from ember.errors import CheckpointError, ConfigError
-from ember.metrics import MetricsLog, RunEvent, RunSummary, write_json
+from ember.metrics import MetricsLog, write_json
+from ember.metrics.records import RunEvent, RunSummary
 from ember.wire import use_encryption
 from ember.worker.spec import Layout, UserLoop, load_data
 

@@ -13,7 +13,8 @@ from ember._version import __version__
 from ember.config import RunConfig
 from ember.data import Dataset
 from ember.engines.rundir import RunResult, RunSetup, run_facts
-from ember.metrics import RunEvent, summarize_workers, write_json
+from ember.metrics import summarize_workers, write_json
+from ember.metrics.records import Returned, RunEvent
 
 
 class NoModel:
@@ -34,7 +35,7 @@ class LoopResult(RunResult):
     """A finished ember.run: the summary, and the record carrying rank 0's return value
     (None when rank 0 never returned one)."""
 
-    returned: dict[str, Any] | None = None
+    returned: Returned | None = None
 
 
 def finish_loop(
@@ -43,7 +44,7 @@ def finish_loop(
     workers: list[dict[str, Any]],
     seconds: float,
     extra: dict[str, Any],
-    returned: dict[str, Any] | None,
+    returned: Returned | None,
 ) -> LoopResult:
     """summary.json for a loop the user wrote: no test evaluation (the loop evaluates what
     it wants, and returns it), the servers' final `params` kept as the last checkpoint."""

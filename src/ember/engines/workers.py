@@ -5,9 +5,9 @@ workers start and how they are seen to end; the Run's watch loop decides what ha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-from ember.metrics import Record
+from ember.metrics.records import Record
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,8 @@ class Exit:
 class Polled:
     """What one poll of the workers saw."""
 
-    records: list[dict[str, Any]] = field(default_factory=list)  # to metrics.jsonl and the bar
-    shown: list[dict[str, Any]] = field(default_factory=list)  # to the bar alone
+    records: list[Record] = field(default_factory=list)  # to metrics.jsonl and the bar
+    shown: list[Record] = field(default_factory=list)  # to the bar alone
     exits: list[Exit] = field(default_factory=list)
     notes: list[tuple[Record, str]] = field(default_factory=list)  # what happened to the run
 

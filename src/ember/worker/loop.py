@@ -19,7 +19,7 @@ from ember.checkpoint import free_step, save_checkpoint
 from ember.data import Dataset
 from ember.data.batches import Batch, Inputs
 from ember.data.streaming import data_wait_fraction
-from ember.metrics import Divergence, Evaluation, WorkerProgress
+from ember.metrics.records import Divergence, Evaluation, Record, WorkerDone, WorkerProgress
 from ember.models import build_model
 from ember.models.losses import make_loss, register_objects
 from ember.wire import use_encryption
@@ -28,7 +28,7 @@ from ember.worker.evaluation import ends_epoch, evaluate, evaluate_with, evaluat
 from ember.worker.spec import Layout, WorkerSpec, checkpoint_meta
 from ember.worker.userloop import LoopContext, Optimizer, context, returned, worker_context
 
-Report = Callable[[dict[str, Any]], None]
+Report = Callable[[Record], None]
 
 
 def make_model(model: str, seed: int, dataset: Dataset) -> torch.nn.Module:
@@ -55,7 +55,7 @@ def run_worker(
     report: Report,
     dataset: Dataset | None = None,
     stop: threading.Event | None = None,
-) -> dict[str, Any]:
+) -> WorkerDone:
     """Run this worker's function (ember.run's, else the built-in loop) with its context set,
     until it returns or `stop` is set; leave the servers cleanly either way, send rank 0's
     return value under ember.run (encoded, or why it cannot be) and return the totals."""
@@ -171,7 +171,7 @@ class BuiltinLoop:
                 seconds=self.ctx.training_seconds(now),
                 comm=self.algorithm.stats.as_record(),
                 data_wait_fraction=data_wait_fraction(self.ctx.data.shard),
-            ).to_json()
+            )
         )
         self.last_log, self.logged_steps = now, 0
 
@@ -186,7 +186,7 @@ class BuiltinLoop:
                 step=done + first + 1,
                 epoch=(done + first) // self.steps_per_epoch + 1,
                 loss=str(float(losses[first])),
-            ).to_json()
+            )
         )
 
     def evaluate(self, step: int, epoch: int) -> None:
@@ -232,7 +232,7 @@ class BuiltinLoop:
         self.snapshots.clear()
 
     def _report_evaluation(self, point: dict[str, Any], scores: dict[str, float]) -> None:
-        self.ctx.send(Evaluation(**point, scores=scores).to_json())
+        self.ctx.send(Evaluation(**point, scores=scores))
 
     def checkpoint_due(self, done: int) -> bool:
         """Whether worker 0 of a strategy without a server saves after `done` steps."""

@@ -13,7 +13,6 @@ from typing import Any
 import msgpack
 import numpy as np
 
-RETURNED = "returned"  # the kind of the record that carries the value to the launcher
 _NUMPY, _TORCH = 1, 2  # the extension type codes
 
 

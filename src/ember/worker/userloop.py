@@ -22,21 +22,28 @@ from ember.config import TrainingPart
 from ember.data import Dataset
 from ember.data.streaming import stream_record
 from ember.errors import ConfigError, EmberError
-from ember.metrics import LoopProgress, TauChoice, WorkerDone, WorkerStart
+from ember.metrics.records import (
+    Record,
+    Returned,
+    TauChoice,
+    WorkerDone,
+    WorkerProgress,
+    WorkerStart,
+)
 from ember.worker.data import WorkerData
 from ember.worker.device import placement, take
-from ember.worker.returns import RETURNED, UnencodableValue, encode
+from ember.worker.returns import UnencodableValue, encode
 from ember.worker.spec import Layout, WorkerSpec, load_data
 
 # what every progress record holds already: a metric may not take one of these names
 _RESERVED = frozenset(
-    {"kind", "time", "reported", *LoopProgress.__dataclass_fields__, *CommStats().as_record()}
+    {"kind", "time", "reported", *WorkerProgress.__dataclass_fields__, *CommStats().as_record()}
 ) - {"loss", "comm", "metrics"}
 
 # what the algorithm is told of where this worker stands: WorkerSpec's fields of these names
 _WHERE = ("rank", "world", "servers", "secret", "incarnation", "rendezvous", "store")
 _current: LoopContext | None = None  # the context of the function this process runs
-Report = Callable[[dict[str, Any]], None]  # where a worker's records go (its engine's)
+Report = Callable[[Record], None]  # where a worker's records go (its engine's)
 
 
 def context() -> LoopContext:
@@ -70,13 +77,13 @@ def worker_context(
         _current = None
 
 
-def returned(value: Any) -> dict[str, Any]:
+def returned(value: Any) -> Returned:
     """The record carrying rank 0's return value, or the one line saying why it cannot: the
     launcher raises it once the run has ended, so a bad value costs no restart."""
     try:
-        return {"kind": RETURNED, "rank": 0, "value": base64.b64encode(encode(value)).decode()}
+        return Returned(value=base64.b64encode(encode(value)).decode())
     except UnencodableValue as exc:
-        return {"kind": RETURNED, "rank": 0, "error": f"ember.run: {exc}"}
+        return Returned(error=f"ember.run: {exc}")
 
 
 class LoopContext:
@@ -141,7 +148,7 @@ class LoopContext:
         now, samples = time.perf_counter(), self._served()
         seconds = now - self._last[0]
         self._send(
-            LoopProgress(
+            WorkerProgress(
                 rank=self.rank,
                 incarnation=self.incarnation,
                 step=self.step,
@@ -153,11 +160,11 @@ class LoopContext:
                 comm=self._stats().as_record(),
                 reported=tuple(metrics),
                 metrics=values,
-            ).to_json()
+            )
         )
         self._last = (now, samples)
 
-    def send(self, record: dict[str, Any]) -> None:
+    def send(self, record: Record) -> None:
         """A record as ember's built-in loop writes it (progress, evaluation, divergence)."""
         self._send(record)
 
@@ -172,7 +179,7 @@ class LoopContext:
                 incarnation=self.incarnation,
                 first_step=self.start_step,
                 total_steps=self.total_steps,
-            ).to_json()
+            )
         )
 
     def report_tau(self, period: Period) -> None:
@@ -190,11 +197,11 @@ class LoopContext:
                     t_comp=change.t_comp,
                     t_comm=change.t_comm,
                     details=change.details,
-                ).to_json()
+                )
             )
         period.changes.clear()
 
-    def done(self) -> dict[str, Any]:
+    def done(self) -> WorkerDone:
         """This worker's totals, once its function has returned."""
         steps = self.step - self.start_step
         optimizer = self.optimizer
@@ -212,7 +219,7 @@ class LoopContext:
             data=stream_record(self.data.shard),
             device=self.placement.device,
             gpu=self.placement.gpu,
-        ).to_json()
+        )
 
     def _served(self) -> int:
         """Samples trained: the rows data.batches served, or for a loop that brings its own

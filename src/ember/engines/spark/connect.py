@@ -9,6 +9,7 @@ from typing import Any
 
 from ember.config import RunConfig
 from ember.errors import ConfigError
+from ember.metrics.records import Record
 
 
 def is_connect(spark: Any) -> bool:
@@ -70,9 +71,9 @@ class TaggedJobs:
     def leave(self) -> None:
         self.spark.removeTag(self.tag)
 
-    def saw(self, record: dict[str, Any]) -> None:
+    def saw(self, record: Record) -> None:
         """A record a task streamed or returned: a new incarnation of a rank is a new attempt."""
-        rank, incarnation = record.get("rank"), record.get("incarnation")
+        rank, incarnation = getattr(record, "rank", None), record.incarnation
         if isinstance(rank, int) and isinstance(incarnation, int):
             self._incarnations.setdefault(rank, set()).add(incarnation)
 

@@ -42,7 +42,7 @@ from ember.engines.spark.session import (
 from ember.engines.spark.task import train_partition
 from ember.engines.spark.watch import SparkWorkers
 from ember.engines.userrun import NoModel
-from ember.metrics import RunEvent
+from ember.metrics.records import FinalState, RunEvent
 from ember.worker.spec import (
     UserLoop,
     WorkerSpec,
@@ -224,7 +224,7 @@ def _train(
             raise
 
 
-def _final_state(run: Run, states: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _final_state(run: Run, states: list[FinalState]) -> FinalState | None:
     """Allreduce's rank 0 final state, saved as the run's last checkpoint (ember.run's rank 0
     kept its parameters to itself); None under a strategy with servers."""
     if run.servers is not None:
@@ -239,22 +239,22 @@ def _final_state(run: Run, states: list[dict[str, Any]]) -> dict[str, Any] | Non
     return states[0]
 
 
-def _save_state(run: Run, state: dict[str, Any]) -> None:
+def _save_state(run: Run, state: FinalState) -> None:
     """Rank 0's final parameters as the run's last checkpoint, which run.finish evaluates."""
     setup, root = run.setup, run.setup.checkpoints
     params = state_params(state, setup.initial.size)
-    step = int(state["step"])
+    step = state.step
     meta = checkpoint_meta(setup.config, setup.layout, step, setup.shape)
     save_checkpoint(
         root, free_step(root, step), {"params": params}, meta, setup.config.keep_checkpoints
     )
 
 
-def _gloo(cluster: bool, state: dict[str, Any]) -> dict[str, Any]:
+def _gloo(cluster: bool, state: FinalState) -> dict[str, Any]:
     """What summary.json says of allreduce's traffic: where rank 0 met the others, and that
     the gradients crossed in clear (gloo has no encryption), off this host on a cluster."""
     return {
-        "rendezvous": state["rendezvous"],
+        "rendezvous": state.rendezvous,
         "encrypted": False,
         "gradients_left_the_host_unencrypted": cluster,
     }

@@ -11,6 +11,7 @@ from ember.data.arrow import FEATURES
 from ember.engines.spark.connect import TaggedJobs, is_connect
 from ember.engines.spark.session import stopped
 from ember.errors import EmberError
+from ember.metrics.records import Record
 
 RECORDS = "record string"  # what a training task yields: its progress records as JSON
 
@@ -41,7 +42,7 @@ class GroupedJobs:
     def leave(self) -> None:
         pass
 
-    def saw(self, record: dict[str, Any]) -> None:
+    def saw(self, record: Record) -> None:
         pass  # the status tracker knows the attempts
 
     def attempt(self) -> int:

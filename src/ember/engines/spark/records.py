@@ -16,6 +16,7 @@ from collections import Counter
 from typing import Any
 
 from ember.engines.addresses import Placement, bind_first
+from ember.metrics.records import Record
 from ember.wire import CONNECTION_ERRORS, ClientConnection, Request, ServerEndpoint
 
 RECORDS_PER_CONNECTION = 100_000  # a task's records past this are dropped
@@ -47,7 +48,7 @@ class RecordCollector:
         self._endpoint = bind_first(listen, where.bind, ports, "the Spark record collector")
         self.address = where.advertised(self._endpoint.address)
         self.per_connection = per_connection
-        self._queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=queued)
+        self._queue: queue.Queue[Record] = queue.Queue(maxsize=queued)
         self._taken: Counter[bytes] = Counter()  # records queued per connection
         self.dropped = 0  # records past a bound
         self.refused = 0  # authenticated messages that were not a record
@@ -70,8 +71,9 @@ class RecordCollector:
             self._endpoint.close()
 
     def _take(self, request: Request) -> None:
-        record = request.header.get("record")
-        if request.header.get("op") != "record" or not isinstance(record, dict):
+        line = request.header.get("record")
+        record = _decoded(line) if request.header.get("op") == "record" else None
+        if record is None:
             self.refused += 1
         elif self._taken[request.peer] >= self.per_connection:
             self.dropped += 1
@@ -82,7 +84,7 @@ class RecordCollector:
             except queue.Full:
                 self.dropped += 1
 
-    def drain(self) -> list[dict[str, Any]]:
+    def drain(self) -> list[Record]:
         """The records that arrived since the last call, in their order of arrival."""
         records = []
         while True:
@@ -145,3 +147,13 @@ class RecordSender:
         with contextlib.suppress(queue.Full):  # a full queue: the sender gives up at timeout
             self._queue.put(None, timeout=timeout)
         self._thread.join(timeout)
+
+
+def _decoded(line: Any) -> Record | None:
+    """A task's record as the collector takes it; None for anything that is not one."""
+    if not isinstance(line, dict):
+        return None
+    try:
+        return Record.from_json(line)
+    except ValueError:
+        return None

@@ -29,9 +29,9 @@ from ember.checkpoint import latest_valid_checkpoint
 from ember.config import RunConfig
 from ember.config.network import port_range
 from ember.engines.addresses import LOOPBACK, Placement
+from ember.metrics.records import FinalState
 
 PROBE_SECONDS = 5.0  # rank 0's store, listening already, answers a connection at once
-STATE = "state"  # the kind of the record holding rank 0's final parameters
 INTERFACE = "GLOO_SOCKET_IFNAME"  # the interface gloo binds: the one towards rank 0
 
 
@@ -165,26 +165,24 @@ def scratch() -> tempfile.TemporaryDirectory[str]:
     return tempfile.TemporaryDirectory(prefix="ember-allreduce-")
 
 
-def final_state(folder: str, meeting: Meeting) -> dict[str, Any]:
+def final_state(folder: str, meeting: Meeting) -> FinalState:
     """Rank 0's record of its final parameters (all ranks hold the same), read back from the
     checkpoint its worker saved in `folder`."""
     last = latest_valid_checkpoint(Path(folder) / "checkpoints")
     if last is None:
         raise RuntimeError(f"allreduce's rank 0 saved no final parameters in {folder}")
     params = np.ascontiguousarray(last.tensors["params"], dtype=np.float32)
-    return {
-        "kind": STATE,
-        "rank": 0,
-        "step": int(last.meta.get("step", 0)),
-        "size": int(params.size),
-        "params": base64.b64encode(params.tobytes()).decode("ascii"),
-        "rendezvous": meeting.address,
-    }
+    return FinalState(
+        rendezvous=meeting.address,
+        step=int(last.meta.get("step", 0)),
+        size=int(params.size),
+        params=base64.b64encode(params.tobytes()).decode("ascii"),
+    )
 
 
-def state_params(record: dict[str, Any], size: int) -> np.ndarray:
-    """The parameters of a STATE record, checked against the model's `size`."""
-    params = np.frombuffer(base64.b64decode(record["params"], validate=True), dtype=np.float32)
+def state_params(state: FinalState, size: int) -> np.ndarray:
+    """The parameters of a final state, checked against the model's `size`."""
+    params = np.frombuffer(base64.b64decode(state.params or "", validate=True), dtype=np.float32)
     if params.size != size:
         raise RuntimeError(
             f"allreduce's rank 0 returned {params.size} parameters; the model has {size}"

@@ -16,7 +16,6 @@ from ember.data import Dataset
 from ember.data.spill import Partition, partition_data
 from ember.engines.spark.records import RecordSender
 from ember.engines.spark.rendezvous import (
-    STATE,
     Meeting,
     connect,
     final_state,
@@ -27,14 +26,20 @@ from ember.engines.spark.rendezvous import (
     scratch,
 )
 from ember.errors import EmberError, same_every_time
-from ember.metrics import WorkerError
+from ember.metrics.records import (
+    FinalState,
+    Note,
+    Record,
+    Returned,
+    Unreachable,
+    WorkerError,
+    WorkerStart,
+)
 from ember.wire import CONNECTION_ERRORS, ClientConnection, use_encryption
 from ember.worker.loop import Report, run_worker
-from ember.worker.returns import RETURNED
 from ember.worker.spec import WorkerSpec
 
 PROBE_SECONDS = 5.0  # a server this task cannot reach within this is not going to answer
-UNREACHABLE = "unreachable"  # the kind of the record a task returns when a server is not
 
 
 def train_partition(
@@ -89,7 +94,7 @@ def _train(
     verdicts = [json.loads(v) for v in context.allGather(json.dumps(verdict))]
     failures = [v["unreachable"] for v in verdicts if v["unreachable"]]
     if failures:
-        unreachable = {"kind": UNREACHABLE, "rank": rank, "error": failures[0]}
+        unreachable = Unreachable(rank=rank, error=failures[0]).to_json()
         yield pa.RecordBatch.from_pydict({"record": [json.dumps(unreachable)]})
         return
     # Every worker trains on as many rows as the smallest partition holds, so synchronous
@@ -105,24 +110,26 @@ def _train(
     # (allreduce, which has no server, starts again from the run's starting parameters).
     incarnation = int(context.taskAttemptId())
     spec = replace(spec, rank=rank, incarnation=incarnation, gpus=assigned_gpus(context))
-    records: list[dict[str, Any]] = []
+    records: list[Record] = []
     sender = RecordSender(collector, spec.secret) if collector is not None else None
     started = False
 
-    def report(record: dict[str, Any]) -> None:
+    def report(record: Record) -> None:
         nonlocal started
-        started = started or record.get("kind") == "start"
+        started = started or isinstance(record, WorkerStart)
+        record = replace(record, incarnation=incarnation)  # which attempt sent it
         records.append(record)
-        if sender is not None and record.get("kind") != RETURNED:  # rows carry it, once
-            sender.send({**record, "incarnation": incarnation})
+        if sender is not None and not isinstance(record, Returned):  # rows carry it, once
+            sender.send(record.to_json())
 
     if partition.said:
-        report({"kind": "note", "rank": rank, "text": partition.said})
+        report(Note(rank=rank, text=partition.said))
     try:
         if meeting is None:
             report(run_worker(spec, report, dataset=data))
         else:
-            records.extend(_all_reduce(context, spec, meeting, data, report))
+            states = _all_reduce(context, spec, meeting, data, report)
+            records.extend(replace(state, incarnation=incarnation) for state in states)
     except Exception as exc:
         if not same_every_time(exc, started):
             raise  # Spark retries the stage, which resumes from the servers
@@ -130,17 +137,17 @@ def _train(
         # task returns it as a record instead, and the driver ends the job on it at once.
         traceback.print_exc()  # the whole of it in the executor's log
         cause = f"worker {rank} on {socket.gethostname()}: {type(exc).__name__}: {exc}"
-        report(WorkerError(rank=rank, incarnation=incarnation, error=cause, retry=False).to_json())
+        report(WorkerError(rank=rank, incarnation=incarnation, error=cause, retry=False))
     finally:
         if sender is not None:
             sender.close()
-    lines = [json.dumps({**r, "incarnation": incarnation}) for r in records]
+    lines = [json.dumps(record.to_json()) for record in records]
     yield pa.RecordBatch.from_pydict({"record": lines})
 
 
 def _all_reduce(
     context: Any, spec: WorkerSpec, meeting: Meeting, data: Dataset, report: Report
-) -> list[dict[str, Any]]:
+) -> list[FinalState]:
     """run_worker for allreduce in the process group `meeting` opens; rank 0's final state as
     a record. Its worker saves on the executor only at the end, in a folder of the task's."""
     import torch.distributed as dist
@@ -160,7 +167,7 @@ def _all_reduce(
         if spec.rank != 0:
             return []
         if spec.train_fn is not None:  # ember.run: the user's loop keeps its own parameters
-            return [{"kind": STATE, "rank": 0, "rendezvous": meeting.address}]
+            return [FinalState(rendezvous=meeting.address)]
         return [final_state(folder, meeting)]
 
 

@@ -7,18 +7,25 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ember.config import RunConfig
 from ember.engines.servers import ServerGroup
 from ember.engines.spark.jobs import GroupedJobs, Job, python_error
 from ember.engines.spark.records import RecordCollector
-from ember.engines.spark.rendezvous import STATE
 from ember.engines.spark.session import driver_memory
-from ember.engines.spark.task import UNREACHABLE
 from ember.engines.workers import Exit, Polled
 from ember.errors import WorkerFailed
-from ember.metrics import JobFailure, Record, RunEvent
+from ember.metrics.records import (
+    Failure,
+    FinalState,
+    Record,
+    RunEvent,
+    Unreachable,
+    WorkerError,
+    WorkerStart,
+)
 from ember.ps import fetch_state
 
 SERVER_PROBE_SECONDS = 5.0  # until a task has started: how often the servers are asked
@@ -43,7 +50,7 @@ class SparkWorkers:
         self.spark, self.make_frame, self.collector = spark, make_frame, collector
         self.config, self.servers, self.secret = config, servers, secret
         self.job: Job | None = None
-        self.states: list[dict[str, Any]] = []  # allreduce's rank 0 final state, at the end
+        self.states: list[FinalState] = []  # allreduce's rank 0 final state, at the end
         self.over = False  # the job ended and what it returned was polled
         self.seen_attempt = 0
         # without servers, the tasks' own timeouts (the rendezvous, gloo's) bound their start
@@ -64,10 +71,10 @@ class SparkWorkers:
         for streamed in self.collector.drain():
             job.control.saw(streamed)
             polled.shown.append(streamed)
-            self.workers_seen = self.workers_seen or streamed.get("kind") == "start"
-            if streamed.get("kind") == "error" and not streamed.get("retry", True):
+            self.workers_seen = self.workers_seen or isinstance(streamed, WorkerStart)
+            if isinstance(streamed, WorkerError) and not streamed.retry:
                 # the other tasks would only fail alike, or wait for it
-                polled.exits.append(_exit(streamed["error"]))
+                polled.exits.append(_exit(streamed.error))
                 return polled
         attempt = job.attempt()
         if attempt > self.seen_attempt:
@@ -85,7 +92,7 @@ class SparkWorkers:
 
     def failure(self, exit: Exit, why: str) -> tuple[Record, str]:
         tries = self._job().attempt() + 1
-        return JobFailure(error=exit.error), (
+        return Failure(error=exit.error), (
             f"the Spark training job failed ({tries} attempt(s)):\n{exit.error}"
         )
 
@@ -106,18 +113,20 @@ class SparkWorkers:
         if job.error is not None:
             polled.exits.append(_exit(self._job_error(job)))
             return
-        records = [json.loads(line) for line in job.rows]
+        records = [Record.from_json(json.loads(line)) for line in job.rows]
         for record in records:
             job.control.saw(record)
-        for kind in (UNREACHABLE, "error"):
-            said = [r["error"] for r in records if r.get("kind") == kind]
+        for kind in (Unreachable, WorkerError):
+            said = [r.error for r in records if isinstance(r, kind)]
             if said:
                 polled.exits.append(_exit(said[0]))
                 return
         attempt = job.attempt()
-        self.states = [r for r in records if r.get("kind") == STATE]
+        self.states = [r for r in records if isinstance(r, FinalState)]
         # a state record carries megabytes of parameters: not a metric
-        polled.records += [{**r, "attempt": attempt} for r in records if r.get("kind") != STATE]
+        polled.records += [
+            replace(r, attempt=attempt) for r in records if not isinstance(r, FinalState)
+        ]
         self.over = True
 
     def _job_error(self, job: Job) -> str:
