@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,6 +148,13 @@ def layers(declared: dict[str, frozenset[str]]) -> list[list[str]]:
     ]
 
 
+def part_imported(target: str, parts: Collection[str]) -> str:
+    """The part a dotted import of the package names: "wire" for ember.wire.curve, and
+    "__init__" for `from ember import fit`, a name of the package itself."""
+    names = target.split(".")
+    return names[1] if len(names) > 1 and names[1] in parts else "__init__"
+
+
 def violations(
     files: dict[str, str],
     declared: dict[str, frozenset[str] | None] | None = None,
@@ -179,9 +187,7 @@ def violations(
                 found.append(f"{where}: {package.forbidden[top]}")
             if top != package.name:
                 continue
-            names = imp.target.split(".")
-            # `from ember import fit`: a name of the package itself, not one of its parts
-            target = names[1] if len(names) > 1 and names[1] in declared else "__init__"
+            target = part_imported(imp.target, declared)
             allowed = declared.get(part) or frozenset()
             if target != part and target not in allowed:
                 may = ", ".join(sorted(allowed)) or "nothing"
@@ -195,9 +201,8 @@ def unused_declarations(files: dict[str, str], root: str = "ember") -> list[str]
     declared = declarations(files)
     for relative, source in files.items():
         for imp in imports_of(relative, source, root):
-            names = imp.target.split(".")
-            if names[0] == root:
-                target = names[1] if len(names) > 1 and names[1] in declared else "__init__"
+            if imp.target.split(".")[0] == root:
+                target = part_imported(imp.target, declared)
                 used.setdefault(part_of(relative), set()).add(target)
     return [
         f"{part}: declares {name} but imports nothing of it"

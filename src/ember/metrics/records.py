@@ -82,21 +82,19 @@ class Record:
         return line
 
 
-def _in_order(cls: type[Record]) -> list[dataclasses.Field[Any]]:
+def _in_order(cls: type[Record]) -> tuple[dataclasses.Field[Any], ...]:
     """A record's fields in the order its class declares them, the envelope (incarnation and
     attempt, where the class does not declare them) last: a line reads as it always has."""
-    if cls not in _ORDERS:
+    order = _ORDERS.get(cls)
+    if order is None:
         own = list(cls.__annotations__)
-        rank = {name: own.index(name) if name in own else len(own) for name in _names(cls)}
-        _ORDERS[cls] = sorted(dataclasses.fields(cls), key=lambda spec: rank[spec.name])
-    return _ORDERS[cls]
+        rank = {name: i for i, name in enumerate(own)}
+        fields = dataclasses.fields(cls)
+        order = _ORDERS[cls] = tuple(sorted(fields, key=lambda f: rank.get(f.name, len(own))))
+    return order
 
 
-def _names(cls: type[Record]) -> list[str]:
-    return [spec.name for spec in dataclasses.fields(cls)]
-
-
-_ORDERS: dict[type[Record], list[dataclasses.Field[Any]]] = {}
+_ORDERS: dict[type[Record], tuple[dataclasses.Field[Any], ...]] = {}  # computed once a class
 
 
 @dataclass(frozen=True, kw_only=True)
