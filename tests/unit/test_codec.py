@@ -9,8 +9,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from ember import config
 from ember.config import make_config
 from ember.errors import ConfigError, ProtocolError
+from ember.ps.clockrows import MAX_TABLE_ROWS
 from ember.ps.codec import BLOCK, CODECS, codec_named
 from ember.ps.compress import ShardLink
 
@@ -83,6 +85,9 @@ def test_sizes_and_block_aligned_slices_of_an_encoding() -> None:
 def test_every_codec_the_configuration_names_is_one_object_of_that_name() -> None:
     assert [codec_named(kind).name for kind in CODECS] == list(CODECS)
     assert codec_named("int8") is codec_named("int8")  # handed around, never rebuilt
+    # config checks a run's `compress` against its own names: ps imports no config
+    assert config.CODECS == CODECS
+    assert config.MAX_WORKERS == MAX_TABLE_ROWS
     with pytest.raises(ProtocolError, match="codec must be one of none, fp16, bf16, int8"):
         codec_named("int3")
 

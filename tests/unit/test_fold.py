@@ -10,19 +10,16 @@ from ember.algorithms.rules import EASGDRule, SGDRule
 from ember.ps.clocks import ClockTable
 from ember.ps.fold import Fold
 from ember.ps.replies import Replies
-from ember.ps.shard import BLOCK, ShardSpec, ShardState, UpdateRule
+from ember.ps.shard import BLOCK, Shard, ShardSpec, UpdateRule
 
 F32 = np.float32
 SIZE = 3 * BLOCK + 11  # blocks of a slice, and a short last one
 
 
-def _fold(rule: UpdateRule, params: np.ndarray) -> tuple[Fold, ShardState, Counter[str]]:
-    spec = ShardSpec(0, 1, 0, SIZE)
-    shard = ShardState.create(spec, params, rule.state_names, None, False, 0)
-    rejected: Counter[str] = Counter()
-    replies = Replies(shard, Counter())
-    fold = Fold(shard, rule, ClockTable(1, None, 30.0, 30.0), replies, Counter(), rejected)
-    return fold, shard, rejected
+def _fold(rule: UpdateRule, params: np.ndarray) -> tuple[Fold, Shard, Counter[str]]:
+    clocks = ClockTable(1, None, 30.0, 30.0)
+    shard = Shard(ShardSpec(0, 1, 0, SIZE), params, rule, clocks, synchronous=False)
+    return Fold(shard, Replies(shard)), shard, shard.rejected
 
 
 def _read_only(values: np.ndarray) -> np.ndarray:
@@ -75,14 +72,13 @@ def test_a_refused_easgd_chunk_answers_zero_and_leaves_the_center() -> None:
 
 def _fold_with_buffers(
     rule: UpdateRule, params: np.ndarray, first_buffer: int, start: int, synchronous: bool
-) -> tuple[Fold, ShardState]:
+) -> tuple[Fold, Shard]:
     """A shard of keys [start, start + params.size) of a model whose buffers begin at
     key `first_buffer`."""
     spec = ShardSpec(0, 1, start, start + params.size, buffers_from=first_buffer)
-    shard = ShardState.create(spec, params, rule.state_names, None, synchronous, 0)
     clocks = ClockTable(2, None, 30.0, 30.0)
-    fold = Fold(shard, rule, clocks, Replies(shard, Counter()), Counter(), Counter())
-    return fold, shard
+    shard = Shard(spec, params, rule, clocks, synchronous=synchronous)
+    return Fold(shard, Replies(shard)), shard
 
 
 def test_a_push_moves_parameters_by_sgd_and_buffer_keys_by_the_changes_pushed() -> None:
@@ -102,10 +98,10 @@ def test_a_push_moves_parameters_by_sgd_and_buffer_keys_by_the_changes_pushed() 
 def test_a_synchronous_round_adds_the_workers_mean_change_to_buffer_keys() -> None:
     size, start = 40, 100  # the shard's first key is 100; buffers begin at key 120
     fold, shard = _fold_with_buffers(SGDRule(lr=1.0), np.ones(size, F32), 120, start, True)
-    for clock, value in ((0, 2.0), (0, 6.0)):
-        fold.payload([_read_only(np.full(size, value, F32))], clock)
-    for worker in (0, 1):  # both workers have folded into clock 0's round
-        fold.clocks.register(worker, 0, 0).clock = 1
+    workers = [shard.clocks.register(worker, 0, 0) for worker in (0, 1)]
+    for worker, value in zip(workers, (2.0, 6.0), strict=True):
+        fold.payload([_read_only(np.full(size, value, F32))], worker, worker_step=1)
+    assert shard.round_count == 2 and shard.round_due()  # both folded into clock 0's round
     fold.maybe_commit_round()
     np.testing.assert_allclose(shard.params[:20], 1 - 4.0)  # the mean gradient, lr 1
     np.testing.assert_allclose(shard.params[20:], 1 + 4.0)  # plus the mean change pushed

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import numpy as np
 import zmq
 
+from ember.algorithms.rules import SGDRule
+from ember.ps.clocks import ClockTable
 from ember.ps.replies import POOL_BUFFERS, Replies
-from ember.ps.shard import ShardSpec, ShardState
+from ember.ps.shard import Shard, ShardSpec
 from ember.wire import SendTicket
 from ember.wire.sockets import ReplyBacklog
 from ember.wire.ticket import COPIED
@@ -89,8 +90,10 @@ def test_a_slow_reader_costs_one_wait_per_oldest_reply_not_one_per_request() -> 
 
 
 def test_the_reply_pool_keeps_a_few_buffers_whatever_a_burst_allocated() -> None:
-    shard = ShardState.create(ShardSpec(0, 1, 0, 16), np.zeros(16, np.float32), (), None, False, 0)
-    replies = Replies(shard, Counter())
+    clocks = ClockTable(1, None, 30.0, 30.0)
+    rule = SGDRule(lr=0.1)
+    shard = Shard(ShardSpec(0, 1, 0, 16), np.zeros(16, np.float32), rule, clocks, synchronous=False)
+    replies = Replies(shard)
     tracker: Any = Tracker()
     pending = SendTicket(tracker)
     buffers = [replies.buffer() for _ in range(10)]  # a burst of replies none of which left

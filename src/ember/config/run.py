@@ -28,7 +28,9 @@ DATA_MODES = ("auto", "memory", "stream")  # see docs/data.md
 # The most workers a shard's clock table may hold (ps/clockrows.py's MAX_TABLE_ROWS, what a
 # reader of a table accepts): the ceiling of max_workers.
 MAX_WORKERS = 1 << 20
-CODECS = ("none", "fp16", "bf16", "int8")  # how exchanges travel; see ps/codec.py
+# How exchanges travel: the names of ps/codec.py's codecs, which imports no config (a unit
+# test keeps the two the same, and MAX_WORKERS equal to the clock table's row bound).
+CODECS = ("none", "fp16", "bf16", "int8")
 # diloco's tau when none is given: its periods are long (the paper's are 500 inner steps), and
 # at easgd's 8 the outer momentum would extrapolate from a few minibatches' change each round
 DILOCO_TAU = 200

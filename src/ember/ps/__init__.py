@@ -1,14 +1,18 @@
 """The parameter server: a store with an injected update rule, and its clients.
 
 Map:
-- ParameterServer, Op -> server.py: one key-range shard: a request loop and a table from
+- ParameterServer -> server.py: one key-range shard: a request loop and a table from
   operation to handler
-- ShardSpec, ShardState, UpdateRule, shard_ranges -> shard.py: a shard's key range, the rule
-  it is updated by, and the state it holds
+- Op, header_int, header_bool -> protocol.py: the operations, and the checks of a header's
+  fields
+- ShardSpec, Shard, UpdateRule, shard_ranges -> shard.py: a shard's key range, the rule it is
+  updated by, and the Shard: its parameters, rule state, step, round and clock table, and the
+  only methods that write them
 - PushPull -> pushpull.py: pushes and pulls held, streamed chunk by chunk, and answered
 - Fold -> fold.py: contribute-then-commit of a payload's chunks, streamed or whole
 - Replies -> replies.py: reply buffers, and the keys replies in flight still read
-- codec.py: fp16, bf16 and int8 encodings of float32 vectors (numpy only)
+- codec.py: the identity, fp16, bf16 and int8 encodings of float32 vectors (a leaf: numpy
+  and errors only)
 - ShardLink, Views -> compress.py: a worker's error feedback and mirror per shard, a server's
   per-worker views; CodedExchanges -> coded.py: the server's encoded replies
 - PSClient, ExchangeResult, fetch_state, control -> client.py: push/pull/exchange across shards,
@@ -20,7 +24,7 @@ Map:
 - clockrows.py: the clock table as int64 rows in a payload frame, and their checks
 - Consistency, BulkSynchronous, StaleSynchronous, Asynchronous, make_consistency -> consistency.py
 
-imports: config, errors, wire
+imports: errors, wire
 """
 
 from ember.ps.client import ExchangeResult, PSClient, control, fetch_state

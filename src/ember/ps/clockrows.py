@@ -11,13 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from ember.config import MAX_WORKERS
 from ember.errors import ProtocolError
 from ember.wire import gather
 
 COLUMNS = ("worker", "incarnation", "clock", "step", "seq", "live", "finished")
 MAX_ID = 1 << 62  # worker ids and incarnations: they travel as int64 in the rows
-MAX_TABLE_ROWS = MAX_WORKERS  # the most rows any table may have (what a reader accepts)
+# The most rows any table may have (what a reader accepts): the most workers a run may have,
+# config's MAX_WORKERS (tests/unit/test_codec.py keeps the two equal: ps imports no config).
+MAX_TABLE_ROWS = 1 << 20
 _I64 = np.iinfo(np.int64)
 
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ember.config import CODECS
 from ember.errors import ProtocolError
 
-__all__ = ["BLOCK", "CODECS", "Codec", "codec_named"]
+__all__ = ["BLOCK", "CODECS", "IDENTITY", "Codec", "codec_named"]
 BLOCK = 4096  # int8 values sharing one scale
 FP16_MAX = float(np.finfo(np.float16).max)
 BF16_MAX = float(np.uint32(0x7F7F0000).view(np.float32))  # the largest finite bfloat16
@@ -29,6 +28,7 @@ class Codec:
 
     name = "none"
     bytes_per_value = 4
+    compresses = False  # the identity: what a worker that does not compress sends
 
     def encoded_size(self, count: int) -> int:
         """Bytes the encoding of `count` float32 values takes."""
@@ -73,7 +73,7 @@ class Float16(Codec):
     """IEEE half precision, clipped to its largest finite value, not overflowed to inf:
     error feedback carries the excess to later sends."""
 
-    name, bytes_per_value = "fp16", 2
+    name, bytes_per_value, compresses = "fp16", 2, True
 
     def _encode(self, values: np.ndarray, out: np.ndarray) -> None:
         if values.size and not np.abs(values).max() <= FP16_MAX:  # rare: one pass to check
@@ -87,7 +87,7 @@ class Float16(Codec):
 class BFloat16(Codec):
     """The upper 16 bits of float32, rounded to nearest even."""
 
-    name, bytes_per_value = "bf16", 2
+    name, bytes_per_value, compresses = "bf16", 2, True
 
     def _encode(self, values: np.ndarray, out: np.ndarray) -> None:
         _encode_bf16(values, out.view(np.uint16))
@@ -99,7 +99,7 @@ class BFloat16(Codec):
 class Int8(Codec):
     """A float32 scale and one int8 per value, block by block (the module's docstring)."""
 
-    name = "int8"
+    name, compresses = "int8", True
 
     def encoded_size(self, count: int) -> int:
         return count + 4 * (-(-count // BLOCK))
@@ -116,9 +116,11 @@ class Int8(Codec):
         _decode_int8(data, out)
 
 
+IDENTITY = Codec()
 _BY_NAME: dict[str, Codec] = {
-    codec.name: codec for codec in (Codec(), Float16(), BFloat16(), Int8())
+    codec.name: codec for codec in (IDENTITY, Float16(), BFloat16(), Int8())
 }
+CODECS = tuple(_BY_NAME)  # a run's `compress` names one (config checks it against these names)
 
 
 def codec_named(name: object) -> Codec:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -11,20 +10,16 @@ from ember.errors import ProtocolError
 from ember.ps.compress import Views, delta_reply
 from ember.ps.held import Held
 from ember.ps.replies import Replies
-from ember.ps.shard import SLICE, ShardSpec, ShardState, UpdateRule
+from ember.ps.shard import SLICE, Shard
 from ember.wire import ServerEndpoint
 
 
 class CodedExchanges:
     """Decodes encoded pushes and sends encoded replies; PushPull holds the state it uses."""
 
-    spec: ShardSpec
-    shard: ShardState
-    rule: UpdateRule
+    shard: Shard
     endpoint: ServerEndpoint
     replies: Replies
-    counters: Counter[str]
-    rejected: Counter[str]
     views: Views
 
     def _answer(
@@ -42,17 +37,17 @@ class CodedExchanges:
     def _decoded(self, held: Held) -> list[np.ndarray]:
         """An encoded push as float32 slices: gradients decoded, or EASGD's mirror of x_i
         moved by the decoded difference (made anew from x_i itself on a resync)."""
-        assert held.payload is not None and held.codec is not None
-        header, peer, size = held.request.header, held.request.peer, self.spec.size
+        assert held.payload is not None
+        header, peer, size = held.request.header, held.request.peer, self.shard.spec.size
         data = np.concatenate(held.payload) if len(held.payload) > 1 else held.payload[0]
-        if not self.rule.replies:
+        if not self.shard.rule.replies:
             values = held.codec.decode(data, np.empty(size, np.float32))
         elif held.resync:
             values = self.views.reset(header["worker"], held.worker.incarnation, peer, data)
         else:
             mirror = self.views.lookup(header["worker"], held.worker.incarnation, peer)
             if mirror is None:
-                self.rejected["view"] += 1
+                self.shard.rejected["view"] += 1
                 raise ProtocolError(
                     f"worker {header['worker']} sent a difference, but this shard holds no "
                     "mirror of its parameters for this connection; resend with resync"
@@ -75,7 +70,6 @@ class CodedExchanges:
     def _answer_view(self, held: Held) -> None:
         """A pull in codec: the difference from the view this worker holds, or on a resync
         (or with no view yet) the parameters in full, which become its view."""
-        assert held.codec is not None
         worker_id, incarnation = held.request.header["worker"], held.worker.incarnation
         params, peer = self.shard.params, held.request.peer
         view = None if held.resync else self.views.lookup(worker_id, incarnation, peer)
@@ -86,10 +80,9 @@ class CodedExchanges:
             self._send_encoded(held, delta_reply(held.codec, params, view), {"add": True})
 
     def _send_encoded(self, held: Held, encoded: np.ndarray, fields: dict[str, Any]) -> None:
-        assert held.codec is not None  # only a worker that compresses is answered encoded
         header = self._reply_fields(held, held.worker.clock, self.shard.step)
         header.update({"codec": held.codec.name, "view": True, **fields})
         self.endpoint.reply(held.request, header, [encoded])
         held.worker.answered_seq = max(held.worker.answered_seq, header["seq"])
-        self.counters["replies"] += 1
-        self.counters["encoded_replies"] += 1
+        self.shard.counters["replies"] += 1
+        self.shard.counters["encoded_replies"] += 1

@@ -24,17 +24,15 @@ from typing import Any
 import numpy as np
 
 from ember.errors import ProtocolError
-from ember.ps.codec import Codec, codec_named
+from ember.ps.codec import IDENTITY, Codec, codec_named
 from ember.wire import gather, tensors_from_frames
 
 
-def check_codec(header: dict[str, Any]) -> Codec | None:
-    """The codec a request names, None for full precision."""
-    name = header.get("codec")
-    if name is None or name == "none":
-        return None
+def check_codec(header: dict[str, Any]) -> Codec:
+    """The codec a request names: the identity when it names none."""
     try:
-        return codec_named(name)
+        name = header.get("codec")
+        return codec_named(IDENTITY.name if name is None else name)
     except ProtocolError as exc:
         raise ProtocolError(f"header field 'codec': {exc}") from None
 

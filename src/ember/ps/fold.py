@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
 
-from ember.ps.clocks import ClockTable
+from ember.ps.clocks import WorkerEntry
 from ember.ps.replies import Replies
-from ember.ps.shard import SLICE, ShardState, UpdateRule
+from ember.ps.shard import SLICE, Shard
 
 # Rounds a reply slice to what an encoded reply carries, in place: (first key, the slice).
 Squeezer = Callable[[int, np.ndarray], None]
@@ -20,17 +19,8 @@ class Fold:
     committed at once; under a synchronous policy contributions sum into the open round,
     committed together once every live worker has folded into it."""
 
-    def __init__(
-        self,
-        shard: ShardState,
-        rule: UpdateRule,
-        clocks: ClockTable,
-        replies: Replies,
-        counters: Counter[str],
-        rejected: Counter[str],
-    ) -> None:
-        self.shard, self.rule, self.clocks, self.replies = shard, rule, clocks, replies
-        self.counters, self.rejected = counters, rejected
+    def __init__(self, shard: Shard, replies: Replies) -> None:
+        self.shard, self.replies = shard, replies
         self._payload = np.empty(SLICE, np.float32)  # a synchronous push's chunk, read once
 
     def chunk(
@@ -63,7 +53,7 @@ class Fold:
             values = self._read_once(values)
             if not self._finite(values, out):
                 return params
-        contribution = self.rule.contribute(params, values, out)
+        contribution = self.shard.rule.contribute(params, values, out)
         if squeeze is not None and out is not None:
             squeeze(keys.start, out)
         if round_sum is not None:
@@ -71,9 +61,7 @@ class Fold:
             # if finite inputs made it overflow (a pass over the chunk just written).
             if contribution is not values and not self._finite(contribution, out):
                 return params
-            # BSP folds only clock == min_clock, so a round never mixes clocks.
-            round_sum_keys = round_sum[keys]  # an overflow here is refused at the round's commit
-            np.add(round_sum_keys, contribution, out=round_sum_keys)
+            self.shard.add_to_round(keys, contribution)
         elif not self._commit(keys, contribution) and out is not None:
             # A refused chunk is a step the worker does not take: its part of the reply reads
             # zero (easgd's x_i -= e moves nothing), like an input chunk refused by _finite.
@@ -83,33 +71,32 @@ class Fold:
         return params
 
     def payload(
-        self, payload: list[np.ndarray], clock: int, squeeze: Squeezer | None = None
+        self,
+        payload: list[np.ndarray],
+        worker: WorkerEntry,
+        worker_step: int,
+        squeeze: Squeezer | None = None,
     ) -> np.ndarray | None:
-        """Fold a whole push chunk by chunk straight from the receive buffers: the rules are
-        elementwise, so no contiguous copy of the payload is ever made. Returns the reply
-        (a buffer from Replies) if the rule answers pushes."""
-        out = self.replies.buffer() if self.rule.replies else None
+        """Fold a whole push of `worker` chunk by chunk straight from the receive buffers:
+        the rules are elementwise, so no contiguous copy of the payload is ever made. Returns
+        the reply (a buffer from Replies) if the rule answers pushes."""
         shard = self.shard
-        synchronous = shard.round_sum is not None
-        if not synchronous:
+        out = self.replies.buffer() if shard.rule.replies else None
+        if not shard.synchronous:
             self.replies.release_for_writing()
         offset = 0
         for values in payload:
             keys = slice(offset, offset + values.size)
             self.chunk(keys, values, None if out is None else out[keys], squeeze)
             offset = keys.stop
-        self.counters["pushes"] += 1
-        if synchronous:
-            shard.round_count, shard.round_clock = shard.round_count + 1, clock
-        else:
-            shard.step += 1
+        shard.commit_push(worker, worker_step)
         return out
 
     def _commit(self, keys: slice, contribution: np.ndarray) -> bool:
         """One push's contribution committed at once (asynchronously), counted if refused."""
-        if self.shard.commit(self.rule, keys, contribution, 1):
+        if self.shard.commit(keys, contribution, 1):
             return True
-        self.rejected["nonfinite"] += 1
+        self.shard.rejected["nonfinite"] += 1
         return False
 
     def _read_once(self, values: np.ndarray) -> np.ndarray:
@@ -125,14 +112,13 @@ class Fold:
         test (a pass at memory speed); it also refuses values so large their sum overflows."""
         if np.isfinite(chunk.sum()):
             return True
-        self.rejected["nonfinite"] += 1
+        self.shard.rejected["nonfinite"] += 1
         if out is not None:
             out.fill(0)
         return False
 
     def maybe_commit_round(self) -> None:
         """Commit the open synchronous round once every live worker has folded into it."""
-        shard = self.shard
-        if shard.round_due(self.clocks.min_clock()):
+        if self.shard.round_due():
             self.replies.release_for_writing()
-            self.rejected["nonfinite"] += shard.commit_round(self.rule)
+            self.shard.commit_round()

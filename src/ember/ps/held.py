@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ember.ps.clocks import WorkerEntry
-from ember.ps.codec import Codec
+from ember.ps.codec import IDENTITY, Codec
 from ember.wire import Request, SendTicket
 
 
@@ -22,7 +22,7 @@ class Held:
     reply: np.ndarray | None = None  # easgd's elastic difference, filled chunk by chunk
     pooled: bool = True  # the reply buffer returns to the pool (not a shared-memory view)
     tickets: list[SendTicket] = field(default_factory=list)
-    codec: Codec | None = None  # the worker's (compress.py); None: full precision
+    codec: Codec = IDENTITY  # the worker's (compress.py); the identity: full precision
 
     @property
     def resync(self) -> bool:

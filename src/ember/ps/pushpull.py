@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import numpy as np
 
 from ember.errors import ProtocolError
-from ember.ps.clocks import ClockTable, WorkerEntry
+from ember.ps.clocks import WorkerEntry
 from ember.ps.codec import Codec
 from ember.ps.coded import CodedExchanges
 from ember.ps.compress import Squeeze, Views, check_codec
 from ember.ps.consistency import Consistency
 from ember.ps.fold import Fold
 from ember.ps.held import Held
+from ember.ps.protocol import Op, header_bool, header_int
 from ember.ps.replies import Replies
-from ember.ps.shard import (
-    ALL_KEYS,
-    MAX_STEP,
-    SLICE,
-    ShardSpec,
-    ShardState,
-    UpdateRule,
-    header_bool,
-    header_int,
-)
+from ember.ps.shard import ALL_KEYS, MAX_STEP, SLICE, Shard
 from ember.wire import Chunk, Request, SendTicket, ServerEndpoint
 
 
@@ -35,23 +26,14 @@ class PushPull(CodedExchanges):
     the rest of it is still on the wire."""
 
     def __init__(
-        self,
-        spec: ShardSpec,
-        shard: ShardState,
-        rule: UpdateRule,
-        consistency: Consistency,
-        clocks: ClockTable,
-        endpoint: ServerEndpoint,
-        replies: Replies,
-        counters: Counter[str],
-        rejected: Counter[str],
+        self, shard: Shard, consistency: Consistency, endpoint: ServerEndpoint, replies: Replies
     ) -> None:
-        self.spec, self.shard, self.rule, self.consistency = spec, shard, rule, consistency
-        self.clocks, self.endpoint, self.replies = clocks, endpoint, replies
-        self.counters, self.rejected = counters, rejected
+        self.shard, self.consistency = shard, consistency
+        self.endpoint, self.replies = endpoint, replies
+        self.clocks, self.rejected = shard.clocks, shard.rejected  # read often: named once
         self.held: list[Held] = []  # requests the policy does not allow to answer yet
         self.arriving: dict[bytes, Held] = {}  # peer -> push whose payload is on the wire
-        self.fold = Fold(shard, rule, clocks, replies, counters, rejected)
+        self.fold = Fold(shard, replies)
         self.views = Views()  # of the workers that compress
         self.named_tau: int | None = None  # the period rank 0 named (diloco, --tau auto)
 
@@ -91,7 +73,7 @@ class PushPull(CodedExchanges):
             # push of the round is in, rank 0's too, and before any push of the next, so all
             # workers read the same value from the same round.
             self.named_tau = named
-        if header["op"] == "pull":
+        if header["op"] == Op.PULL:
             self.held.append(Held(request, worker, None, codec=codec))
             self.drain()
             return
@@ -105,15 +87,15 @@ class PushPull(CodedExchanges):
         """A request sent again (its reply was lost with a failed server) is not applied
         twice, but gets a reply of the shape it expects: a read is safe to repeat, and an
         elastic difference it never received is answered as zero, a step it does not take."""
-        self.counters["duplicates"] += 1
+        self.shard.counters["duplicates"] += 1
         worker.answered_seq = max(worker.answered_seq, seq)
         header: dict[str, Any] = {"op": "ok", "duplicate": True, "seq": seq}
-        coded = check_codec(request.header) is not None
+        coded = check_codec(request.header).compresses
         worker_id, peer = request.header["worker"], request.peer
         if coded:  # a full-precision answer makes the view anew; a mirror it cannot
             self.views.release(worker_id)
             header["view"] = False
-        if request.header["op"] == "pull" or request.header.get("pull"):
+        if request.header["op"] == Op.PULL or request.header.get("pull"):
             if coded:
                 params = self.shard.params
                 self.views.reset(worker_id, worker.incarnation, peer, params)
@@ -121,7 +103,7 @@ class PushPull(CodedExchanges):
             ticket = self.endpoint.reply(request, header, [self.shard.params], track=True)
             if ticket is not None:
                 self.replies.reading(ALL_KEYS, ticket)
-        elif request.header["op"] == "push" and self.rule.replies:
+        elif request.header["op"] == Op.PUSH and self.shard.rule.replies:
             zeros = self.replies.buffer()
             zeros.fill(0)
             ticket = self.endpoint.reply(request, header, [zeros], track=True)
@@ -138,9 +120,9 @@ class PushPull(CodedExchanges):
             self.rejected["incarnation"] += 1
             raise
 
-    def _check_payload(self, request: Request, codec: Codec | None) -> None:
+    def _check_payload(self, request: Request, codec: Codec) -> None:
         """Refuse a push whose header does not fit this shard before any of its payload is used."""
-        spec = self.spec
+        spec = self.shard.spec
         if request.header.get("keys") != [spec.start, spec.stop]:
             self.rejected["keys"] += 1
             raise ProtocolError(
@@ -149,7 +131,7 @@ class PushPull(CodedExchanges):
             )
         table = request.header.get("tensors")
         wanted = ["float32", [spec.size]]  # EASGD's resync carries x_i in full
-        if codec is not None and not (self.rule.replies and request.header.get("resync")):
+        if codec.compresses and not (self.shard.rule.replies and request.header.get("resync")):
             wanted = ["uint8", [codec.encoded_size(spec.size)]]
         if table != [wanted]:
             self.rejected["shape"] += 1
@@ -164,8 +146,8 @@ class PushPull(CodedExchanges):
         worker, slowest = held.worker, self.clocks.min_clock()
         pull = bool(held.request.header.get("pull"))
         return (
-            held.codec is None  # an encoded push is decoded whole, then folded
-            and self.shard.round_sum is None
+            not held.codec.compresses  # an encoded push is decoded whole, then folded
+            and not self.shard.synchronous
             and self.consistency.ready(worker.clock, slowest)
             and (not pull or self.consistency.ready(worker.clock + 1, slowest))
             and not any(h.worker is worker for h in self.held)
@@ -174,11 +156,11 @@ class PushPull(CodedExchanges):
     def _start_stream(self, held: Held) -> None:
         held.streaming = True
         pull = bool(held.request.header.get("pull"))
-        if not (self.rule.replies or pull):
+        if not (self.shard.rule.replies or pull):
             return  # a bare acknowledgement waits until every chunk is applied (_finish_stream)
         header = self._reply_fields(held, clock=held.worker.clock + 1, step=self.shard.step + 1)
-        self.endpoint.reply_header(held.request, header, [["float32", [self.spec.size]]])
-        if self.rule.replies:
+        self.endpoint.reply_header(held.request, header, [["float32", [self.shard.spec.size]]])
+        if self.shard.rule.replies:
             # Through shared memory, the reply is computed where the worker will read it.
             in_place = self.endpoint.reply_view(held.request)
             held.reply = self.replies.buffer() if in_place is None else in_place
@@ -203,7 +185,7 @@ class PushPull(CodedExchanges):
             if held.streaming:
                 self._finish_stream(held)
             else:
-                if held.codec is not None:
+                if held.codec.compresses:
                     held.payload = self._decoded(held)
                 self.held.append(held)
                 self.drain()
@@ -224,14 +206,11 @@ class PushPull(CodedExchanges):
         worker, shard = held.worker, self.shard
         answered = held.reply is not None or held.request.header.get("pull")
         ack = None if answered else self._reply_fields(held, worker.clock + 1, shard.step + 1)
-        worker.clock += 1
-        worker.step = held.request.header["step"]
-        worker.pulled_at = shard.step + 1
+        shard.commit_push(worker, held.request.header["step"])
+        worker.pulled_at = shard.step
         worker.answered_seq = held.request.header["seq"]
-        shard.step += 1
-        self.counters["pushes"] += 1
-        self.counters["replies"] += 1
-        self.counters["streamed"] += 1
+        self.shard.counters["replies"] += 1
+        self.shard.counters["streamed"] += 1
         if held.reply is not None and held.pooled:
             self.replies.recycle(held.reply, SendTicket.joined(held.tickets))
         if ack is not None:
@@ -257,12 +236,11 @@ class PushPull(CodedExchanges):
             if not self.consistency.ready(worker.clock, self.clocks.min_clock()):
                 return False
             squeeze = None
-            if held.codec is not None and self.rule.replies:
-                squeeze = Squeeze(held.codec, self.spec.size)
+            if held.codec.compresses and self.shard.rule.replies:
+                squeeze = Squeeze(held.codec, self.shard.spec.size)
             refused = self.rejected["nonfinite"]
-            reply = self.fold.payload(held.payload, worker.clock, squeeze)
-            held.folded, worker.clock = True, worker.clock + 1
-            worker.step = header["step"]  # recorded when folded: a checkpoint never skips it
+            reply = self.fold.payload(held.payload, worker, header["step"], squeeze)
+            held.folded = True
             self.fold.maybe_commit_round()
             if reply is not None and squeeze is not None:
                 if self.rejected["nonfinite"] != refused:
@@ -274,10 +252,10 @@ class PushPull(CodedExchanges):
                 self._answer(held, reply_tensor=reply)
                 worker.pulled_at = shard.step
                 return True
-        if header.get("pull", header["op"] == "pull"):
+        if header.get("pull", header["op"] == Op.PULL):
             if not self.consistency.ready(worker.clock, self.clocks.min_clock()):
                 return False
-            if held.codec is not None:
+            if held.codec.compresses:
                 self._answer_view(held)
             else:
                 self._answer(held, reply_tensor=shard.params, aliases_params=True)
@@ -304,7 +282,7 @@ class PushPull(CodedExchanges):
                 self.replies.reading(ALL_KEYS, ticket)
             elif reply_tensor is not None:
                 self.replies.recycle(reply_tensor, ticket)
-        self.counters["replies"] += 1
+        self.shard.counters["replies"] += 1
 
     def _reply_fields(self, held: Held, clock: int, step: int) -> dict[str, Any]:
         """The reply header; staleness counts the updates others made since this worker's

@@ -12,7 +12,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections import Counter
 from enum import Enum
 from typing import Any
 
@@ -20,16 +19,15 @@ import numpy as np
 
 from ember.errors import ProtocolError
 from ember.ps.clockrows import COLUMNS, check_layout, read_rows
-from ember.ps.clocks import ClockTable
+from ember.ps.protocol import Op
 from ember.ps.replies import Replies
-from ember.ps.shard import ShardSpec, ShardState
+from ember.ps.shard import Shard
 from ember.wire import (
     CONNECTION_ERRORS,
     Chunk,
     ClientConnection,
     Request,
     ServerEndpoint,
-    gather,
     tensors_from_frames,
 )
 
@@ -106,27 +104,22 @@ class Replicator:
 
 
 class Replication:
-    """A shard's side of replication, working on the ShardState it is handed: as a primary,
-    taking copies and giving them to a Replicator; as a backup, applying the copies its primary
-    sends, whole or not at all, until it is promoted."""
+    """A shard's side of replication, working on the Shard it is handed: as a primary,
+    taking its snapshots and giving them to a Replicator; as a backup, restoring the copies its
+    primary sends, whole or not at all, until it is promoted."""
 
     def __init__(
         self,
-        spec: ShardSpec,
-        shard: ShardState,
-        clocks: ClockTable,
+        shard: Shard,
         endpoint: ServerEndpoint,
         replies: Replies,
-        counters: Counter[str],
-        rejected: Counter[str],
         secret: bytes,
         *,
         role: Role,
         backup: str | None,
         interval: float,
     ) -> None:
-        self.spec, self.shard, self.clocks, self.endpoint = spec, shard, clocks, endpoint
-        self.replies, self.counters, self.rejected = replies, counters, rejected
+        self.shard, self.endpoint, self.replies = shard, endpoint, replies
         self.role, self.interval, self._secret = role, interval, secret
         self.replicator = self._replicator(backup)
         self.copy_arriving: Request | None = None  # a copy from the primary, header accepted
@@ -148,34 +141,33 @@ class Replication:
 
     def send_copy(self) -> None:
         assert self.replicator is not None
-        shard = self.shard
-        tensors = shard.copied()
+        copy = self.shard.snapshot()
         header = {
-            "op": "replicate",
+            "op": Op.REPLICATE.value,
             "seq": 0,
-            "names": list(tensors),
-            "step": shard.step,
-            "round": [shard.round_count, shard.round_clock],
+            "names": list(copy.tensors),
+            "step": copy.step,
+            "round": list(copy.round),
             "workers": list(COLUMNS),  # the table is the last payload tensor, of any size
         }
-        arrays = [t.copy() for t in tensors.values()] + [self.clocks.rows()]
-        self.replicator.offer(header, arrays)
+        self.replicator.offer(header, [*copy.tensors.values(), copy.rows])
         self._copied_at = time.monotonic()
 
     def accept_copy(self, request: Request) -> None:
         """A copy's header: its payload is taken only if it fits this shard as it is."""
+        spec = self.shard.spec
         if self.role is Role.PRIMARY:
-            raise ProtocolError(f"shard {self.spec.index} is a primary; it takes no copies")
+            raise ProtocolError(f"shard {spec.index} is a primary; it takes no copies")
         names, header = list(self.shard.copied()), request.header
         table = header.get("tensors")
         if (
             header.get("names") != names
             or not isinstance(table, list)
-            or table[:-1] != [["float32", [self.spec.size]] for _ in names]
+            or table[:-1] != [["float32", [spec.size]] for _ in names]
         ):
-            self.rejected["shape"] += 1
+            self.shard.rejected["shape"] += 1
             raise ProtocolError(
-                f"a copy for shard {self.spec.index} must carry {names} and the clock table"
+                f"a copy for shard {spec.index} must carry {names} and the clock table"
             )
         try:
             if header.get("workers") != list(COLUMNS):
@@ -183,9 +175,9 @@ class Replication:
                     f"workers must name the clock table's columns {list(COLUMNS)}, got "
                     f"{header.get('workers')!r}"
                 )
-            check_layout(table[-1], self.clocks.max_workers)
+            check_layout(table[-1], self.shard.clocks.max_workers)
         except ProtocolError as exc:
-            raise ProtocolError(f"malformed copy of shard {self.spec.index}: {exc}") from None
+            raise ProtocolError(f"malformed copy of shard {spec.index}: {exc}") from None
         self.copy_arriving = request
 
     def on_chunk(self, chunk: Chunk) -> None:
@@ -199,12 +191,12 @@ class Replication:
             self._apply(chunk.request)
 
     def _apply(self, request: Request) -> None:
-        header, spec = request.header, self.spec
-        names, max_rows = header["names"], self.clocks.max_workers
+        header, shard = request.header, self.shard
+        spec, names, max_rows = shard.spec, header["names"], shard.clocks.max_workers
         limit = 4 * spec.size * len(names) + 8 * len(COLUMNS) * max_rows
         *tensors, table = tensors_from_frames(header["tensors"], request.frames, limit)
-        step = header.get("step")
-        round_ = header.get("round")
+        step: Any = header.get("step")
+        round_: Any = header.get("round")
         if not _is_count(step):
             raise ProtocolError(f"malformed copy of shard {spec.index}: step is {step!r}")
         if not (isinstance(round_, list) and len(round_) == 2 and all(map(_is_count, round_))):
@@ -212,19 +204,14 @@ class Replication:
                 f"malformed copy of shard {spec.index}: round must be [count, clock], "
                 f"got {round_!r}"
             )
-        round_count, round_clock = round_
-        try:  # every row is checked before the table is replaced
-            self.clocks.restore(read_rows(header["tensors"][-1], table, max_rows))
+        try:  # every row is checked before anything is replaced
+            rows = read_rows(header["tensors"][-1], table, max_rows)
         except ProtocolError as exc:
             raise ProtocolError(f"malformed copy of shard {spec.index}: {exc}") from None
         self.replies.release_for_writing()  # a snapshot in flight may still read the old state
-        targets = self.shard.copied()
-        for name, chunks in zip(names, tensors, strict=True):
-            gather(chunks, targets[name])
-        self.shard.step = header["step"]
-        self.shard.round_count, self.shard.round_clock = round_count, round_clock
-        self.counters["copies_applied"] += 1
-        self.endpoint.reply(request, {"op": "ok", "step": self.shard.step})
+        shard.restore(dict(zip(names, tensors, strict=True)), step, (round_[0], round_[1]), rows)
+        shard.counters["copies_applied"] += 1
+        self.endpoint.reply(request, {"op": "ok", "step": shard.step})
 
     def promote(self, request: Request) -> None:
         """The launcher saw this shard's primary die: serve workers from the last copy."""
@@ -234,11 +221,12 @@ class Replication:
         self.copy_arriving = None  # a copy still on its way is older than what we now serve
         if self.role is not Role.PRIMARY:
             self.role = Role.PRIMARY
-            self.clocks.touch_all()  # silence while we were a backup is not the workers' fault
-            self.clocks.events.append({"event": "promoted", "step": self.shard.step})
+            self.shard.clocks.touch_all()  # silence as a backup is not the workers' fault
+            self.shard.clocks.events.append({"event": "promoted", "step": self.shard.step})
         if backup is not None and self.replicator is None:
             self.replicator = self._replicator(backup)
-        copies = self.counters["copies_applied"]  # 0: it serves the checkpoint it started from
+        # 0: it serves the checkpoint it started from
+        copies = self.shard.counters["copies_applied"]
         self.endpoint.reply(
             request, {"op": "ok", "step": self.shard.step, "copies_applied": copies}
         )

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 
-from ember.ps.shard import ALL_KEYS, ShardSpec, ShardState
+from ember.ps.shard import ALL_KEYS, Shard, ShardSpec
 from ember.wire import CHUNK_BYTES, SendTicket
 
 # Reply buffers kept for reuse: one per reply an honest peer can have in flight is plenty;
@@ -26,8 +24,8 @@ class Replies:
     until its send ticket is done, by reusing reply buffers only after that and by moving
     the shard to private copies before an update of keys a reply still reads."""
 
-    def __init__(self, shard: ShardState, counters: Counter[str]) -> None:
-        self._shard, self._counters = shard, counters
+    def __init__(self, shard: Shard) -> None:
+        self._shard = shard
         self._reading: list[tuple[slice, SendTicket]] = []  # replies that read the shard's keys
         self._pool: list[tuple[np.ndarray, SendTicket | None]] = []
 
@@ -58,7 +56,7 @@ class Replies:
             return
         self._shard.move_to_private_copies()
         self._reading.clear()
-        self._counters["copies_for_slow_readers"] += 1
+        self._shard.counters["copies_for_slow_readers"] += 1
 
 
 def _overlap(a: slice, b: slice) -> bool:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
-from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -13,17 +11,12 @@ from ember.errors import ProtocolError
 from ember.ps.clockrows import COLUMNS
 from ember.ps.clocks import ClockTable
 from ember.ps.consistency import Consistency
-from ember.ps.pushpull import Held, PushPull
+from ember.ps.held import Held
+from ember.ps.protocol import WORKER_OPS, Op, header_int
+from ember.ps.pushpull import PushPull
 from ember.ps.replica import Replication, Replicator, Role
 from ember.ps.replies import Replies, unread_budget
-from ember.ps.shard import (
-    ALL_KEYS,
-    ShardSpec,
-    ShardState,
-    UpdateRule,
-    header_int,
-    shard_ranges,
-)
+from ember.ps.shard import ALL_KEYS, Shard, ShardSpec, UpdateRule, shard_ranges
 from ember.wire import Chunk, Request, ServerEndpoint
 
 __all__ = ["Op", "ParameterServer", "Role", "ShardSpec", "UpdateRule", "shard_ranges"]
@@ -33,33 +26,13 @@ MAX_WORKER_ID = (1 << 63) - 1  # the clock table's int64 column
 MIN_REGION_BYTES = 1 << 16  # what a tiny shard's region may hold each way all the same
 
 
-class Op(str, Enum):
-    """The operations a server answers (a request header's `op`); equal to, hashed like and
-    printed as the name on the wire."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    REGISTER = "register"
-    PUSH = "push"
-    PULL = "pull"
-    DONE = "done"
-    SNAPSHOT = "snapshot"
-    STATS = "stats"
-    STOP = "stop"
-    REPLICATE = "replicate"
-    PROMOTE = "promote"
-
-
-WORKER_OPS = frozenset({Op.REGISTER, Op.PUSH, Op.PULL, Op.DONE})  # only a primary serves them
-
-
 class ParameterServer:
     """A store with an injected update rule; the consistency policy decides when to answer.
 
-    The server is a loop over requests and a table from operation to handler; the shard's
-    state (ShardState), its pushes and pulls (PushPull), the buffers its replies read
-    (Replies) and its replication (Replication) are parts it hands that state to."""
+    The server is a loop over requests and a table from operation to handler; the Shard
+    holds the state, and its pushes and pulls (PushPull), the buffers its replies read
+    (Replies) and its replication (Replication) are parts it hands the Shard to, as ps-lite's
+    KVServer hands its request handle the store."""
 
     def __init__(
         self,
@@ -85,9 +58,6 @@ class ParameterServer:
         At most `max_workers` workers are registered at once (default: a few times the
         expected ones, plus room for joiners)."""
         self.spec, self.rule, self.consistency = shard, rule, consistency
-        self.shard = ShardState.create(
-            self.spec, params, rule.state_names, state, consistency.synchronous, step
-        )
         # Slow process start-up (spawn, imports, data) must not count as silence.
         self.clocks = ClockTable(
             expected_workers,
@@ -95,6 +65,15 @@ class ParameterServer:
             worker_timeout,
             startup_grace=max(120.0, worker_timeout),
             max_workers=max_workers,
+        )
+        self.shard = Shard(
+            shard,
+            params,
+            rule,
+            self.clocks,
+            synchronous=consistency.synchronous,
+            saved=state,
+            step=step,
         )
         # Only a push and a copy from the primary carry a payload, each refused at its header
         # unless it has the shard's exact shape (pushpull.py, replica.py): the endpoint
@@ -107,28 +86,13 @@ class ParameterServer:
             max_region_bytes=max(4 * shard.size, MIN_REGION_BYTES),
         )
         self.address = self.endpoint.address
-        self.rejected: Counter[str] = Counter()
-        self.counters: Counter[str] = Counter()
-        self.replies = Replies(self.shard, self.counters)
-        self.pushes = PushPull(
-            self.spec,
-            self.shard,
-            rule,
-            consistency,
-            self.clocks,
-            self.endpoint,
-            self.replies,
-            self.counters,
-            self.rejected,
-        )
+        self.counters, self.rejected = self.shard.counters, self.shard.rejected
+        self.replies = Replies(self.shard)
+        self.pushes = PushPull(self.shard, consistency, self.endpoint, self.replies)
         self.replication = Replication(
-            self.spec,
             self.shard,
-            self.clocks,
             self.endpoint,
             self.replies,
-            self.counters,
-            self.rejected,
             secret,
             role=Role(role),
             backup=backup,

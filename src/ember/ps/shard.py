@@ -1,19 +1,19 @@
-"""A shard: its key range, the rule that updates it, and the state it holds with the one
-commit that moves it (no sockets here). NumPy float32 arrays throughout: the server process
+"""A shard: its key range, the rule that updates it, and the Shard, which holds its state
+and is the only writer of it (no sockets here). NumPy float32 arrays throughout: the server process
 never imports torch."""
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections import Counter
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from ember.errors import ProtocolError
-from ember.wire import CHUNK_BYTES
+from ember.ps.clocks import ClockTable, WorkerEntry
+from ember.wire import CHUNK_BYTES, gather
 
 SLICE = CHUNK_BYTES // 4  # keys a round commits (and checks) at a time: one payload chunk's worth
 BLOCK = 1 << 16  # keys a commit works on at a time: its arrays' blocks fit in a core's L2 cache
@@ -100,53 +100,51 @@ def shard_ranges(total: int, count: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(bounds))
 
 
-@dataclass
-class ShardState:
-    """What one shard holds (parameters, buffers, the rule's optimizer state, its step and an
-    open round's clock: everything a checkpoint or a copy to the backup carries, beside the
-    workers' clock table), and `commit`, the one way a push moves it. `params` and
-    `rule_state` may be replaced by private copies while a reply still reads the old ones, so
-    hold the ShardState, never its tensors."""
+class Shard:
+    """One shard's whole state: its parameters and buffers, the rule's per-key state, its
+    step, an open synchronous round, and its workers' clock table (membership); and its
+    counters. Its methods are the only writers of that state: `commit_push` when a push is
+    folded, `commit_round` when a round closes, `restore` when a copy from the primary
+    arrives; `commit` and `add_to_round` move a slice of keys. `params` and `rule_state` may
+    be replaced by private copies while a reply still reads the old ones, so hold the
+    Shard, never its tensors."""
 
-    params: np.ndarray  # this shard's keys of the flat parameter vector
-    rule_state: dict[str, np.ndarray]  # the rule's per-key state, in state_names order
-    round_sum: np.ndarray | None  # an open synchronous round's contributions; None if async
-    round_count: int = 0  # contributions round_sum holds
-    round_clock: int = 0  # the clock whose contributions round_sum holds
-    step: int = 0  # commits applied to the parameters
-    buffers_from: int | None = None  # the first key that holds a buffer; None: the size
-    # scratch, reused by every commit: a slice's values before it, and the rule's own
-    _before: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
-    _rule_scratch: np.ndarray = field(
-        default_factory=lambda: np.empty(BLOCK, np.float32), repr=False, compare=False
-    )
-
-    @classmethod
-    def create(
-        cls,
+    def __init__(
+        self,
         spec: ShardSpec,
         params: np.ndarray,
-        state_names: Iterable[str],
-        saved: dict[str, np.ndarray] | None,
+        rule: UpdateRule,
+        clocks: ClockTable,
+        *,
         synchronous: bool,
-        step: int,
-    ) -> ShardState:
+        saved: dict[str, np.ndarray] | None = None,
+        step: int = 0,
+    ) -> None:
         if params.shape != (spec.size,) or params.dtype != np.float32:
             raise ValueError(
                 f"shard {spec.index} wants float32[{spec.size}], "
                 f"got {params.dtype}{list(params.shape)}"
             )
-        rule_state = {name: np.zeros(spec.size, np.float32) for name in state_names}
+        self.spec, self.rule, self.clocks = spec, rule, clocks
+        self.params = np.array(params, dtype=np.float32, copy=True)
+        self.rule_state = {name: np.zeros(spec.size, np.float32) for name in rule.state_names}
         for name, value in (saved or {}).items():
-            rule_state[name][:] = np.asarray(value, dtype=np.float32)
-        return cls(
-            params=np.array(params, dtype=np.float32, copy=True),
-            rule_state=rule_state,
-            round_sum=np.zeros(spec.size, np.float32) if synchronous else None,
-            step=step,
-            buffers_from=spec.local_buffers_from,
-        )
+            self.rule_state[name][:] = np.asarray(value, dtype=np.float32)
+        # an open synchronous round: the contributions of round_count workers at round_clock
+        self.round_sum = np.zeros(spec.size, np.float32) if synchronous else None
+        self.round_count, self.round_clock = 0, 0
+        self.step = step  # commits applied to the parameters
+        self.counters: Counter[str] = Counter()
+        self.rejected: Counter[str] = Counter()  # requests and slices refused, by reason
+        # scratch, reused by every commit: a slice's values before it, and the rule's own
+        self._before: dict[str, np.ndarray] = {}
+        self._rule_scratch = np.empty(BLOCK, np.float32)
 
+    @property
+    def synchronous(self) -> bool:
+        return self.round_sum is not None
+
+    # ---- reading -------------------------------------------------------------------------------
     def state_at(self, keys: slice) -> dict[str, np.ndarray]:
         """The rule's state for `keys`, as views."""
         return {name: value[keys] for name, value in self.rule_state.items()}
@@ -162,27 +160,61 @@ class ShardState:
             tensors["round_sum"] = self.round_sum
         return tensors
 
-    def commit(self, rule: UpdateRule, keys: slice, contribution: np.ndarray, count: int) -> bool:
-        """Commit `contribution` (the sum of `count` workers') to `keys` by `rule`, unless the
-        result holds NaN or Inf (then False): finite inputs can still overflow (two pushes of
-        3e38). A refused commit puts back the slice's parameters and rule state. The work goes
-        block by block (BLOCK keys): the copy kept for that, the rule's passes and the check, a
-        sum of what was just written, all read the block from cache, so the passes NumPy cannot
-        fuse cost about one trip through memory."""
-        params, state = self.params[keys], self.state_at(keys)
+    def snapshot(self) -> ShardCopy:
+        """A copy of everything a backup needs to serve from, the caller's to send."""
+        tensors = {name: value.copy() for name, value in self.copied().items()}
+        round_ = (self.round_count, self.round_clock)
+        return ShardCopy(tensors, self.step, round_, self.clocks.rows())
+
+    def round_due(self) -> bool:
+        """Whether the open synchronous round has every live worker's contribution: the
+        slowest clock is past the round's."""
+        return (
+            self.round_sum is not None
+            and self.round_count > 0
+            and self.clocks.min_clock() > self.round_clock
+        )
+
+    # ---- writing -------------------------------------------------------------------------------
+    def commit_push(self, worker: WorkerEntry, worker_step: int) -> None:
+        """A push of `worker`, whose own step is `worker_step`, is folded whole: its clock
+        moves on; asynchronously the shard's step does, synchronously the open round counts
+        it (a round never mixes clocks: only the slowest clock's pushes are folded)."""
+        if self.round_sum is not None:
+            self.round_count, self.round_clock = self.round_count + 1, worker.clock
+        else:
+            self.step += 1
+        worker.clock += 1
+        worker.step = worker_step  # recorded when folded: a checkpoint never skips it
+        self.counters["pushes"] += 1
+
+    def add_to_round(self, keys: slice, contribution: np.ndarray) -> None:
+        """A synchronous push's contribution to `keys`, held for the round's commit (an
+        overflow here is refused there)."""
+        assert self.round_sum is not None
+        held = self.round_sum[keys]
+        np.add(held, contribution, out=held)
+
+    def commit(self, keys: slice, contribution: np.ndarray, count: int) -> bool:
+        """Commit `contribution` (the sum of `count` workers') to `keys` by the rule, unless
+        the result holds NaN or Inf (then False): finite inputs can still overflow (two
+        pushes of 3e38). A refused commit puts back the slice's parameters and rule state.
+        The work goes block by block (BLOCK keys): the copy kept for that, the rule's passes
+        and the check, a sum of what was just written, all read the block from cache, so
+        the passes NumPy cannot fuse cost about one trip through memory."""
+        rule, params, state = self.rule, self.params[keys], self.state_at(keys)
         kept = [(value, self._scratch(name, params.size)) for name, value in state.items()]
         kept.append((params, self._scratch("params", params.size)))
         scratch, size = self._rule_scratch, params.size
         # keys from `split` on hold the model's buffers, which the rule folds in its own way
-        shard_split = self.buffers_from
-        split = size if shard_split is None else min(max(shard_split - keys.start, 0), size)
+        split = min(max(self.spec.local_buffers_from - keys.start, 0), size)
+        step = self.step + 1  # this commit's number, for Adam and schedules
         for start in range(0, size, BLOCK):  # a short loop: its overhead is a few percent
             block = slice(start, start + BLOCK)
             for value, before in kept:
                 np.copyto(before[block], value[block])
             written = params[block]
             stop = start + written.size
-            step = self.step + 1  # this commit's number, for Adam and schedules
             for part, buffers in (
                 (slice(start, min(stop, split)), False),
                 (slice(max(start, split), stop), True),
@@ -197,9 +229,8 @@ class ShardState:
                 else:
                     rule.commit(*args, step=step)
             if not math.isfinite(written.sum()):
-                done = start + written.size
                 for value, before in kept:
-                    np.copyto(value[:done], before[:done])
+                    np.copyto(value[:stop], before[:stop])
                 return False
         return True
 
@@ -209,25 +240,31 @@ class ShardState:
             buffer = self._before[name] = np.empty(max(size, SLICE), np.float32)
         return buffer[:size]
 
-    def round_due(self, min_clock: int) -> bool:
-        """Whether the open synchronous round has every live worker's contribution: the
-        slowest clock is past the round's."""
-        return self.round_sum is not None and self.round_count > 0 and min_clock > self.round_clock
-
-    def commit_round(self, rule: UpdateRule) -> int:
-        """Commit the open round and open the next; returns the slices refused. The rules are
-        elementwise, so a round commits slice by slice; a slice whose result would not be
-        finite keeps its parameters, and the round's sum of it is dropped."""
+    def commit_round(self) -> None:
+        """Commit the open round and open the next. The rules are elementwise, so a round
+        commits slice by slice; a slice whose result would not be finite keeps its
+        parameters, and the round's sum of it is dropped (counted as refused)."""
         assert self.round_sum is not None
-        refused = 0
         with np.errstate(over="ignore", invalid="ignore"):
             for start in range(0, self.params.size, SLICE):
                 keys = slice(start, start + SLICE)
-                refused += not self.commit(rule, keys, self.round_sum[keys], self.round_count)
+                if not self.commit(keys, self.round_sum[keys], self.round_count):
+                    self.rejected["nonfinite"] += 1
         self.step += 1
         self.round_sum.fill(0)
         self.round_count = 0
-        return refused
+
+    def restore(
+        self, chunks: dict[str, list[np.ndarray]], step: int, round_: tuple[int, int], rows: object
+    ) -> None:
+        """Take a copy from the primary (`snapshot`'s parts as received, each tensor as its
+        chunks): every clock row is checked before anything is replaced."""
+        self.clocks.restore(rows)
+        targets = self.copied()
+        for name, parts in chunks.items():
+            gather(parts, targets[name])
+        self.step = step
+        self.round_count, self.round_clock = round_
 
     def move_to_private_copies(self) -> None:
         """Go on with copies of params and rule state, leaving the old tensors to their readers."""
@@ -235,22 +272,12 @@ class ShardState:
         self.rule_state = {name: value.copy() for name, value in self.rule_state.items()}
 
 
-def header_int(
-    header: dict[str, Any], key: str, minimum: int | None = None, maximum: int | None = None
-) -> int:
-    value = header.get(key)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ProtocolError(f"header field {key!r} must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ProtocolError(f"header field {key!r} must be >= {minimum}, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise ProtocolError(f"header field {key!r} must be <= {maximum}, got {value!r}")
-    return value
+@dataclass(frozen=True)
+class ShardCopy:
+    """What a primary ships its backup (Shard.snapshot): tensors by name, the step, the open
+    round as (count, clock), and the clock table's rows."""
 
-
-def header_bool(header: dict[str, Any], key: str) -> bool:
-    """An optional flag: absent is False."""
-    value = header.get(key, False)
-    if not isinstance(value, bool):
-        raise ProtocolError(f"header field {key!r} must be true or false, got {value!r}")
-    return value
+    tensors: dict[str, np.ndarray]
+    step: int
+    round: tuple[int, int]
+    rows: np.ndarray
