@@ -392,7 +392,7 @@ def unread_pulls(
     before = peak = rss(pid)
     for _ in range(requests):
         slow.seq += 1
-        slow.connections[0].send(slow._header("pull", 0, None, {}))
+        slow.connections[0].send(slow._message("pull", 0, None, {}).header())
         honest.push(values, reply_into=pulled, pull=True)
         peak = max(peak, rss(pid))
     return peak - before, honest, slow

@@ -30,7 +30,8 @@ def _bytes_per_sample(summary: dict) -> float:
 
 @pytest.mark.parametrize("strategy", ["async", "bsp", "easgd-async"])
 def test_int8_reaches_097_with_a_quarter_of_the_bytes_per_sample(tmp_path, strategy) -> None:
-    compressed = _train(tmp_path, strategy, "int8", epochs=3)
+    # async at 3 epochs ends between 0.970 and 0.974 by the order its workers' pushes land in
+    compressed = _train(tmp_path, strategy, "int8", epochs=4)
     # Bytes per sample of an uncompressed run do not depend on its length: one epoch will do.
     plain = _train(tmp_path, strategy, "none", epochs=1)
     assert compressed["test_accuracy"] >= 0.97

@@ -3,8 +3,8 @@
 Map:
 - ParameterServer -> server.py: one key-range shard: a request loop and a table from
   operation to handler
-- Op, header_int, header_bool -> protocol.py: the operations, and the checks of a header's
-  fields
+- Op, Register, Exchange, Done, Promote, Joined, Answer -> protocol.py: every request and
+  reply as a class, encoded by `header()` and decoded, every field checked, by `from_header`
 - ShardSpec, Shard, UpdateRule, shard_ranges -> shard.py: a shard's key range, the rule it is
   updated by, and the Shard: its parameters, rule state, step, round and clock table, and the
   only methods that write them

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ember.errors import NotPrimary, ProtocolError, ServerGone, ServerUnavailable
 from ember.ps.clockrows import COLUMNS, MAX_TABLE_ROWS, read_rows, rows_to_table
-from ember.ps.codec import Codec, codec_named
+from ember.ps.codec import IDENTITY, Codec, codec_named
 from ember.ps.compress import ShardLink
+from ember.ps.protocol import Answer, Done, Exchange, Joined, Op, Register, WorkerRequest
 from ember.wire import ClientConnection, gather, shared, tensors_from_frames
 
 CONNECT_TIMEOUT = 2.0  # per attempt while a shard fails over or restarts
@@ -73,14 +74,14 @@ class PSClient:
     def register(self) -> dict[str, int]:
         """Join every shard; returns the clock and step the servers remember for this worker."""
         replies = self._round_trip("register", [None] * len(self.connections), {})
-        self.ranges = [(int(h["keys"][0]), int(h["keys"][1])) for h, _ in replies]
+        joined = [Joined.from_header(h) for h, _ in replies]
+        self.ranges = [j.keys for j in joined]
         if self.codec.name != "none":  # a new membership: every view starts in full precision
             self.links = [ShardLink(self.codec, b - a, self.differences) for a, b in self.ranges]
         for index in range(len(self.connections)):
             self._share_memory(index)
-        clocks = {h["clock"] for h, _ in replies}
-        self.clock = min(clocks)
-        self.step = min(h["step"] for h, _ in replies)
+        self.clock = min(j.clock for j in joined)
+        self.step = min(j.step for j in joined)
         return {"clock": self.clock, "step": self.step}
 
     @property
@@ -116,12 +117,13 @@ class PSClient:
         self.clock += 1
         pulled = self._scatter(replies, reply_into, push=True)
         self._originals = []
+        answers = [Answer.from_header(h) for h, _ in replies]
         return ExchangeResult(
             time.perf_counter() - started,
             sum(p.nbytes for p in parts if p is not None),
             pulled,
-            max(h.get("staleness", 0) for h, _ in replies),
-            _named_tau(replies[0][0]),
+            max(a.staleness for a in answers),
+            answers[0].tau,
         )
 
     def pull(self, out: np.ndarray) -> ExchangeResult:
@@ -151,7 +153,7 @@ class PSClient:
         in into[i] as it arrives (_scatter then finds it in place)."""
         self.seq += 1
         for index, (connection, part) in enumerate(zip(self.connections, parts, strict=True)):
-            header = self._header(op, index, part, extra)
+            header = self._message(op, index, part, extra).header()
             connection.send(header, [part] if part is not None else [])
         replies = []
         for index, part in enumerate(parts):
@@ -169,25 +171,32 @@ class PSClient:
             replies.append((header, frames))
         return replies
 
-    def _header(self, op: str, index: int, part: np.ndarray | None, extra: dict[str, Any]) -> Any:
-        header = {
-            "op": op,
-            "worker": self.worker,
-            "incarnation": self.incarnation,
-            "seq": self.seq,
-            "clock": self.clock,
-            "step": self.step,
-            **extra,
-        }
-        if part is not None:
-            header["keys"] = list(self.ranges[index])
-        if op == "push" and self.tau is not None:
-            header["tau"] = self.tau
-        # EASGD's pull (its start at the center) is full precision; its pushes are encoded.
-        coded = op == "push" or (op == "pull" and not self.differences)
-        if self.links is not None and coded:
-            header.update(self.links[index].fields())
-        return header
+    def _message(
+        self, op: str, index: int, part: np.ndarray | None, extra: dict[str, Any]
+    ) -> WorkerRequest:
+        """Shard `index`'s request of this round trip; `extra` sets fields of it."""
+        worker, incarnation, seq = self.worker, self.incarnation, self.seq
+        message: WorkerRequest
+        if op == Op.REGISTER:
+            message = Register(worker=worker, incarnation=incarnation, seq=seq)
+        elif op == Op.DONE:
+            message = Done(worker=worker, incarnation=incarnation, seq=seq)
+        else:
+            # EASGD's pull (its start at the center) is full precision; its pushes are encoded.
+            coded = op == Op.PUSH or not self.differences
+            link = self.links[index] if self.links is not None and coded else None
+            message = Exchange(
+                op=Op(op),
+                worker=worker,
+                incarnation=incarnation,
+                seq=seq,
+                step=self.step,
+                keys=self.ranges[index] if part is not None else None,
+                tau=self.tau if op == Op.PUSH else None,
+                codec=IDENTITY if link is None else link.codec,
+                resync=link is not None and not link.synced,
+            )
+        return replace(message, **extra)
 
     def _recover(
         self, index: int, op: str, part: np.ndarray | None, extra: dict[str, Any]
@@ -203,11 +212,12 @@ class PSClient:
             self.connections[index] = connection = self._open(index, backoff)
             try:
                 if op not in ("register", "done"):  # done needs no membership: it ends it
-                    connection.send(self._header("register", index, None, {}))
+                    connection.send(self._message("register", index, None, {}).header())
                     connection.recv()
                     self._share_memory(index)
                 connection.send(
-                    self._header(op, index, part, extra), [part] if part is not None else []
+                    self._message(op, index, part, extra).header(),
+                    [part] if part is not None else [],
                 )
                 reply = connection.recv()
                 self.failovers += 1
@@ -249,7 +259,9 @@ class PSClient:
         received = 0
         for index, ((a, b), (header, frames)) in enumerate(zip(self.ranges, replies, strict=True)):
             if self.links is not None:
-                received += self.links[index].incoming(header, frames, out[a:b], push)
+                answer = Answer.from_header(header)
+                table = header.get("tensors", [])
+                received += self.links[index].incoming(answer, table, frames, out[a:b], push)
                 continue
             chunks = tensors_from_frames(header.get("tensors", []), frames, max_bytes=4 * (b - a))
             if len(chunks) != 1:
@@ -273,12 +285,6 @@ class _Backoff:
             ) from None
         time.sleep(self.pause)
         self.pause = min(2 * self.pause, BACKOFF[1])
-
-
-def _named_tau(header: dict[str, Any]) -> int | None:
-    """The period a reply names for the next rounds, when it names a valid one."""
-    tau = header.get("tau")
-    return tau if isinstance(tau, int) and not isinstance(tau, bool) and tau >= 1 else None
 
 
 def fetch_state(

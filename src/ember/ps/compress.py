@@ -24,17 +24,9 @@ from typing import Any
 import numpy as np
 
 from ember.errors import ProtocolError
-from ember.ps.codec import IDENTITY, Codec, codec_named
+from ember.ps.codec import Codec
+from ember.ps.protocol import Answer
 from ember.wire import gather, tensors_from_frames
-
-
-def check_codec(header: dict[str, Any]) -> Codec:
-    """The codec a request names: the identity when it names none."""
-    try:
-        name = header.get("codec")
-        return codec_named(IDENTITY.name if name is None else name)
-    except ProtocolError as exc:
-        raise ProtocolError(f"header field 'codec': {exc}") from None
 
 
 class ShardLink:
@@ -49,9 +41,6 @@ class ShardLink:
         self.synced = False  # the server holds this connection's view or mirror
         self._scratch = np.empty(size, np.float32)
         self._sent: np.ndarray | None = None  # the last payload, for a resend
-
-    def fields(self) -> dict[str, Any]:
-        return {"codec": self.codec.name, "resync": not self.synced}
 
     def outgoing(self, values: np.ndarray) -> np.ndarray:
         """What to send for `values` (this shard's keys)."""
@@ -86,15 +75,15 @@ class ShardLink:
         return values
 
     def incoming(
-        self, header: dict[str, Any], frames: list[Any], out: np.ndarray, push: bool
+        self, answer: Answer, table: Any, frames: list[Any], out: np.ndarray, push: bool
     ) -> int:
-        """Apply a reply's tensor to `out` (this shard's keys); returns its bytes."""
-        table = header.get("tensors", [])
+        """Apply a reply's tensor (its wire `table` and `frames`) to `out` (this shard's
+        keys); returns its bytes."""
         limit = 4 * self.size
         chunks = tensors_from_frames(table, frames, max_bytes=limit)
         if len(chunks) != 1:
             raise ProtocolError(f"expected one tensor in a reply for {self.size} keys")
-        coded = header.get("codec")
+        coded = answer.codec
         if coded is None:
             gather(chunks[0], out)
         else:
@@ -103,14 +92,14 @@ class ShardLink:
                 raise ProtocolError(f"reply in codec {coded!r}, this worker speaks {speaks!r}")
             data = chunks[0][0] if len(chunks[0]) == 1 else np.concatenate(chunks[0])
             decoded = self.codec.decode(data, self._scratch)
-            if header.get("add"):
+            if answer.add:
                 out += decoded
             else:
                 out[...] = decoded
         if self.differences and push:
             self.mirror -= out  # the elastic difference moves the mirror as it moves x_i
-        if "view" in header:
-            self.synced = bool(header["view"])
+        if answer.view is not None:
+            self.synced = answer.view
         return sum(c.nbytes for c in chunks[0])
 
 

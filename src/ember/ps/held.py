@@ -7,13 +7,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ember.ps.clocks import WorkerEntry
-from ember.ps.codec import IDENTITY, Codec
+from ember.ps.codec import Codec
+from ember.ps.protocol import Exchange
 from ember.wire import Request, SendTicket
 
 
 @dataclass
 class Held:
-    request: Request
+    request: Request  # what the wire received: the peer, and a push's payload frames
+    exchange: Exchange  # what it asks
     worker: WorkerEntry
     payload: list[np.ndarray] | None  # read-only views of zmq's receive buffers, as they arrive
     folded: bool = False
@@ -22,8 +24,11 @@ class Held:
     reply: np.ndarray | None = None  # easgd's elastic difference, filled chunk by chunk
     pooled: bool = True  # the reply buffer returns to the pool (not a shared-memory view)
     tickets: list[SendTicket] = field(default_factory=list)
-    codec: Codec = IDENTITY  # the worker's (compress.py); the identity: full precision
+
+    @property
+    def codec(self) -> Codec:  # the worker's (compress.py); the identity: full precision
+        return self.exchange.codec
 
     @property
     def resync(self) -> bool:
-        return bool(self.request.header.get("resync"))
+        return self.exchange.resync

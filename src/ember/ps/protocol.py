@@ -1,12 +1,18 @@
-"""What a server and its clients say: the operations (Op) and the checks of a request
-header's fields, which arrive as msgpack maps from any peer."""
+"""What a shard and its clients say to each other, one class a message: the operations (Op),
+the requests a worker makes (Register, Exchange, Done), the replies it reads (Joined, Answer),
+and the launcher's Promote. Headers travel as msgpack maps (wire/frames.py); `header()`
+encodes a message and `from_header` decodes one, checking every field, so past this module a
+shard and a client handle values, never a dict.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar, Self, TypeGuard
 
 from ember.errors import ProtocolError
+from ember.ps.codec import IDENTITY, Codec, codec_named
 
 
 class Op(str, Enum):
@@ -28,18 +34,234 @@ class Op(str, Enum):
 
 
 WORKER_OPS = frozenset({Op.REGISTER, Op.PUSH, Op.PULL, Op.DONE})  # only a primary serves them
+EXCHANGES = frozenset({Op.PUSH, Op.PULL})
+MAX_WORKER_ID = (1 << 63) - 1  # the clock table's int64 column
+# A worker's step, its resume point: beyond any run, exact as a float64 in a checkpoint's JSON,
+# and far inside the clock table's int64 columns.
+MAX_STEP = 1 << 53
+
+
+class FieldError(ProtocolError):
+    """A header field missing, of the wrong type or out of range; `field` names it, and the
+    shard counts refusals by it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+# ---- a worker's requests ------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Membership:
+    """A request that names only who sends it: Register and Done."""
+
+    op: ClassVar[Op]
+    worker: int
+    incarnation: int
+    seq: int
+
+    def header(self) -> dict[str, Any]:
+        return {
+            "op": self.op.value,
+            **{k: getattr(self, k) for k in ("worker", "incarnation", "seq")},
+        }
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Self:
+        return cls(
+            worker=header_int(header, "worker", 0, MAX_WORKER_ID),
+            incarnation=header_int(header, "incarnation", 0),
+            seq=header_int(header, "seq"),
+        )
+
+
+class Register(Membership):
+    """Join the shard as `worker`'s `incarnation`; answered with Joined."""
+
+    op = Op.REGISTER
+
+
+class Done(Membership):
+    """`worker` leaves: synchronous peers stop waiting for it."""
+
+    op = Op.DONE
+
+
+@dataclass(frozen=True, kw_only=True)
+class Exchange:
+    """A push (its payload the worker's gradient or parameters for `keys`) or a pull;
+    answered with Answer. `pull` on a push asks for the parameters back in the same reply."""
+
+    op: Op
+    worker: int
+    incarnation: int
+    seq: int
+    step: int  # the worker's own step, its resume point
+    pull: bool = False
+    resync: bool = False  # full precision, making the server's view of this worker anew
+    codec: Codec = IDENTITY
+    tau: int | None = None  # a period rank 0 names for every worker (diloco, --tau auto)
+    keys: tuple[int, int] | None = None  # a push's key range
+
+    @property
+    def answers_params(self) -> bool:
+        """Whether the reply carries the shard's parameters."""
+        return self.op is Op.PULL or self.pull
+
+    def header(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "op": self.op.value,
+            **{k: getattr(self, k) for k in ("worker", "incarnation", "seq", "step")},
+        }
+        if self.pull:
+            fields["pull"] = True
+        if self.codec.compresses:
+            fields.update(codec=self.codec.name, resync=self.resync)
+        if self.tau is not None:
+            fields["tau"] = self.tau
+        if self.keys is not None:
+            fields["keys"] = list(self.keys)
+        return fields
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Exchange:
+        keys = header.get("keys")
+        if keys is not None and not (
+            isinstance(keys, list) and len(keys) == 2 and all(_is_int(k) for k in keys)
+        ):
+            raise FieldError("keys", f"header field 'keys' must be [start, stop], got {keys!r}")
+        name = header.get("codec")
+        try:
+            codec = codec_named(IDENTITY.name if name is None else name)
+        except ProtocolError as exc:
+            raise FieldError("codec", f"header field 'codec': {exc}") from None
+        return cls(
+            op=Op(header["op"]),
+            worker=header_int(header, "worker", 0, MAX_WORKER_ID),
+            incarnation=header_int(header, "incarnation", 0),
+            seq=header_int(header, "seq"),
+            step=header_int(header, "step", 0, MAX_STEP),
+            pull=header_bool(header, "pull"),
+            resync=header_bool(header, "resync"),
+            codec=codec,
+            tau=header_int(header, "tau", 1, MAX_STEP) if "tau" in header else None,
+            keys=None if keys is None else (keys[0], keys[1]),
+        )
+
+
+WorkerRequest = Register | Exchange | Done
+
+
+def worker_request(header: dict[str, Any]) -> WorkerRequest:
+    """A worker op's header as its message (the caller has checked the op is one)."""
+    op = Op(header["op"])
+    if op is Op.REGISTER:
+        return Register.from_header(header)
+    if op is Op.DONE:
+        return Done.from_header(header)
+    return Exchange.from_header(header)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Promote:
+    """The launcher's word to a backup whose primary died: serve, and copy to `backup`."""
+
+    backup: str | None = None
+
+    def header(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {"op": Op.PROMOTE.value, "seq": 0}
+        if self.backup is not None:
+            fields["backup"] = self.backup
+        return fields
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Promote:
+        backup = header.get("backup")
+        if backup is not None and not (isinstance(backup, str) and backup.startswith("tcp://")):
+            raise FieldError("backup", f"promote: backup must be a tcp:// address, got {backup!r}")
+        return cls(backup=backup)
+
+
+# ---- a shard's replies ------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Joined:
+    """The reply to Register: where the worker's numbers go on from, and the shard's keys."""
+
+    clock: int
+    step: int
+    keys: tuple[int, int]
+
+    def header(self) -> dict[str, Any]:
+        return {"op": "ok", "clock": self.clock, "step": self.step, "keys": list(self.keys)}
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Joined:
+        keys = header.get("keys")
+        if not (isinstance(keys, list) and len(keys) == 2 and all(_is_int(k) for k in keys)):
+            raise FieldError("keys", f"a registration's reply names no keys: {keys!r}")
+        return cls(
+            clock=header_int(header, "clock", 0),
+            step=header_int(header, "step", 0),
+            keys=(keys[0], keys[1]),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Answer:
+    """The reply to an Exchange. `staleness` counts the updates others made since this
+    worker's last read; `view` says whether the shard now holds the worker's view (codecs);
+    `add`: the encoded tensor is a difference to add, not values; `duplicate`: the request
+    was seen before and not applied again."""
+
+    seq: int
+    clock: int | None = None
+    step: int | None = None
+    staleness: int = 0
+    tau: int | None = None
+    codec: str | None = None
+    view: bool | None = None
+    add: bool = False
+    duplicate: bool = False
+
+    def header(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {"op": "ok", "seq": self.seq}
+        for name in ("clock", "step", "tau", "codec", "view"):
+            if getattr(self, name) is not None:
+                fields[name] = getattr(self, name)
+        if self.clock is not None:
+            fields["staleness"] = self.staleness
+        for name in ("add", "duplicate"):
+            if getattr(self, name):
+                fields[name] = True
+        return fields
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Answer:
+        tau, codec, view = header.get("tau"), header.get("codec"), header.get("view")
+        return cls(
+            seq=header_int(header, "seq"),
+            clock=header_int(header, "clock") if "clock" in header else None,
+            step=header_int(header, "step") if "step" in header else None,
+            staleness=header_int(header, "staleness", 0) if "staleness" in header else 0,
+            # a period is only taken when it is a valid one
+            tau=tau if _is_int(tau) and tau >= 1 else None,
+            codec=codec if isinstance(codec, str) else None,
+            view=None if view is None else bool(view),
+            add=header_bool(header, "add"),
+            duplicate=header_bool(header, "duplicate"),
+        )
 
 
 def header_int(
     header: dict[str, Any], key: str, minimum: int | None = None, maximum: int | None = None
 ) -> int:
     value = header.get(key)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ProtocolError(f"header field {key!r} must be an integer, got {value!r}")
+    if not _is_int(value):
+        raise FieldError(key, f"header field {key!r} must be an integer, got {value!r}")
     if minimum is not None and value < minimum:
-        raise ProtocolError(f"header field {key!r} must be >= {minimum}, got {value!r}")
+        raise FieldError(key, f"header field {key!r} must be >= {minimum}, got {value!r}")
     if maximum is not None and value > maximum:
-        raise ProtocolError(f"header field {key!r} must be <= {maximum}, got {value!r}")
+        raise FieldError(key, f"header field {key!r} must be <= {maximum}, got {value!r}")
     return value
 
 
@@ -47,5 +269,9 @@ def header_bool(header: dict[str, Any], key: str) -> bool:
     """An optional flag: absent is False."""
     value = header.get(key, False)
     if not isinstance(value, bool):
-        raise ProtocolError(f"header field {key!r} must be true or false, got {value!r}")
+        raise FieldError(key, f"header field {key!r} must be true or false, got {value!r}")
     return value
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)

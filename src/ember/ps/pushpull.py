@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 
 from ember.errors import ProtocolError
 from ember.ps.clocks import WorkerEntry
-from ember.ps.codec import Codec
 from ember.ps.coded import CodedExchanges
-from ember.ps.compress import Squeeze, Views, check_codec
+from ember.ps.compress import Squeeze, Views
 from ember.ps.consistency import Consistency
 from ember.ps.fold import Fold
 from ember.ps.held import Held
-from ember.ps.protocol import Op, header_bool, header_int
+from ember.ps.protocol import Answer, Exchange, Op
 from ember.ps.replies import Replies
-from ember.ps.shard import ALL_KEYS, MAX_STEP, SLICE, Shard
+from ember.ps.shard import ALL_KEYS, SLICE, Shard
 from ember.wire import Chunk, Request, SendTicket, ServerEndpoint
 
 
@@ -45,93 +44,84 @@ class PushPull(CodedExchanges):
             h.folded for h in self.held
         )
 
-    def on_request(self, request: Request) -> None:
-        header = request.header
-        worker = self._known_worker(header)
-        seq = header_int(header, "seq")
+    def on_request(self, request: Request, exchange: Exchange) -> None:
+        """A push or pull whose every field is checked (protocol.py), so nothing here can
+        refuse it after it changed something."""
+        worker = self._known_worker(exchange)
+        seq = exchange.seq
         try:
-            worker.check_seq(header["worker"], seq)
+            worker.check_seq(exchange.worker, seq)
         except ProtocolError:
             self.rejected["seq"] += 1
             raise
         if seq <= worker.last_seq:  # a repeated (worker, incarnation, seq): ack, never re-apply
-            self._answer_duplicate(request, worker, seq)
+            self._answer_duplicate(request, exchange, worker)
             return
-        try:  # a worker's step is its resume point: a checkpoint refuses a negative one
-            header_int(header, "step", 0, MAX_STEP)
-        except ProtocolError:
-            self.rejected["step"] += 1
-            raise
-        header_bool(header, "pull")  # every field is checked before the request changes anything
-        header_bool(header, "resync")
-        codec = check_codec(header)
-        named = header_int(header, "tau", 1, MAX_STEP) if "tau" in header else None
+        if exchange.op is Op.PUSH:
+            self._check_payload(request, exchange)
         worker.last_seq = seq
-        if named is not None:
+        if exchange.tau is not None:
             # diloco's --tau auto: rank 0's push names the period for every worker, and every
             # reply of the round carries it. A BSP round's replies leave only once every
             # push of the round is in, rank 0's too, and before any push of the next, so all
             # workers read the same value from the same round.
-            self.named_tau = named
-        if header["op"] == Op.PULL:
-            self.held.append(Held(request, worker, None, codec=codec))
+            self.named_tau = exchange.tau
+        if exchange.op is Op.PULL:
+            self.held.append(Held(request, exchange, worker, None))
             self.drain()
             return
-        self._check_payload(request, codec)
-        held = Held(request, worker, [], codec=codec)
+        held = Held(request, exchange, worker, [])
         self.arriving[request.peer] = held
         if self._can_stream(held):
             self._start_stream(held)
 
-    def _answer_duplicate(self, request: Request, worker: WorkerEntry, seq: int) -> None:
+    def _answer_duplicate(self, request: Request, exchange: Exchange, worker: WorkerEntry) -> None:
         """A request sent again (its reply was lost with a failed server) is not applied
         twice, but gets a reply of the shape it expects: a read is safe to repeat, and an
         elastic difference it never received is answered as zero, a step it does not take."""
         self.shard.counters["duplicates"] += 1
-        worker.answered_seq = max(worker.answered_seq, seq)
-        header: dict[str, Any] = {"op": "ok", "duplicate": True, "seq": seq}
-        coded = check_codec(request.header).compresses
-        worker_id, peer = request.header["worker"], request.peer
+        worker.answered_seq = max(worker.answered_seq, exchange.seq)
+        answer = Answer(seq=exchange.seq, duplicate=True)
+        coded = exchange.codec.compresses
+        worker_id, peer = exchange.worker, request.peer
         if coded:  # a full-precision answer makes the view anew; a mirror it cannot
             self.views.release(worker_id)
-            header["view"] = False
-        if request.header["op"] == Op.PULL or request.header.get("pull"):
+            answer = replace(answer, view=False)
+        if exchange.answers_params:
             if coded:
                 params = self.shard.params
                 self.views.reset(worker_id, worker.incarnation, peer, params)
-                header["view"] = True
-            ticket = self.endpoint.reply(request, header, [self.shard.params], track=True)
+                answer = replace(answer, view=True)
+            ticket = self.endpoint.reply(request, answer.header(), [self.shard.params], track=True)
             if ticket is not None:
                 self.replies.reading(ALL_KEYS, ticket)
-        elif request.header["op"] == Op.PUSH and self.shard.rule.replies:
+        elif exchange.op is Op.PUSH and self.shard.rule.replies:
             zeros = self.replies.buffer()
             zeros.fill(0)
-            ticket = self.endpoint.reply(request, header, [zeros], track=True)
+            ticket = self.endpoint.reply(request, answer.header(), [zeros], track=True)
             self.replies.recycle(zeros, ticket)
         else:
-            self.endpoint.reply(request, header)
+            self.endpoint.reply(request, answer.header())
 
-    def _known_worker(self, header: dict[str, Any]) -> WorkerEntry:
+    def _known_worker(self, exchange: Exchange) -> WorkerEntry:
         try:
-            return self.clocks.known(
-                header_int(header, "worker"), header_int(header, "incarnation")
-            )
+            return self.clocks.known(exchange.worker, exchange.incarnation)
         except ProtocolError:
             self.rejected["incarnation"] += 1
             raise
 
-    def _check_payload(self, request: Request, codec: Codec) -> None:
+    def _check_payload(self, request: Request, exchange: Exchange) -> None:
         """Refuse a push whose header does not fit this shard before any of its payload is used."""
-        spec = self.shard.spec
-        if request.header.get("keys") != [spec.start, spec.stop]:
+        spec, codec = self.shard.spec, exchange.codec
+        if exchange.keys != (spec.start, spec.stop):
             self.rejected["keys"] += 1
+            keys = None if exchange.keys is None else list(exchange.keys)
             raise ProtocolError(
-                f"push for keys {request.header.get('keys')!r}, this shard holds "
-                f"[{spec.start}, {spec.stop}]"
+                f"push for keys {keys!r}, this shard holds [{spec.start}, {spec.stop}]"
             )
         table = request.header.get("tensors")
         wanted = ["float32", [spec.size]]  # EASGD's resync carries x_i in full
-        if codec.compresses and not (self.shard.rule.replies and request.header.get("resync")):
+        if codec.compresses and not (self.shard.rule.replies and exchange.resync):
             wanted = ["uint8", [codec.encoded_size(spec.size)]]
         if table != [wanted]:
             self.rejected["shape"] += 1
@@ -144,7 +134,7 @@ class PushPull(CodedExchanges):
         """Only when nothing can make this push wait: the policy answers it now (and its pull
         too), no earlier request of the worker is held, and no synchronous round collects it."""
         worker, slowest = held.worker, self.clocks.min_clock()
-        pull = bool(held.request.header.get("pull"))
+        pull = held.exchange.pull
         return (
             not held.codec.compresses  # an encoded push is decoded whole, then folded
             and not self.shard.synchronous
@@ -155,11 +145,11 @@ class PushPull(CodedExchanges):
 
     def _start_stream(self, held: Held) -> None:
         held.streaming = True
-        pull = bool(held.request.header.get("pull"))
-        if not (self.shard.rule.replies or pull):
+        if not (self.shard.rule.replies or held.exchange.pull):
             return  # a bare acknowledgement waits until every chunk is applied (_finish_stream)
-        header = self._reply_fields(held, clock=held.worker.clock + 1, step=self.shard.step + 1)
-        self.endpoint.reply_header(held.request, header, [["float32", [self.shard.spec.size]]])
+        answer = self._reply_fields(held, clock=held.worker.clock + 1, step=self.shard.step + 1)
+        table = [["float32", [self.shard.spec.size]]]
+        self.endpoint.reply_header(held.request, answer.header(), table)
         if self.shard.rule.replies:
             # Through shared memory, the reply is computed where the worker will read it.
             in_place = self.endpoint.reply_view(held.request)
@@ -198,23 +188,23 @@ class PushPull(CodedExchanges):
         held.offset = keys.stop
         if out is not None:
             held.tickets.append(self.endpoint.reply_chunk(held.request, out))
-        elif held.request.header.get("pull"):
+        elif held.exchange.pull:
             ticket = self.endpoint.reply_chunk(held.request, params)
             self.replies.reading(keys, ticket)  # it reads the live parameters
 
     def _finish_stream(self, held: Held) -> None:
         worker, shard = held.worker, self.shard
-        answered = held.reply is not None or held.request.header.get("pull")
+        answered = held.reply is not None or held.exchange.pull
         ack = None if answered else self._reply_fields(held, worker.clock + 1, shard.step + 1)
-        shard.commit_push(worker, held.request.header["step"])
+        shard.commit_push(worker, held.exchange.step)
         worker.pulled_at = shard.step
-        worker.answered_seq = held.request.header["seq"]
+        worker.answered_seq = held.exchange.seq
         self.shard.counters["replies"] += 1
         self.shard.counters["streamed"] += 1
         if held.reply is not None and held.pooled:
             self.replies.recycle(held.reply, SendTicket.joined(held.tickets))
         if ack is not None:
-            self.endpoint.reply_header(held.request, ack, None)
+            self.endpoint.reply_header(held.request, ack.header(), None)
         self.drain()  # a worker that was waiting on this one's clock may now go on
 
     # ---- holding and answering -----------------------------------------------------------------
@@ -229,7 +219,7 @@ class PushPull(CodedExchanges):
                     progress = True
 
     def _try_serve(self, held: Held) -> bool:
-        worker, header, shard = held.worker, held.request.header, self.shard
+        worker, exchange, shard = held.worker, held.exchange, self.shard
         if not worker.live:
             return True  # dropped while waiting: nobody to answer
         if held.payload is not None and not held.folded:
@@ -239,7 +229,7 @@ class PushPull(CodedExchanges):
             if held.codec.compresses and self.shard.rule.replies:
                 squeeze = Squeeze(held.codec, self.shard.spec.size)
             refused = self.rejected["nonfinite"]
-            reply = self.fold.payload(held.payload, worker, header["step"], squeeze)
+            reply = self.fold.payload(held.payload, worker, exchange.step, squeeze)
             held.folded = True
             self.fold.maybe_commit_round()
             if reply is not None and squeeze is not None:
@@ -252,7 +242,7 @@ class PushPull(CodedExchanges):
                 self._answer(held, reply_tensor=reply)
                 worker.pulled_at = shard.step
                 return True
-        if header.get("pull", header["op"] == Op.PULL):
+        if exchange.answers_params:
             if not self.consistency.ready(worker.clock, self.clocks.min_clock()):
                 return False
             if held.codec.compresses:
@@ -271,12 +261,12 @@ class PushPull(CodedExchanges):
         aliases_params: bool = False,
         view: bool | None = None,
     ) -> None:
-        header = self._reply_fields(held, held.worker.clock, self.shard.step)
+        answer = self._reply_fields(held, held.worker.clock, self.shard.step)
         if view is not None:
-            header["view"] = view
+            answer = replace(answer, view=view)
         arrays = [reply_tensor] if reply_tensor is not None else []
-        ticket = self.endpoint.reply(held.request, header, arrays, track=bool(arrays))
-        held.worker.answered_seq = max(held.worker.answered_seq, header["seq"])
+        ticket = self.endpoint.reply(held.request, answer.header(), arrays, track=bool(arrays))
+        held.worker.answered_seq = max(held.worker.answered_seq, answer.seq)
         if ticket is not None:
             if aliases_params:
                 self.replies.reading(ALL_KEYS, ticket)
@@ -284,21 +274,14 @@ class PushPull(CodedExchanges):
                 self.replies.recycle(reply_tensor, ticket)
         self.shard.counters["replies"] += 1
 
-    def _reply_fields(self, held: Held, clock: int, step: int) -> dict[str, Any]:
-        """The reply header; staleness counts the updates others made since this worker's
-        last read, as of the moment after its own push (`step`)."""
+    def _reply_fields(self, held: Held, clock: int, step: int) -> Answer:
+        """The reply; staleness counts the updates others made since this worker's last
+        read, as of the moment after its own push (`step`)."""
         pushed = held.payload is not None
         staleness = max(0, step - held.worker.pulled_at - 1) if pushed else 0
-        fields = {
-            "op": "ok",
-            "seq": held.request.header["seq"],
-            "clock": clock,
-            "step": step,
-            "staleness": staleness,
-        }
-        if self.named_tau is not None:
-            fields["tau"] = self.named_tau
-        return fields
+        return Answer(
+            seq=held.exchange.seq, clock=clock, step=step, staleness=staleness, tau=self.named_tau
+        )
 
     def forget_dead_streams(self) -> None:
         """A push whose worker died mid-stream (replaced by a new incarnation, or dropped for

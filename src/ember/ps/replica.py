@@ -19,7 +19,7 @@ import numpy as np
 
 from ember.errors import ProtocolError
 from ember.ps.clockrows import COLUMNS, check_layout, read_rows
-from ember.ps.protocol import Op
+from ember.ps.protocol import Op, Promote
 from ember.ps.replies import Replies
 from ember.ps.shard import Shard
 from ember.wire import (
@@ -215,9 +215,7 @@ class Replication:
 
     def promote(self, request: Request) -> None:
         """The launcher saw this shard's primary die: serve workers from the last copy."""
-        backup = request.header.get("backup")
-        if backup is not None and not (isinstance(backup, str) and backup.startswith("tcp://")):
-            raise ProtocolError(f"promote: backup must be a tcp:// address, got {backup!r}")
+        backup = Promote.from_header(request.header).backup
         self.copy_arriving = None  # a copy still on its way is older than what we now serve
         if self.role is not Role.PRIMARY:
             self.role = Role.PRIMARY

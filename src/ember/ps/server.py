@@ -12,7 +12,16 @@ from ember.ps.clockrows import COLUMNS
 from ember.ps.clocks import ClockTable
 from ember.ps.consistency import Consistency
 from ember.ps.held import Held
-from ember.ps.protocol import WORKER_OPS, Op, header_int
+from ember.ps.protocol import (
+    WORKER_OPS,
+    Done,
+    Exchange,
+    FieldError,
+    Joined,
+    Op,
+    Register,
+    worker_request,
+)
 from ember.ps.pushpull import PushPull
 from ember.ps.replica import Replication, Replicator, Role
 from ember.ps.replies import Replies, unread_budget
@@ -22,7 +31,6 @@ from ember.wire import Chunk, Request, ServerEndpoint
 __all__ = ["Op", "ParameterServer", "Role", "ShardSpec", "UpdateRule", "shard_ranges"]
 
 MAX_ERROR_CHARS = 1000
-MAX_WORKER_ID = (1 << 63) - 1  # the clock table's int64 column
 MIN_REGION_BYTES = 1 << 16  # what a tiny shard's region may hold each way all the same
 
 
@@ -100,10 +108,7 @@ class ParameterServer:
         )
         self._running = True
         self._handlers: dict[str, Callable[[Request], None]] = {
-            Op.REGISTER: self._register,
-            Op.PUSH: self.pushes.on_request,
-            Op.PULL: self.pushes.on_request,
-            Op.DONE: self._done,
+            **dict.fromkeys(WORKER_OPS, self._worker_request),
             Op.SNAPSHOT: self._snapshot,
             Op.STATS: self._stats,
             Op.STOP: self._stop,
@@ -162,6 +167,8 @@ class ParameterServer:
                         self._handle(request)
                 except ProtocolError as exc:
                     self.rejected["request"] += 1
+                    if isinstance(exc, FieldError):  # the fields are the protocol's: bounded
+                        self.rejected[exc.field] += 1
                     self.pushes.arriving.pop(request.peer, None)
                     # the reason may quote the bad value: bounded, so the reply always seals
                     message = str(exc)[:MAX_ERROR_CHARS]
@@ -183,19 +190,26 @@ class ParameterServer:
             message = f"shard {self.spec.index} at {self.address} is a backup"
             self.endpoint.reply(request, {"op": "error", "not_primary": True, "message": message})
             return
-        if op in WORKER_OPS:
-            self._check_identity(request, op)
         handler(request)
 
-    def _check_identity(self, request: Request, op: str) -> None:
+    def _worker_request(self, request: Request) -> None:
         """A connection speaks for the one worker it registered (or first named): a request
         for another worker is refused, as is one for a worker another connection holds,
         except a registration, which is how a worker's new incarnation takes over its id."""
-        worker = header_int(request.header, "worker", 0, MAX_WORKER_ID)
-        refused = self.endpoint.identities.claim(request.peer, worker, op == Op.REGISTER)
+        message = worker_request(request.header)
+        takes_over = isinstance(message, Register)
+        refused = self.endpoint.identities.claim(request.peer, message.worker, takes_over)
         if refused is not None:
             self.rejected["identity"] += 1
-            raise ProtocolError(f"{op} for worker {worker} refused: {refused}")
+            op = request.header["op"]
+            raise ProtocolError(f"{op} for worker {message.worker} refused: {refused}")
+        match message:
+            case Register():
+                self._register(request, message)
+            case Exchange():
+                self.pushes.on_request(request, message)
+            case Done():
+                self._done(request, message)
 
     def _on_chunk(self, chunk: Chunk) -> None:
         if chunk.request.header.get("op") == Op.REPLICATE:
@@ -204,10 +218,8 @@ class ParameterServer:
             self.pushes.on_chunk(chunk)
 
     # ---- handlers ------------------------------------------------------------------------------
-    def _register(self, request: Request) -> None:
-        header = request.header
-        worker, seq = header_int(header, "worker", 0), header_int(header, "seq")
-        incarnation = header_int(header, "incarnation", 0)
+    def _register(self, request: Request, message: Register) -> None:
+        worker, seq, incarnation = message.worker, message.seq, message.incarnation
         known = self.clocks.entries.get(worker)
         if known is not None and known.incarnation == incarnation and known.last_seq >= 0:
             try:  # the same incarnation again: its numbers go on from where they were
@@ -224,26 +236,18 @@ class ParameterServer:
         # server restarted from a checkpoint, which holds no numbers, takes the worker's own.
         # The request a failover resends carries the register's number, so it still applies.
         entry.last_seq = max(entry.last_seq, seq - 1)
-        self.endpoint.reply(
-            request,
-            {
-                "op": "ok",
-                "clock": entry.clock,
-                "step": entry.step,
-                "keys": [self.spec.start, self.spec.stop],
-            },
-        )
+        keys = (self.spec.start, self.spec.stop)
+        self.endpoint.reply(request, Joined(clock=entry.clock, step=entry.step, keys=keys).header())
         self.pushes.forget_dead_streams()
         self.pushes.forget_views()  # an older incarnation's
         self.pushes.drain()
 
-    def _done(self, request: Request) -> None:
+    def _done(self, request: Request, message: Done) -> None:
         """`done` is idempotent: a worker re-sending it after a failover, to a backup whose
         copy already saw it leave (or never saw it join), has nothing more to do."""
-        header = request.header
-        worker = header_int(header, "worker")
+        worker = message.worker
         entry = self.clocks.entries.get(worker)
-        if entry is not None and entry.incarnation == header_int(header, "incarnation"):
+        if entry is not None and entry.incarnation == message.incarnation:
             self.clocks.finish(worker)
             self.pushes.views.release(worker)
         self.endpoint.identities.release(request.peer)  # the connection may join as another
