@@ -161,7 +161,7 @@ def test_bsp_rounds_stay_exact_while_joiners_come_and_go_and_the_table_stays_fla
         for contributions in ([1.0, 1.0], [1.0, 4.0, 1.0], [1.0, 1.0]):
             expected = _bsp_round(rule, expected, contributions)
         np.testing.assert_array_equal(out, expected)
-        assert server.round_count == 0 and server.step == 3
+        assert server.shard.round_count == 0 and server.step == 3
         # the silent one is forgotten after its retention; the run's workers stay
         _until(lambda: sorted(server.clocks.entries) == [0, 1])
         for client in (a, b, joiner, silent):

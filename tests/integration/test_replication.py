@@ -196,10 +196,10 @@ def test_a_push_the_primary_held_unanswered_is_applied_once_by_the_promoted_back
 
         pusher = threading.Thread(target=held_push)
         pusher.start()
-        _until(lambda: len(shard.primary._held) == 1)
+        _until(lambda: len(shard.primary.pushes.held) == 1)
         copy, meta = _await_copy(shard)  # the open round and worker 0's clock, not the held push
         np.testing.assert_array_equal(copy["params"], np.zeros(4, F32))
-        assert shard.backup.round_count == 1 and meta["workers"]["0"]["clock"] == 1
+        assert shard.backup.shard.round_count == 1 and meta["workers"]["0"]["clock"] == 1
         shard.kill_primary()
         control([shard.backup.address], SECRET, "promote")
         behind.push(np.full(4, 3.0, F32))  # closes round 0 on the backup: -(1 + 3) / 2
@@ -322,7 +322,9 @@ def test_a_copy_whose_header_came_before_the_promotion_is_never_applied_after_it
         connection = ClientConnection(shard.backup.address, SECRET, timeout=5)
         connection.send({**copy, "workers": list(COLUMNS), "tensors": describe(stale)})  # header
         connection._sock.send(frames[0], copy=False)
-        _until(lambda: (c := shard.backup._copy_arriving) is not None and len(c.frames) == 1)
+        _until(
+            lambda: (c := shard.backup.replication.copy_arriving) is not None and len(c.frames) == 1
+        )
         control([shard.backup.address], SECRET, "promote")
         client = PSClient([shard.backup.address], SECRET, worker=0, incarnation=1, timeout=5)
         client.register()
@@ -421,7 +423,7 @@ def test_a_worker_that_dies_mid_stream_does_not_stop_replication_once_replaced()
         payload = [np.ones(size, F32)]
         dying.send(_header("push", 2, keys=[0, size], tensors=describe(payload)))
         dying._sock.send(next(chunk_frames(payload)), copy=False)  # then the process "dies"
-        _until(lambda: any(h.offset > 0 for h in shard.primary._arriving.values()))
+        _until(lambda: any(h.offset > 0 for h in shard.primary.pushes.arriving.values()))
         stuck = _copies(shard)
         time.sleep(0.3)  # six intervals: at most the copy already in flight lands
         assert _copies(shard) <= stuck + 1
@@ -430,7 +432,7 @@ def test_a_worker_that_dies_mid_stream_does_not_stop_replication_once_replaced()
         replacement.recv()
         before = _copies(shard)
         _until(lambda: _copies(shard) >= before + 2)
-        assert not shard.primary._arriving and not shard.primary.endpoint._streams
+        assert not shard.primary.pushes.arriving and not shard.primary.endpoint._streams
         for connection in (dying, replacement):
             connection.close()
 

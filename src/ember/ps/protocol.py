@@ -1,8 +1,8 @@
 """What a shard and its clients say to each other, one class a message: the operations (Op),
 the requests a worker makes (Register, Exchange, Done), the replies it reads (Joined, Answer),
-and the launcher's Promote. Headers travel as msgpack maps (wire/frames.py); `header()`
-encodes a message and `from_header` decodes one, checking every field, so past this module a
-shard and a client handle values, never a dict.
+a primary's Copy to its backup, and the launcher's Promote. Headers travel as msgpack maps
+(wire/frames.py); `header()` encodes a message and `from_header` decodes one, checking every
+field, so past this module a shard and a client handle values, never a dict.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from enum import Enum
 from typing import Any, ClassVar, Self, TypeGuard
 
 from ember.errors import ProtocolError
+from ember.ps.clockrows import COLUMNS
 from ember.ps.codec import IDENTITY, Codec, codec_named
 
 
@@ -180,6 +181,46 @@ class Promote:
         if backup is not None and not (isinstance(backup, str) and backup.startswith("tcp://")):
             raise FieldError("backup", f"promote: backup must be a tcp:// address, got {backup!r}")
         return cls(backup=backup)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Copy:
+    """A primary's state for its backup: the tensors `names`, then the clock table as the
+    last payload tensor (rows of clockrows.COLUMNS, a table of any size), at `step`, with
+    the open round as (count, clock)."""
+
+    names: tuple[str, ...]
+    step: int
+    round: tuple[int, int]
+
+    def header(self) -> dict[str, Any]:
+        return {
+            "op": Op.REPLICATE.value,
+            "seq": 0,
+            "names": list(self.names),
+            "step": self.step,
+            "round": list(self.round),
+            "workers": list(COLUMNS),
+        }
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Copy:
+        names, workers = header.get("names"), header.get("workers")
+        step, round_ = header.get("step"), header.get("round")
+        if not (isinstance(names, list) and all(isinstance(name, str) for name in names)):
+            raise FieldError("names", f"names must be a list of tensor names, got {names!r}")
+        if workers != list(COLUMNS):
+            message = f"workers must name the clock table's columns {list(COLUMNS)}, got"
+            raise FieldError("workers", f"{message} {workers!r}")
+        if not (_is_int(step) and step >= 0):
+            raise FieldError("step", f"step is {step!r}")
+        if not (
+            isinstance(round_, list)
+            and len(round_) == 2
+            and all(_is_int(value) and value >= 0 for value in round_)
+        ):
+            raise FieldError("round", f"round must be [count, clock], got {round_!r}")
+        return cls(names=tuple(names), step=step, round=(round_[0], round_[1]))
 
 
 # ---- a shard's replies ------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 
 from ember.errors import ProtocolError
 from ember.ps.clockrows import COLUMNS, check_layout, read_rows
-from ember.ps.protocol import Op, Promote
+from ember.ps.protocol import Copy, Promote
 from ember.ps.replies import Replies
 from ember.ps.shard import Shard
 from ember.wire import (
@@ -123,6 +123,7 @@ class Replication:
         self.role, self.interval, self._secret = role, interval, secret
         self.replicator = self._replicator(backup)
         self.copy_arriving: Request | None = None  # a copy from the primary, header accepted
+        self._copy: Copy | None = None  # what that header says
         self._copied_at = 0.0
 
     def _replicator(self, backup: str | None) -> Replicator | None:
@@ -142,14 +143,7 @@ class Replication:
     def send_copy(self) -> None:
         assert self.replicator is not None
         copy = self.shard.snapshot()
-        header = {
-            "op": Op.REPLICATE.value,
-            "seq": 0,
-            "names": list(copy.tensors),
-            "step": copy.step,
-            "round": list(copy.round),
-            "workers": list(COLUMNS),  # the table is the last payload tensor, of any size
-        }
+        header = Copy(names=tuple(copy.tensors), step=copy.step, round=copy.round).header()
         self.replicator.offer(header, [*copy.tensors.values(), copy.rows])
         self._copied_at = time.monotonic()
 
@@ -170,15 +164,11 @@ class Replication:
                 f"a copy for shard {spec.index} must carry {names} and the clock table"
             )
         try:
-            if header.get("workers") != list(COLUMNS):
-                raise ProtocolError(
-                    f"workers must name the clock table's columns {list(COLUMNS)}, got "
-                    f"{header.get('workers')!r}"
-                )
+            copy = Copy.from_header(header)
             check_layout(table[-1], self.shard.clocks.max_workers)
         except ProtocolError as exc:
             raise ProtocolError(f"malformed copy of shard {spec.index}: {exc}") from None
-        self.copy_arriving = request
+        self.copy_arriving, self._copy = request, copy
 
     def on_chunk(self, chunk: Chunk) -> None:
         if chunk.request is not self.copy_arriving or self.role is not Role.BACKUP:
@@ -188,28 +178,20 @@ class Replication:
             raise ProtocolError(chunk.error)
         if chunk.request.complete:
             self.copy_arriving = None
-            self._apply(chunk.request)
+            assert self._copy is not None
+            self._apply(chunk.request, self._copy)
 
-    def _apply(self, request: Request) -> None:
+    def _apply(self, request: Request, copy: Copy) -> None:
         header, shard = request.header, self.shard
-        spec, names, max_rows = shard.spec, header["names"], shard.clocks.max_workers
+        spec, names, max_rows = shard.spec, copy.names, shard.clocks.max_workers
         limit = 4 * spec.size * len(names) + 8 * len(COLUMNS) * max_rows
         *tensors, table = tensors_from_frames(header["tensors"], request.frames, limit)
-        step: Any = header.get("step")
-        round_: Any = header.get("round")
-        if not _is_count(step):
-            raise ProtocolError(f"malformed copy of shard {spec.index}: step is {step!r}")
-        if not (isinstance(round_, list) and len(round_) == 2 and all(map(_is_count, round_))):
-            raise ProtocolError(
-                f"malformed copy of shard {spec.index}: round must be [count, clock], "
-                f"got {round_!r}"
-            )
         try:  # every row is checked before anything is replaced
             rows = read_rows(header["tensors"][-1], table, max_rows)
         except ProtocolError as exc:
             raise ProtocolError(f"malformed copy of shard {spec.index}: {exc}") from None
         self.replies.release_for_writing()  # a snapshot in flight may still read the old state
-        shard.restore(dict(zip(names, tensors, strict=True)), step, (round_[0], round_[1]), rows)
+        shard.restore(dict(zip(names, tensors, strict=True)), copy.step, copy.round, rows)
         shard.counters["copies_applied"] += 1
         self.endpoint.reply(request, {"op": "ok", "step": shard.step})
 
@@ -235,7 +217,3 @@ class Replication:
     def close(self) -> None:
         if self.replicator is not None:
             self.replicator.close()
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -11,7 +11,6 @@ from ember.errors import ProtocolError
 from ember.ps.clockrows import COLUMNS
 from ember.ps.clocks import ClockTable
 from ember.ps.consistency import Consistency
-from ember.ps.held import Held
 from ember.ps.protocol import (
     WORKER_OPS,
     Done,
@@ -23,7 +22,7 @@ from ember.ps.protocol import (
     worker_request,
 )
 from ember.ps.pushpull import PushPull
-from ember.ps.replica import Replication, Replicator, Role
+from ember.ps.replica import Replication, Role
 from ember.ps.replies import Replies, unread_budget
 from ember.ps.shard import ALL_KEYS, Shard, ShardSpec, UpdateRule, shard_ranges
 from ember.wire import Chunk, Request, ServerEndpoint
@@ -130,28 +129,8 @@ class ParameterServer:
         return self.shard.step
 
     @property
-    def round_count(self) -> int:
-        return self.shard.round_count
-
-    @property
     def role(self) -> Role:
         return self.replication.role
-
-    @property
-    def replicator(self) -> Replicator | None:
-        return self.replication.replicator
-
-    @property
-    def _held(self) -> list[Held]:
-        return self.pushes.held
-
-    @property
-    def _arriving(self) -> dict[bytes, Held]:
-        return self.pushes.arriving
-
-    @property
-    def _copy_arriving(self) -> Request | None:
-        return self.replication.copy_arriving
 
     # ---- the loop ------------------------------------------------------------------------------
     def serve(self) -> None:
