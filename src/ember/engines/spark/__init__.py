@@ -4,6 +4,7 @@ Map:
 - train_spark, train_dataframe -> driver.py: a run on Spark, from the driver's side
 - train_partition -> task.py: a training task's body (importable without the driver)
 - RecordCollector, RecordSender -> records.py: tasks' records streamed to the driver live
+- Ready, StoreAddress -> gather.py: what the tasks tell each other through allGather
 - Job, start_warm_up -> jobs.py: the Spark jobs of a run (Python workers warmed up; training)
 - session, check_cluster, end_spark -> session.py: the SparkSession a run trains in
 - TaggedJobs, is_connect -> connect.py: a Spark Connect session's master, slots and jobs

@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime
-import json
 import os
 import socket
 import tempfile
@@ -29,6 +28,7 @@ from ember.checkpoint import latest_valid_checkpoint
 from ember.config import RunConfig
 from ember.config.network import port_range
 from ember.engines.addresses import LOOPBACK, Placement
+from ember.engines.spark.gather import StoreAddress, all_gather
 from ember.metrics.records import FinalState
 
 PROBE_SECONDS = 5.0  # rank 0's store, listening already, answers a connection at once
@@ -58,17 +58,16 @@ def meet(context: Any, ports: str | None, timeout: float, local: bool) -> Meetin
     import torch.distributed as dist
 
     host = LOOPBACK if local else context.getTaskInfos()[0].address.rsplit(":", 1)[0]
-    said: dict[str, Any] = {}
-    store = None
+    said, store = StoreAddress(), None
     if context.partitionId() == 0:
         store, said = _open_store(host, ports, timeout, len(context.getTaskInfos()), dist)
-    told = json.loads(context.allGather(json.dumps(said))[0])
-    return Meeting(host, int(told.get("port", 0)), store, told.get("error"))
+    told: StoreAddress = all_gather(context, said)[0]
+    return Meeting(host, told.port, store, told.error)
 
 
 def _open_store(
     host: str, ports: str | None, timeout: float, world: int, dist: Any
-) -> tuple[Any, dict[str, Any]]:
+) -> tuple[Any, StoreAddress]:
     """Rank 0's TCPStore on the first free port of --ports (after the record collector's, which
     shares the range on a local master), or on one the kernel picks."""
     allowed = port_range(ports) if ports else None
@@ -79,15 +78,15 @@ def _open_store(
             store = dist.TCPStore(
                 host, port, world, is_master=True, timeout=wait, wait_for_workers=False
             )
-            return store, {"port": int(store.port)}
+            return store, StoreAddress(port=int(store.port))
         except dist.DistNetworkError as exc:
             if "EADDRINUSE" not in str(exc) or port == candidates[-1]:
                 where = f"any port of --ports {ports}" if ports else "a port"
-                return None, {
-                    "error": f"rank 0 of allreduce on {socket.gethostname()} ({host}) could not"
+                return None, StoreAddress(
+                    error=f"rank 0 of allreduce on {socket.gethostname()} ({host}) could not"
                     f" listen on {where} for the gloo rendezvous: {str(exc).splitlines()[0]};"
                     " widen --ports or free some"
-                }
+                )
     raise AssertionError("a store needs at least one port to try")
 
 

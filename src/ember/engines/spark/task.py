@@ -14,6 +14,7 @@ from typing import Any
 from ember.config.devices import GPU_RESOURCE
 from ember.data import Dataset
 from ember.data.spill import Partition, partition_data
+from ember.engines.spark.gather import Ready, all_gather
 from ember.engines.spark.records import RecordSender
 from ember.engines.spark.rendezvous import (
     Meeting,
@@ -90,9 +91,8 @@ def _train(
     # and the stage ends once. Raising instead would have Spark retry the stage, up to
     # spark.stage.maxConsecutiveAttempts times, to the same end.
     failed = reach(meeting, rank) if meeting else probe_servers(spec.servers, spec.secret)
-    verdict = {"rows": partition.rows, "unreachable": failed}
-    verdicts = [json.loads(v) for v in context.allGather(json.dumps(verdict))]
-    failures = [v["unreachable"] for v in verdicts if v["unreachable"]]
+    verdicts: list[Ready] = all_gather(context, Ready(partition.rows, failed))
+    failures = [v.unreachable for v in verdicts if v.unreachable]
     if failures:
         unreachable = Unreachable(rank=rank, error=failures[0]).to_json()
         yield pa.RecordBatch.from_pydict({"record": [json.dumps(unreachable)]})
@@ -101,7 +101,7 @@ def _train(
     # strategies take the same number of steps everywhere (as shard_indices does locally).
     # After a repartition only the tasks know their sizes.
     if rows is None:
-        rows = min(int(v["rows"]) for v in verdicts)
+        rows = min(v.rows for v in verdicts)
     elif partition.rows < rows:
         raise EmberError(f"partition {rank} holds {partition.rows} rows, not {rows}")
     data = partition.dataset(probe, rows)
