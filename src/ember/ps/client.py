@@ -12,7 +12,17 @@ from ember.errors import NotPrimary, ProtocolError, ServerGone, ServerUnavailabl
 from ember.ps.clockrows import COLUMNS, MAX_TABLE_ROWS, read_rows, rows_to_table
 from ember.ps.codec import IDENTITY, Codec, codec_named
 from ember.ps.compress import ShardLink
-from ember.ps.protocol import Answer, Done, Exchange, Joined, Op, Register, WorkerRequest
+from ember.ps.protocol import (
+    OPS,
+    Answer,
+    Done,
+    Exchange,
+    Joined,
+    Op,
+    Register,
+    Snapshot,
+    WorkerRequest,
+)
 from ember.wire import ClientConnection, gather, shared, tensors_from_frames
 
 CONNECT_TIMEOUT = 2.0  # per attempt while a shard fails over or restarts
@@ -113,7 +123,7 @@ class PSClient:
             parts = [link.outgoing(v) for link, v in zip(self.links, originals, strict=True)]
         self._originals = list(originals)
         into = None if reply_into is None else [reply_into[a:b] for a, b in self.ranges]
-        replies = self._round_trip("push", parts, {"pull": pull}, into)
+        replies = self._round_trip("push", parts, {"pull": True} if pull else {}, into)
         self.clock += 1
         pulled = self._scatter(replies, reply_into, push=True)
         self._originals = []
@@ -186,7 +196,7 @@ class PSClient:
             coded = op == Op.PUSH or not self.differences
             link = self.links[index] if self.links is not None and coded else None
             message = Exchange(
-                op=Op(op),
+                op=OPS[op],
                 worker=worker,
                 incarnation=incarnation,
                 seq=seq,
@@ -196,7 +206,7 @@ class PSClient:
                 codec=IDENTITY if link is None else link.codec,
                 resync=link is not None and not link.synced,
             )
-        return replace(message, **extra)
+        return replace(message, **extra) if extra else message
 
     def _recover(
         self, index: int, op: str, part: np.ndarray | None, extra: dict[str, Any]
@@ -303,7 +313,8 @@ def fetch_state(
     finally:
         for connection in connections:
             connection.close()
-    names = parts[0][0]["names"]
+    snapshots = [Snapshot.from_header(h) for h, _ in parts]
+    names = snapshots[0].names
     sizes = [_shard_size(h) for h, _ in parts]
     full = {name: np.empty(sum(sizes), dtype=np.float32) for name in names}
     offset = 0
@@ -322,7 +333,7 @@ def fetch_state(
             seen = workers.setdefault(worker, dict(entry))
             seen["clock"] = min(seen["clock"], entry["clock"])
             seen["step"] = min(seen["step"], entry["step"])
-    return full, {"step": min(h["step"] for h, _ in parts), "workers": workers}
+    return full, {"step": min(s.step for s in snapshots), "workers": workers}
 
 
 def control(

@@ -1,8 +1,8 @@
 """What a shard and its clients say to each other, one class a message: the operations (Op),
-the requests a worker makes (Register, Exchange, Done), the replies it reads (Joined, Answer),
-a primary's Copy to its backup, and the launcher's Promote. Headers travel as msgpack maps
-(wire/frames.py); `header()` encodes a message and `from_header` decodes one, checking every
-field, so past this module a shard and a client handle values, never a dict.
+the requests a worker makes (Register, Exchange, Done), the replies it reads (Joined, Answer,
+Snapshot), a primary's Copy to its backup, and the launcher's Promote. Headers travel as
+msgpack maps (wire/frames.py); `header()` encodes a message and `from_header` decodes one,
+checking every field, so past this module a shard and a client handle values, never a dict.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class Op(str, Enum):
 
 
 WORKER_OPS = frozenset({Op.REGISTER, Op.PUSH, Op.PULL, Op.DONE})  # only a primary serves them
+OPS = {op.value: op for op in Op}  # a dict: an Enum's own lookup costs a microsecond a request
 EXCHANGES = frozenset({Op.PUSH, Op.PULL})
 MAX_WORKER_ID = (1 << 63) - 1  # the clock table's int64 column
 # A worker's step, its resume point: beyond any run, exact as a float64 in a checkpoint's JSON,
@@ -137,7 +138,7 @@ class Exchange:
         except ProtocolError as exc:
             raise FieldError("codec", f"header field 'codec': {exc}") from None
         return cls(
-            op=Op(header["op"]),
+            op=OPS[header["op"]],
             worker=header_int(header, "worker", 0, MAX_WORKER_ID),
             incarnation=header_int(header, "incarnation", 0),
             seq=header_int(header, "seq"),
@@ -155,7 +156,7 @@ WorkerRequest = Register | Exchange | Done
 
 def worker_request(header: dict[str, Any]) -> WorkerRequest:
     """A worker op's header as its message (the caller has checked the op is one)."""
-    op = Op(header["op"])
+    op = OPS[header["op"]]
     if op is Op.REGISTER:
         return Register.from_header(header)
     if op is Op.DONE:
@@ -205,22 +206,28 @@ class Copy:
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Copy:
-        names, workers = header.get("names"), header.get("workers")
-        step, round_ = header.get("step"), header.get("round")
-        if not (isinstance(names, list) and all(isinstance(name, str) for name in names)):
-            raise FieldError("names", f"names must be a list of tensor names, got {names!r}")
-        if workers != list(COLUMNS):
-            message = f"workers must name the clock table's columns {list(COLUMNS)}, got"
-            raise FieldError("workers", f"{message} {workers!r}")
-        if not (_is_int(step) and step >= 0):
-            raise FieldError("step", f"step is {step!r}")
+        names, step = _tensors_and_step(header)
+        round_ = header.get("round")
         if not (
             isinstance(round_, list)
             and len(round_) == 2
             and all(_is_int(value) and value >= 0 for value in round_)
         ):
             raise FieldError("round", f"round must be [count, clock], got {round_!r}")
-        return cls(names=tuple(names), step=step, round=(round_[0], round_[1]))
+        return cls(names=names, step=step, round=(round_[0], round_[1]))
+
+
+def _tensors_and_step(header: dict[str, Any]) -> tuple[tuple[str, ...], int]:
+    """The tensor names and step of a shard's state as a Copy or a Snapshot carries it."""
+    names, workers, step = header.get("names"), header.get("workers"), header.get("step")
+    if not (isinstance(names, list) and all(isinstance(name, str) for name in names)):
+        raise FieldError("names", f"names must be a list of tensor names, got {names!r}")
+    if workers != list(COLUMNS):
+        message = f"workers must name the clock table's columns {list(COLUMNS)}, got"
+        raise FieldError("workers", f"{message} {workers!r}")
+    if not (_is_int(step) and step >= 0):
+        raise FieldError("step", f"step is {step!r}")
+    return tuple(names), step
 
 
 # ---- a shard's replies ------------------------------------------------------------------------
@@ -248,6 +255,23 @@ class Joined:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Snapshot:
+    """The reply to a snapshot: the shard's tensors `names` at `step`, then its clock table
+    as the last payload tensor, as a Copy carries them."""
+
+    names: tuple[str, ...]
+    step: int
+
+    def header(self) -> dict[str, Any]:
+        return {"op": "ok", "names": list(self.names), "step": self.step, "workers": list(COLUMNS)}
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Snapshot:
+        names, step = _tensors_and_step(header)
+        return cls(names=names, step=step)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Answer:
     """The reply to an Exchange. `staleness` counts the updates others made since this
     worker's last read; `view` says whether the shard now holds the worker's view (codecs);
@@ -265,15 +289,20 @@ class Answer:
     duplicate: bool = False
 
     def header(self) -> dict[str, Any]:
+        # written out field by field: a shard answers every exchange with one
         fields: dict[str, Any] = {"op": "ok", "seq": self.seq}
-        for name in ("clock", "step", "tau", "codec", "view"):
-            if getattr(self, name) is not None:
-                fields[name] = getattr(self, name)
         if self.clock is not None:
-            fields["staleness"] = self.staleness
-        for name in ("add", "duplicate"):
-            if getattr(self, name):
-                fields[name] = True
+            fields.update(clock=self.clock, step=self.step, staleness=self.staleness)
+        if self.tau is not None:
+            fields["tau"] = self.tau
+        if self.codec is not None:
+            fields["codec"] = self.codec
+        if self.view is not None:
+            fields["view"] = self.view
+        if self.add:
+            fields["add"] = True
+        if self.duplicate:
+            fields["duplicate"] = True
         return fields
 
     @classmethod

@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 
 from ember.errors import ProtocolError
-from ember.ps.clockrows import COLUMNS
 from ember.ps.clocks import ClockTable
 from ember.ps.consistency import Consistency
 from ember.ps.protocol import (
@@ -19,6 +18,7 @@ from ember.ps.protocol import (
     Joined,
     Op,
     Register,
+    Snapshot,
     worker_request,
 )
 from ember.ps.pushpull import PushPull
@@ -238,12 +238,7 @@ class ParameterServer:
         """The shard's tensors, then its clock table as the last payload tensor (see
         clockrows.COLUMNS): a table of any size fits a payload, not a header."""
         tensors = self.shard.saved()
-        header = {
-            "op": "ok",
-            "names": list(tensors),
-            "step": self.shard.step,
-            "workers": list(COLUMNS),
-        }
+        header = Snapshot(names=tuple(tensors), step=self.shard.step).header()
         arrays = [*tensors.values(), self.clocks.rows(resume_only=True)]
         ticket = self.endpoint.reply(request, header, arrays, track=True)
         if ticket is not None:
