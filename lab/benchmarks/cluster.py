@@ -80,16 +80,16 @@ def _peer(spec: dict[str, Any]) -> None:
 
 
 def encryption_available() -> bool:
-    import ember.wire
+    import ember.probe
 
-    return hasattr(ember.wire, "use_encryption")
+    return hasattr(ember.probe, "use_encryption")
 
 
 def _encryption(flag: bool) -> None:
-    import ember.wire
+    import ember.probe
 
     if encryption_available():
-        ember.wire.use_encryption(flag)
+        ember.probe.use_encryption(flag)
     elif flag:
         raise RuntimeError("this ember has no CURVE encryption (--encrypt)")
 
@@ -97,8 +97,7 @@ def _encryption(flag: bool) -> None:
 def _ember_server(spec: dict[str, Any]) -> None:
     import numpy as np
 
-    from ember.algorithms.rules import SGDRule
-    from ember.ps import ParameterServer, ShardSpec, make_consistency
+    from ember.probe import ParameterServer, SGDRule, ShardSpec, make_consistency
 
     _encryption(spec["encrypt"])
     server = ParameterServer(
@@ -117,8 +116,7 @@ def _ember_server(spec: dict[str, Any]) -> None:
 def _ember_client(spec: dict[str, Any]) -> None:
     import numpy as np
 
-    from ember.ps import PSClient, control
-    from ember.wire import shared
+    from ember.probe import PSClient, control, shared
 
     os.environ[shared.DISABLE_VARIABLE] = "0"  # every payload on the socket, as across hosts
     _encryption(spec["encrypt"])
@@ -345,7 +343,7 @@ def link_bytes_per_second(cluster: Any, rate: str | None) -> float:
 def model_check(cluster: Any, rate: str | None, epochs: int) -> dict[str, Any]:
     """Predicted against measured samples/s for MODEL_ROWS on the cluster's links."""
     from ember.config import make_config
-    from ember.worker.spec import load_data
+    from ember.probe import load_data
     from ember_lab.bench.calibrate import calibrate
     from ember_lab.perfmodel import Network, predict
 

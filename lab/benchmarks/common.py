@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ember.config.flags import positive_int
+from ember.probe import positive_int
 
 SPAWN = mp.get_context("spawn")  # as ember does: fork would copy torch's threads and locks
 CHILD_TIMEOUT = 600.0  # seconds a benchmark child may take before it counts as hung
@@ -263,7 +263,7 @@ def fit_twice_in_session(master: str, root: Path, epochs: int) -> dict[str, list
     from pyspark.sql import SparkSession
 
     import ember
-    from ember.engines.spark.session import end_spark
+    from ember.probe import end_spark
 
     # Two runs' data in the JVM at once: more than Spark's 1g default heap holds
     spark = SparkSession.builder.master(master).config("spark.driver.memory", "4g").getOrCreate()

@@ -41,8 +41,7 @@ from common import (
     spread,
     start,
 )
-from ember.engines.process import free_port
-from ember.wire import CHUNK_BYTES  # the raw pyzmq baseline uses ember's frame size
+from ember.probe import CHUNK_BYTES, free_port
 
 SIZES = ("0.27M", "1M", "10M", "25M")
 QUICK_SIZES = ("0.27M",)  # the reference mlp's size
@@ -105,9 +104,7 @@ def _receive_address(receiver: Any, what: str) -> Any:
 # ---- ember --------------------------------------------------------------------------------------
 def _ember_server(size: int, secret: bytes, encrypt: bool, address_pipe: Any) -> None:
     set_threads()
-    from ember.algorithms.rules import SGDRule
-    from ember.ps import ParameterServer, ShardSpec, make_consistency
-    from ember.wire import use_encryption
+    from ember.probe import ParameterServer, SGDRule, ShardSpec, make_consistency, use_encryption
 
     use_encryption(encrypt)
 
@@ -128,8 +125,7 @@ class EmberPeer:
     """A ParameterServer child and a registered PSClient pushing gradients and pulling params."""
 
     def __init__(self, size: int, shared_memory: bool = True, encrypt: bool = True) -> None:
-        from ember.ps import PSClient
-        from ember.wire import shared, use_encryption
+        from ember.probe import PSClient, shared, use_encryption
 
         self.secret = os.urandom(32)
         receiver, sender = SPAWN.Pipe(duplex=False)
@@ -158,8 +154,7 @@ class EmberPeer:
         self.client.push(self.grad, reply_into=self.params, pull=True)
 
     def close(self) -> None:
-        from ember.ps import control
-        from ember.wire import use_encryption
+        from ember.probe import control, use_encryption
 
         self.client.close()
         use_encryption(self.encrypt)  # the stop request's connection speaks its server's transport

@@ -41,12 +41,16 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for tests.peers
 
-from ember.algorithms.rules import SGDRule
 from ember.config import RunConfig
-from ember.engines.servers import ServerGroup
-from ember.ps import control
-from ember.wire import ClientConnection, curve, shared
-from ember.wire.endpoint import CLOSING_SECONDS
+from ember.probe import (
+    CLOSING_SECONDS,
+    ClientConnection,
+    ServerGroup,
+    SGDRule,
+    control,
+    curve,
+    shared,
+)
 from tests.conftest import SECRET, running_servers
 from tests.peers import (
     attack,

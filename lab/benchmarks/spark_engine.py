@@ -71,7 +71,7 @@ def write_class_archive(epochs: int, root: Path) -> dict[str, float] | None:
     """The first Spark run on this machine, when there is no class-data archive: it lists its
     JVM's classes, and a detached writer makes the archive of them after it. None when the
     archive is there (or switched off)."""
-    from ember.engines.spark.jvm import class_archive
+    from ember.probe import class_archive
 
     archive = class_archive()
     if archive is None or archive.path.exists():

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from common import call_in_child, fmt, make_parser, markdown_table, positive_int, report, spread
-from ember.data.idx import MNIST_DIR
+from ember.probe import MNIST_DIR
 
 EPOCHS = 5
 TIMEOUT = 900.0  # seconds any one command may take

@@ -42,7 +42,7 @@ from typing import Any
 import psutil
 
 from common import fmt, make_parser, markdown_table, report, spread
-from ember.data.generate import generate, parse_size
+from ember.probe import generate, parse_size
 
 TIMEOUT = 3600.0  # seconds one run may take
 RSS_TARGET, SPEED_TARGET, ACCURACY_POINTS = 600 << 20, 0.9, 0.3
@@ -183,8 +183,7 @@ def read_paths(subset: Path, folder: Path) -> dict[str, float]:
     """Microseconds a row: reading the subset's row groups, spilling them, reading the spill."""
     import pyarrow.parquet as pq
 
-    from ember.data.spill import spill_batches
-    from ember.data.stream import StreamPlan, plan_files, read_piece
+    from ember.probe import StreamPlan, plan_files, read_piece, spill_batches
 
     plan = plan_files(subset / "train.parquet")
     began = time.perf_counter()

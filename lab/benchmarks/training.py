@@ -63,8 +63,7 @@ def train_plain(
     import torch
     import torch.nn.functional as F
 
-    from ember.data import load_dataset
-    from ember.models import build_model
+    from ember.probe import build_model, load_dataset
 
     dataset = load_dataset(data)
     per = len(dataset.x_train) // world

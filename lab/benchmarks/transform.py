@@ -35,8 +35,7 @@ import psutil
 
 from common import fmt, make_parser, markdown_table, positive_int, report, spread
 from ember.config import RunConfig
-from ember.export import MODEL_FILE, save_model
-from ember.models import build_model
+from ember.probe import MODEL_FILE, build_model, save_model
 
 
 def model_folder(root: Path, width: int) -> Path:
@@ -75,7 +74,7 @@ def with_predict_batch_udf(folder: Path, width: int, batch: int) -> Callable[[An
         import safetensors.torch
         import torch
 
-        from ember.models import build_model
+        from ember.probe import build_model
 
         module = build_model("mlp", (width,), 10)
         module.load_state_dict(safetensors.torch.load(weights), strict=True)

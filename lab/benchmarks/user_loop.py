@@ -72,8 +72,7 @@ def fresh(data: str) -> tuple[Any, Any, Any]:
     # fork server has paid already: paid here, before the timed loop, on both sides alike
     import torch._dynamo
 
-    from ember.data import load_dataset
-    from ember.models import build_model
+    from ember.probe import build_model, load_dataset
 
     dataset = load_dataset(data)
     model = build_model("mlp", dataset.input_shape, dataset.num_classes, seed=0)
@@ -82,7 +81,7 @@ def fresh(data: str) -> tuple[Any, Any, Any]:
 
 def train_plain(data: str, epochs: int) -> dict[str, Any]:
     set_threads()
-    from ember.data.batches import MemoryBatches
+    from ember.probe import MemoryBatches
 
     dataset, model, optimizer = fresh(data)
     rows = MemoryBatches(dataset.x_train, dataset.y_train, BATCH, seed=0, rank=0)

@@ -16,19 +16,23 @@ import numpy as np
 import psutil
 import torch
 
-from ember.algorithms import flatten_parameters
 from ember.config import RunConfig, Strategy
-from ember.data import Dataset
-from ember.engines.local import train_local
-from ember.engines.servers import ServerGroup
 from ember.errors import EmberError
 from ember.metrics import read_records
 from ember.metrics.records import Record, WorkerDone, WorkerProgress
-from ember.ps import PSClient
-from ember.ps.codec import CODECS, codec_named
-from ember.worker.device import placement, take
-from ember.worker.evaluation import evaluate
-from ember.worker.loop import make_model
+from ember.probe import (
+    CODECS,
+    Dataset,
+    PSClient,
+    ServerGroup,
+    codec_named,
+    evaluate,
+    flatten_parameters,
+    make_model,
+    placement,
+    take,
+    train_local,
+)
 from ember_lab.perfmodel import CALIBRATION_TAU, Calibration
 
 WARM_STEPS = 50  # minibatches per worker before the loop is measured

@@ -9,8 +9,8 @@ import sys
 from typing import Any
 
 from ember.config import DILOCO_TAU, STRATEGIES, make_config
-from ember.config.flags import HELP, positive_int
 from ember.errors import ConfigError
+from ember.probe import HELP, positive_int
 
 
 def add_bench_parser(sub: Any) -> None:
@@ -167,7 +167,7 @@ def add_plan_parser(sub: Any) -> None:
 
 def plan(args: argparse.Namespace) -> int:
     """`ember plan`: calibrate here, then predict per link rate and worker count."""
-    from ember.worker.spec import load_data
+    from ember.probe import load_data
     from ember_lab.bench.calibrate import calibrate
     from ember_lab.perfmodel import (
         Network,

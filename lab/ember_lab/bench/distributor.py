@@ -18,7 +18,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from ember.data import Dataset
+from ember.probe import Dataset
 
 GLOO_TIMEOUT = 300.0  # seconds a collective may wait for a peer before it fails
 
@@ -54,9 +54,7 @@ def train_ddp(job_text: str) -> str:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from ember.data import shard_indices
-    from ember.models.zoo import build_model
-    from ember.worker.evaluation import evaluate, evaluates_after
+    from ember.probe import build_model, evaluate, evaluates_after, shard_indices
     from ember_lab.bench.rows import Task
 
     job = json.loads(job_text)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from ember.engines.process import wait_ready
+from ember.probe import wait_ready
 
 PORT = 5202  # beside emulated.links.PORT; nothing else listens on the emulated hosts' own addresses
 WARM_UP = 3  # exchanges before the timed ones: connecting, the buffers' first touches
@@ -129,8 +129,7 @@ def _expect(process: subprocess.Popen[str], start: str, what: str) -> str:
 
 
 def serve(address: str, floats: int, secret: bytes) -> None:
-    from ember.algorithms.rules import SGDRule
-    from ember.ps import ParameterServer, ShardSpec, make_consistency
+    from ember.probe import ParameterServer, SGDRule, ShardSpec, make_consistency
 
     server = ParameterServer(
         ShardSpec(0, 1, 0, floats),
@@ -146,7 +145,7 @@ def serve(address: str, floats: int, secret: bytes) -> None:
 
 
 def probe(server: str, floats: int, count: int, secret: bytes) -> None:
-    from ember.ps import PSClient, control
+    from ember.probe import PSClient, control
 
     address = f"tcp://{server}:{PORT}"
     client = PSClient([address], secret, worker=0, timeout=30.0)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.config import FIELD_NAMES, RunConfig
-from ember.data import Dataset
+from ember.probe import Dataset
 from ember_lab.bench.record import EVALUATIONS, append, eval_config, measure, one_line, run_figures
 from ember_lab.bench.rows import BenchSettings, Row, Task, plan_link_rows, tc_rate
 

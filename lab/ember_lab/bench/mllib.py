@@ -23,7 +23,7 @@ import numpy as np
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from ember.data import Dataset
+    from ember.probe import Dataset
 
 TASKS = ("lr", "mlp", "lenet")
 _METRICS = {"test_accuracy": "accuracy", "test_loss": "logLoss"}  # record field -> MLlib name
@@ -42,7 +42,7 @@ def bench_session(workers: int, needed: bool, master: str | None = None) -> Iter
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from ember.engines.spark.session import end_spark
+    from ember.probe import end_spark
 
     builder = (
         SparkSession.builder.master(master or f"local[{workers}]")

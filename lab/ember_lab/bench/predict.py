@@ -9,7 +9,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from ember.config import RunConfig, Strategy
-from ember.worker.evaluation import evaluates_after
+from ember.probe import evaluates_after
 from ember_lab.bench.calibrate import calibrate
 from ember_lab.emulated.netns import BURST_BYTES
 from ember_lab.perfmodel import (

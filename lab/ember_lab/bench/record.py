@@ -15,9 +15,9 @@ from typing import Any
 
 from ember import __version__
 from ember.config import RunConfig
-from ember.data import Dataset
 from ember.metrics import json_text, read_records
 from ember.metrics.records import Evaluation, TauChoice
+from ember.probe import Dataset
 from ember_lab.bench.measure import TreeSampler
 from ember_lab.bench.rows import BenchSettings, Row
 
@@ -31,7 +31,7 @@ FIGURES = (
 
 def run_ember(row: Row, out: Path, dataset: Dataset) -> dict[str, Any]:
     """Train one ember row in its own run directory; figures from its summary and metrics."""
-    from ember.engines import train
+    from ember.probe import train
 
     config = eval_config(row, out, dataset)
     train(config, show_progress=False)

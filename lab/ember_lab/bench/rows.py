@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ember.config import DILOCO_TAU, ENGINES, STRATEGIES, RunConfig, Strategy, make_config
-from ember.data import Dataset, load_dataset
 from ember.errors import ConfigError
+from ember.probe import Dataset, load_dataset
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from typing import Any
 
 from ember import __version__
 from ember.config import Strategy
-from ember.data import Dataset
 from ember.metrics import json_text, write_json
+from ember.probe import Dataset
 from ember_lab.bench.hosts import run_link_rows
 from ember_lab.bench.mllib import bench_session, jvm_pids
 from ember_lab.bench.record import Execute, append, measure, one_line, run_ember
