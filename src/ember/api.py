@@ -1,6 +1,6 @@
 """The Python API: `ember.fit(...)` takes the CLI's fields and returns summary and model.
 
-imports: checkpoint, config, data, engines, errors, export, models, tracking, worker
+imports: checkpoint, config, data, engines, errors, export, metrics, models, worker
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def fit(
     processes, never over ember's wire. `mlflow`: log the run to MLflow (one MLflow run:
     params, epoch metrics, the model); None does so when an MLflow run is active."""
     from ember.engines import train
-    from ember.tracking import tracked
+    from ember.metrics.tracking import tracked
 
     fields = {k.replace("-", "_"): v for k, v in fields.items()}
     dataset = take_objects(fields, test_data)

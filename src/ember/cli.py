@@ -1,7 +1,7 @@
 """`ember ...`: parsing and calling only; every default and check lives in config/. The lab's
 commands (`ember bench`, `ember plan`) come from the "ember.commands" entry points it installs.
 
-imports: api, config, data, engines, errors, metrics, predictions, tracking
+imports: api, config, data, engines, errors, metrics, predictions
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
 def _train(args: argparse.Namespace) -> int:
     from ember.api import run_config
     from ember.engines import train
-    from ember.tracking import tracked
+    from ember.metrics.tracking import tracked
 
     overrides = {name: getattr(args, name) for name in FIELD_NAMES}
     config = run_config(overrides, args.config)

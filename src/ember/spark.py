@@ -1,7 +1,7 @@
 """`ember.spark.fit`: train on a Spark DataFrame with the fields of `ember.fit`; and
 `EmberEstimator`, `EmberModel` (spark_ml/), the same in Spark ML pipelines.
 
-imports: api, engines, errors, models, tracking
+imports: api, engines, errors, metrics, models
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def fit(
         raise ConfigError(f"ember.spark.fit runs on engine 'spark', got {fields['engine']!r}")
     fields["model"] = _model_spec(model)
     label_functions(fields, "spark")  # a loss, metrics or optimizer given as objects
-    from ember.tracking import tracked
+    from ember.metrics.tracking import tracked
 
     if df is not None and fields.get("data") is not None:
         raise ConfigError("pass either df or data to ember.spark.fit, not both")

@@ -38,7 +38,7 @@ class Package:
 EMBER = Package(
     "ember",
     REPOSITORY / "src" / "ember",
-    {"zmq": ("wire",), "mlflow": ("tracking.py",), "pyspark": SPARK_PARTS},
+    {"zmq": ("wire",), "mlflow": ("metrics/tracking.py",), "pyspark": SPARK_PARTS},
     {"ember_lab": "ember never imports its lab; the lab imports ember"},
 )
 LAB = Package(

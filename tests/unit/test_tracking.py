@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from ember.errors import ConfigError
-from ember.tracking import tracked, wanted
+from ember.metrics.tracking import tracked, wanted
 
 
 def test_without_the_flag_or_an_imported_mlflow_nothing_is_tracked_or_imported(

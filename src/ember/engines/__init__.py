@@ -27,7 +27,7 @@ Map:
 - forkserver.py: imported by the workers' fork server alone, which then dies with the launcher
 
 imports: _version, algorithms, checkpoint, config, data, errors, export, metrics, models, ps,
-  tracking, userfile, wire, worker
+  userfile, wire, worker
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, NoReturn
 
-from ember import tracking
 from ember.checkpoint import latest_valid_checkpoint
 from ember.engines.phases import PeakMemory, Timeline, pids_of
 from ember.engines.process import reap
@@ -19,6 +18,7 @@ from ember.engines.rundir import RunResult, RunSetup, finish_run
 from ember.engines.userrun import finish_loop
 from ember.engines.workers import Exit, Workers
 from ember.errors import CheckpointError, EmberError, WorkerFailed
+from ember.metrics import tracking
 from ember.metrics.records import (
     Divergence,
     Evaluation,

@@ -1,7 +1,7 @@
 """Run records: metrics.jsonl (and optional TensorBoard scalars) and the summary of a run. The
-records themselves, one class per kind, are records.py's.
+records themselves, one class per kind, are records.py's; tracking.py logs a run to MLflow.
 
-imports: nothing of ember
+imports: errors
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""MLflow tracking of a training job: one MLflow run per job, logged from the driver.
-
-imports: errors, metrics; mlflow lazily, since it is an optional extra (ember[mlflow])
-"""
+"""MLflow tracking of a training job: one MLflow run per job, logged from the driver. mlflow
+is imported lazily: it is an optional extra (ember[mlflow])."""
 
 from __future__ import annotations
 
