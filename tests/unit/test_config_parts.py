@@ -8,7 +8,15 @@ from collections import Counter
 import pytest
 
 from ember.algorithms import make_update_rule
-from ember.config import FIELD_NAMES, PARTS, RunConfig, RunParts, ServerSettings, part_of
+from ember.config import (
+    FIELD_NAMES,
+    PARTS,
+    RunConfig,
+    RunParts,
+    ServerSettings,
+    Strategy,
+    part_of,
+)
 
 
 def test_every_field_belongs_to_exactly_one_part() -> None:
@@ -44,8 +52,10 @@ def test_the_parts_are_typed_copies_of_the_config_each_layer_reads() -> None:
         held = getattr(parts, part)
         for name in names:
             assert held is not None and getattr(held, name) == getattr(config, name), name
-        # each part declares its fields as RunConfig does
-        assert {f.name: f.type for f in dataclasses.fields(held)} == {n: types[n] for n in names}
+        # each part declares its fields as RunConfig does, but the strategy, typed once here
+        declared = {n: "Strategy" if n == "strategy" else types[n] for n in names}
+        assert {f.name: f.type for f in dataclasses.fields(held)} == declared
+    assert type(parts.strategy.strategy) is Strategy is type(ServerSettings.of(parts).strategy)
     assert parts.strategy.uses_server and parts.strategy.effective_alpha == config.effective_alpha
     assert ServerSettings.of(parts) == ServerSettings.of(config)
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ember.config.run import RunConfig, StrategyNamed, moving_rate
+from ember.config.strategies import Strategy
+from ember.errors import ConfigError
 
 
 class Part:
@@ -57,9 +59,10 @@ class TrainingPart(Part):
 
 @dataclass(frozen=True)
 class StrategyPart(Part, StrategyNamed):
-    """How the workers share their work: the strategy, the workers and each exchange."""
+    """How the workers share their work: the strategy (a Strategy, whatever named it), the
+    workers and each exchange."""
 
-    strategy: str
+    strategy: Strategy
     workers: int
     tau: int
     tau_policy: str
@@ -71,6 +74,9 @@ class StrategyPart(Part, StrategyNamed):
     n_push: int
     n_fetch: int
     compress: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "strategy", strategy_named(self.strategy))
 
     @property
     def effective_alpha(self) -> float:
@@ -152,6 +158,15 @@ PARTS: dict[str, tuple[str, ...]] = {
 }
 
 
+def strategy_named(name: object) -> Strategy:
+    """The Strategy a run's field names: the one place past RunConfig that reads the name."""
+    try:
+        return Strategy(name)
+    except ValueError:
+        names = ", ".join(Strategy)
+        raise ConfigError(f"strategy must be one of {names}; got {name!r}") from None
+
+
 def part_of(name: str) -> str:
     """The part field `name` belongs to."""
     for part, names in PARTS.items():
@@ -166,7 +181,7 @@ class ServerSettings(StrategyNamed):
     its schedule, easgd's moving rate, diloco's outer step), its consistency, the workers it
     expects and its bounds. Of the training part it takes only what its rule needs."""
 
-    strategy: str
+    strategy: Strategy  # a name in to_dict's values, a Strategy again in from_dict's
     workers: int
     staleness: int
     optimizer: str
@@ -184,6 +199,9 @@ class ServerSettings(StrategyNamed):
     encrypt: bool
     optimizer_args: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "strategy", strategy_named(self.strategy))
+
     @classmethod
     def of(cls, config: RunConfig | RunParts) -> ServerSettings:
         parts = config if isinstance(config, RunParts) else RunParts.of(config)
@@ -197,4 +215,4 @@ class ServerSettings(StrategyNamed):
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "strategy": self.strategy.value}

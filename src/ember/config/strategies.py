@@ -13,6 +13,9 @@ class _Name(str, enum.Enum):
     def __str__(self) -> str:
         return str(self.value)
 
+    def __repr__(self) -> str:  # a message quoting one with !r reads 'bsp', as it did a name
+        return repr(self.value)
+
 
 class AlgorithmKind(_Name):
     """What a worker sends and how the server folds it in."""
