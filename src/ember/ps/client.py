@@ -125,9 +125,9 @@ class PSClient:
         into = None if reply_into is None else [reply_into[a:b] for a, b in self.ranges]
         replies = self._round_trip("push", parts, {"pull": True} if pull else {}, into)
         self.clock += 1
-        pulled = self._scatter(replies, reply_into, push=True)
-        self._originals = []
         answers = [Answer.from_header(h) for h, _ in replies]
+        pulled = self._scatter(replies, answers, reply_into, push=True)
+        self._originals = []
         return ExchangeResult(
             time.perf_counter() - started,
             sum(p.nbytes for p in parts if p is not None),
@@ -141,7 +141,9 @@ class PSClient:
         into = [out[a:b] for a, b in self.ranges]
         self._originals = [None] * len(self.connections)
         replies = self._round_trip("pull", [None] * len(self.connections), {}, into)
-        pulled = self._scatter(replies, out, push=False)
+        # a compressed pull's replies say how to apply them; a plain one's carry values
+        answers = None if self.links is None else [Answer.from_header(h) for h, _ in replies]
+        pulled = self._scatter(replies, answers, out, push=False)
         return ExchangeResult(time.perf_counter() - started, 0, pulled, 0)
 
     def done(self) -> None:
@@ -262,15 +264,19 @@ class PSClient:
         self._current[index] = (self._current[index] + 1) % len(self.candidates[index])
 
     def _scatter(
-        self, replies: list[tuple[dict[str, Any], list[Any]]], out: np.ndarray | None, push: bool
+        self,
+        replies: list[tuple[dict[str, Any], list[Any]]],
+        answers: list[Answer] | None,
+        out: np.ndarray | None,
+        push: bool,
     ) -> int:
+        """Each shard's reply tensor into `out`; `answers` are read where the client compresses."""
         if out is None:
             return 0
         received = 0
         for index, ((a, b), (header, frames)) in enumerate(zip(self.ranges, replies, strict=True)):
             if self.links is not None:
-                answer = Answer.from_header(header)
-                table = header.get("tensors", [])
+                answer, table = (answers or [])[index], header.get("tensors", [])
                 received += self.links[index].incoming(answer, table, frames, out[a:b], push)
                 continue
             chunks = tensors_from_frames(header.get("tensors", []), frames, max_bytes=4 * (b - a))

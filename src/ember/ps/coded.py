@@ -42,8 +42,8 @@ class CodedExchanges:
         worker, peer, size = held.exchange.worker, held.request.peer, self.shard.spec.size
         data = np.concatenate(held.payload) if len(held.payload) > 1 else held.payload[0]
         if not self.shard.rule.replies:
-            values = held.codec.decode(data, np.empty(size, np.float32))
-        elif held.resync:
+            values = held.exchange.codec.decode(data, np.empty(size, np.float32))
+        elif held.exchange.resync:
             values = self.views.reset(worker, held.worker.incarnation, peer, data)
         else:
             mirror = self.views.lookup(worker, held.worker.incarnation, peer)
@@ -53,7 +53,7 @@ class CodedExchanges:
                     f"worker {worker} sent a difference, but this shard holds no "
                     "mirror of its parameters for this connection; resend with resync"
                 )
-            mirror += held.codec.decode(data, np.empty(size, np.float32))
+            mirror += held.exchange.codec.decode(data, np.empty(size, np.float32))
             values = mirror
         return [values[start : start + SLICE] for start in range(0, values.size, SLICE)]
 
@@ -71,18 +71,18 @@ class CodedExchanges:
         (or with no view yet) the parameters in full, which become its view."""
         worker_id, incarnation = held.exchange.worker, held.worker.incarnation
         params, peer = self.shard.params, held.request.peer
-        view = None if held.resync else self.views.lookup(worker_id, incarnation, peer)
+        view = None if held.exchange.resync else self.views.lookup(worker_id, incarnation, peer)
         if view is None:
             self.views.reset(worker_id, incarnation, peer, params)
             self._answer(held, reply_tensor=self.shard.params, aliases_params=True, view=True)
         else:
-            self._send_encoded(held, delta_reply(held.codec, params, view), add=True)
+            self._send_encoded(held, delta_reply(held.exchange.codec, params, view), add=True)
 
     def _send_encoded(
         self, held: Held, encoded: np.ndarray, view: bool = True, add: bool = False
     ) -> None:
         answer = self._reply_fields(held, held.worker.clock, self.shard.step)
-        answer = replace(answer, codec=held.codec.name, view=view, add=add)
+        answer = replace(answer, codec=held.exchange.codec.name, view=view, add=add)
         self.endpoint.reply(held.request, answer.header(), [encoded])
         held.worker.answered_seq = max(held.worker.answered_seq, answer.seq)
         self.shard.counters["replies"] += 1

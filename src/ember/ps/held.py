@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ember.ps.clocks import WorkerEntry
-from ember.ps.codec import Codec
 from ember.ps.protocol import Exchange
 from ember.wire import Request, SendTicket
 
@@ -24,11 +23,3 @@ class Held:
     reply: np.ndarray | None = None  # easgd's elastic difference, filled chunk by chunk
     pooled: bool = True  # the reply buffer returns to the pool (not a shared-memory view)
     tickets: list[SendTicket] = field(default_factory=list)
-
-    @property
-    def codec(self) -> Codec:  # the worker's (compress.py); the identity: full precision
-        return self.exchange.codec
-
-    @property
-    def resync(self) -> bool:
-        return self.exchange.resync

@@ -111,9 +111,12 @@ class Exchange:
         return self.op is Op.PULL or self.pull
 
     def header(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {
+        fields: dict[str, Any] = {  # written out: a client sends one per shard per exchange
             "op": self.op.value,
-            **{k: getattr(self, k) for k in ("worker", "incarnation", "seq", "step")},
+            "worker": self.worker,
+            "incarnation": self.incarnation,
+            "seq": self.seq,
+            "step": self.step,
         }
         if self.pull:
             fields["pull"] = True

@@ -136,7 +136,7 @@ class PushPull(CodedExchanges):
         worker, slowest = held.worker, self.clocks.min_clock()
         pull = held.exchange.pull
         return (
-            not held.codec.compresses  # an encoded push is decoded whole, then folded
+            not held.exchange.codec.compresses  # an encoded push is decoded whole, then folded
             and not self.shard.synchronous
             and self.consistency.ready(worker.clock, slowest)
             and (not pull or self.consistency.ready(worker.clock + 1, slowest))
@@ -175,7 +175,7 @@ class PushPull(CodedExchanges):
             if held.streaming:
                 self._finish_stream(held)
             else:
-                if held.codec.compresses:
+                if held.exchange.codec.compresses:
                     held.payload = self._decoded(held)
                 self.held.append(held)
                 self.drain()
@@ -226,8 +226,8 @@ class PushPull(CodedExchanges):
             if not self.consistency.ready(worker.clock, self.clocks.min_clock()):
                 return False
             squeeze = None
-            if held.codec.compresses and self.shard.rule.replies:
-                squeeze = Squeeze(held.codec, self.shard.spec.size)
+            if held.exchange.codec.compresses and self.shard.rule.replies:
+                squeeze = Squeeze(held.exchange.codec, self.shard.spec.size)
             refused = self.rejected["nonfinite"]
             reply = self.fold.payload(held.payload, worker, exchange.step, squeeze)
             held.folded = True
@@ -245,7 +245,7 @@ class PushPull(CodedExchanges):
         if exchange.answers_params:
             if not self.consistency.ready(worker.clock, self.clocks.min_clock()):
                 return False
-            if held.codec.compresses:
+            if held.exchange.codec.compresses:
                 self._answer_view(held)
             else:
                 self._answer(held, reply_tensor=shard.params, aliases_params=True)

@@ -134,6 +134,7 @@ class Shard:
         self.round_sum = np.zeros(spec.size, np.float32) if synchronous else None
         self.round_count, self.round_clock = 0, 0
         self.step = step  # commits applied to the parameters
+        self._buffers_from = spec.local_buffers_from  # keys from here on hold the model's buffers
         self.counters: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()  # requests and slices refused, by reason
         # scratch, reused by every commit: a slice's values before it, and the rule's own
@@ -207,7 +208,7 @@ class Shard:
         kept.append((params, self._scratch("params", params.size)))
         scratch, size = self._rule_scratch, params.size
         # keys from `split` on hold the model's buffers, which the rule folds in its own way
-        split = min(max(self.spec.local_buffers_from - keys.start, 0), size)
+        split = min(max(self._buffers_from - keys.start, 0), size)
         step = self.step + 1  # this commit's number, for Adam and schedules
         for start in range(0, size, BLOCK):  # a short loop: its overhead is a few percent
             block = slice(start, start + BLOCK)
