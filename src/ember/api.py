@@ -1,18 +1,19 @@
 """The Python API: `ember.fit(...)` takes the CLI's fields and returns summary and model.
 
-imports: checkpoint, config, data, engines, errors, export, metrics, models, worker
+imports: checkpoint, config, data, engines, errors, export, models, worker
 """
 
 from __future__ import annotations
 
-import ast
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from ember.config import RunConfig, explicit_fields, fresh_config, resumed_values
+from ember.config.objects import UserObjects, model_label, object_label
+from ember.engines.script import check_picklable, require_main_guard
 from ember.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -34,23 +35,25 @@ def fit(
     is held out for testing). Objects reach the workers as the engine ships code to its own
     processes, never over ember's wire. `mlflow`: log the run to MLflow (one MLflow run:
     params, epoch metrics, the model); None does so when an MLflow run is active."""
-    from ember.engines import train
-    from ember.metrics.tracking import tracked
+    from ember.engines import ParsedRun, engine_named
 
     fields = {k.replace("-", "_"): v for k, v in fields.items()}
-    dataset = take_objects(fields, test_data)
+    dataset, objects = take_objects(fields, test_data)
     config = run_config(fields, config_file)
     if config.engine == "local":  # Spark's workers and ember's servers never import __main__
         require_main_guard("ember.fit", "its workers")
-    return tracked(mlflow, config, lambda: train(config, show_progress, dataset))
+    run = ParsedRun(config, objects, dataset, show_progress=show_progress, mlflow=mlflow)
+    return run.execute(engine_named(config.engine))
 
 
-def take_objects(fields: dict[str, Any], test_data: tuple[Any, Any] | None) -> Dataset | None:
+def take_objects(
+    fields: dict[str, Any], test_data: tuple[Any, Any] | None
+) -> tuple[Dataset | None, UserObjects]:
     """Data given as arrays, and a model, loss, metrics, optimizer or schedule given as
     objects, taken out of `fields` (which then hold their names and labels): the dataset to
-    train on, if arrays were given."""
+    train on, if arrays were given, and the objects."""
     engine = fields.get("engine", "local")
-    label_functions(fields, engine)
+    objects = label_functions(fields, engine)
     dataset = None
     if not isinstance(fields.get("data", ""), (str, Path)):
         from ember.config.objective import targets_of
@@ -64,22 +67,23 @@ def take_objects(fields: dict[str, Any], test_data: tuple[Any, Any] | None) -> D
     elif isinstance(fields.get("data"), Path):
         fields["data"] = str(fields["data"])
     if not isinstance(fields.get("model", ""), str):  # a module or a function building one
-        from ember.models import model_label, register_model
+        from ember.models import check_model_object
 
         source = fields.pop("model")
+        check_model_object(source)
         fields["model"] = model_label(source)
-        register_model(fields["model"], source)
+        objects = replace(objects, model=source)
         if engine == "local":
             check_picklable(source)
-    return dataset
+    return dataset, objects
 
 
-def label_functions(fields: dict[str, Any], engine: str) -> None:
+def label_functions(fields: dict[str, Any], engine: str) -> UserObjects:
     """A loss given as a callable or nn.Module, metrics given as callables (or a list of names
     and callables), an optimizer as a torch.optim class or a callable building one from the
     parameters, and a schedule as a callable building one from the optimizer, become names
-    and labels in the run's fields; the objects travel as models do."""
-    from ember.models.losses import object_label, register_object
+    and labels in the run's fields; the objects, returned by label, travel as models do."""
+    functions: dict[str, Any] = {}
 
     def label(kind: str, source: object) -> str:
         if isinstance(source, str):
@@ -87,7 +91,7 @@ def label_functions(fields: dict[str, Any], engine: str) -> None:
         if not callable(source):
             raise ConfigError(f"{kind} must be a name or a callable, got {type(source).__name__}")
         name = object_label(kind, source)
-        register_object(name, source)
+        functions[name] = source
         if engine == "local":
             check_picklable(source, kind)
         return name
@@ -105,21 +109,7 @@ def label_functions(fields: dict[str, Any], engine: str) -> None:
     if metrics is not None and not isinstance(metrics, str):
         listed = list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
         fields["metrics"] = ",".join(label("metric", m) for m in listed)
-
-
-def check_picklable(source: object, what: str = "model") -> None:
-    """The local engine hands a model, loss or metric object (or ember.run's function) to its
-    worker processes as multiprocessing hands any argument: one it cannot is refused here,
-    before anything starts."""
-    from multiprocessing.reduction import ForkingPickler
-
-    try:
-        ForkingPickler.dumps(source)
-    except Exception as exc:
-        raise ConfigError(
-            f"{what} {source!r} cannot be handed to the local engine's workers ({exc}); define"
-            " it at the top level of a module (or of the script, under its main guard)"
-        ) from None
+    return UserObjects(functions=functions)
 
 
 def run_config(overrides: dict[str, Any], config_file: str | None = None) -> RunConfig:
@@ -143,56 +133,6 @@ def run_config(overrides: dict[str, Any], config_file: str | None = None) -> Run
     if changed:
         print(f"ember: resuming from {checkpoint.path}: {', '.join(changed)}", file=sys.stderr)
     return config
-
-
-def require_main_guard(caller: str, spawned: str) -> None:
-    """Refuse a call from a script's top-level code outside `if __name__ == "__main__":`,
-    before anything starts: the spawned processes import the script again and would call
-    it again. In such a process (importing the script as __mp_main__) exit with that line."""
-    main = sys.modules.get("__main__")
-    main_globals = getattr(main, "__dict__", None)
-    frame: FrameType | None = sys._getframe(1)
-    outer = None
-    while frame is not None:
-        if frame.f_code.co_name == "<module>":
-            if frame.f_globals.get("__name__") == "__mp_main__":
-                raise SystemExit(
-                    _unguarded(caller, spawned, frame.f_code.co_filename, frame.f_lineno)
-                )
-            if frame.f_globals is main_globals:
-                outer = frame  # the outermost one wins: that is the script's own code
-        frame = frame.f_back
-    path = getattr(main, "__file__", None)
-    if outer is None or not path:  # a REPL, python -c, a notebook: nothing re-imports them
-        return
-    try:
-        tree = ast.parse(Path(path).read_bytes())
-    except (OSError, SyntaxError, ValueError):  # not readable as source: let it run
-        return
-    if not any(_guards(node, outer.f_lineno) for node in ast.walk(tree)):
-        raise ConfigError(_unguarded(caller, spawned, path, outer.f_lineno))
-
-
-def _guards(node: ast.AST, line: int) -> bool:
-    """Whether `node` is `if __name__ == "__main__":` (either way round) whose body holds line."""
-    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
-        return False
-    test = node.test
-    if len(test.comparators) != 1 or not isinstance(test.ops[0], ast.Eq):
-        return False
-    sides = {ast.unparse(test.left), ast.unparse(test.comparators[0])}
-    if sides != {"__name__", "'__main__'"}:
-        return False
-    return node.body[0].lineno <= line <= (node.body[-1].end_lineno or line)
-
-
-def _unguarded(caller: str, spawned: str, path: str, line: int) -> str:
-    script = Path(path).name
-    return (
-        f"{caller} was called at the top level of {script} (line {line}); {spawned}"
-        f" are spawned processes that import {script} again, so put the call under"
-        ' `if __name__ == "__main__":`'
-    )
 
 
 def evaluate_checkpoint(

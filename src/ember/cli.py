@@ -245,12 +245,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from ember.api import run_config
-    from ember.engines import train
-    from ember.metrics.tracking import tracked
+    from ember.engines import ParsedRun, engine_named
 
     overrides = {name: getattr(args, name) for name in FIELD_NAMES}
     config = run_config(overrides, args.config)
-    result = tracked(config.mlflow, config, lambda: train(config, show_progress=True))
+    result = ParsedRun(config, mlflow=config.mlflow).execute(engine_named(config.engine))
     s = result.summary
     name, value = headline(s)
     said = f"test {name} {value:.4f}, " if name != "loss" else ""

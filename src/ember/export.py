@@ -21,8 +21,9 @@ import torch
 
 from ember.checkpoint import LAST, MANIFEST, Checkpoint, load_checkpoint, verify_run_state
 from ember.config import RunConfig
+from ember.config.objects import OBJECT_PREFIX
 from ember.errors import CheckpointError, ConfigError
-from ember.models import MODEL_NAMES, OBJECT_PREFIX, build_model
+from ember.models import MODEL_NAMES, build_model
 
 MODEL_FILE = "model.safetensors"
 MODEL_JSON = "model.json"

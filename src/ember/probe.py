@@ -27,8 +27,7 @@ if TYPE_CHECKING:
     from ember.data.idx import MNIST_DIR
     from ember.data.spill import spill_batches
     from ember.data.stream import StreamPlan, plan_files, read_piece
-    from ember.engines import train
-    from ember.engines.local import train_local
+    from ember.engines import LocalEngine, ParsedRun, engine_named
     from ember.engines.process import free_port, wait_ready
     from ember.engines.servers import ServerGroup
     from ember.engines.spark.jvm import class_archive
@@ -66,8 +65,7 @@ _GROUPS = {  # module -> the names of it offered here
     "ember.worker.loop": ("make_model",),
     "ember.worker.spec": ("load_data",),
     # engines driven by a bench row: a run, a server group, Spark's session
-    "ember.engines": ("train",),
-    "ember.engines.local": ("train_local",),
+    "ember.engines": ("LocalEngine", "ParsedRun", "engine_named"),
     "ember.engines.process": ("free_port", "wait_ready"),
     "ember.engines.servers": ("ServerGroup",),
     "ember.engines.spark.jvm": ("class_archive",),

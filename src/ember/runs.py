@@ -10,8 +10,9 @@ import base64
 from collections.abc import Callable
 from typing import Any
 
-from ember.api import check_picklable, require_main_guard, run_config, take_objects
+from ember.api import run_config, take_objects
 from ember.config import RunConfig
+from ember.engines.script import check_picklable, require_main_guard
 from ember.errors import ConfigError, EmberError
 from ember.metrics.records import Returned
 
@@ -32,7 +33,7 @@ def run(
     with servers need `model=` (the module train_fn trains, or a function building it): the
     servers start from its parameters. The value travels as msgpack (numbers, strings,
     bytes, lists, dicts, None, NumPy arrays, torch tensors), never pickled."""
-    from ember.engines import train
+    from ember.engines import ParsedRun, engine_named
     from ember.worker.spec import UserLoop
 
     if not callable(train_fn):
@@ -42,14 +43,16 @@ def run(
     has_model = fields.get("model") is not None
     if not has_model:
         fields.pop("model", None)
-    dataset = take_objects(fields, test_data)
+    dataset, objects = take_objects(fields, test_data)
     config = run_config(fields, config_file)
     check_run(config, has_model)
     if config.engine == "local":  # the function goes to spawned processes, as a model does
         require_main_guard("ember.run", "its workers")
         check_picklable(train_fn, "train_fn")
         check_picklable(args, "ember.run's arguments")
-    result = train(config, show_progress, dataset, UserLoop(train_fn, tuple(args), has_model))
+    loop = UserLoop(train_fn, tuple(args), has_model)
+    run = ParsedRun(config, objects, dataset, loop=loop, show_progress=show_progress)
+    result = run.execute(engine_named(config.engine))
     return returned_value(getattr(result, "returned", None), result.run_dir)
 
 

@@ -1,7 +1,7 @@
 """`ember.spark.fit`: train on a Spark DataFrame with the fields of `ember.fit`; and
 `EmberEstimator`, `EmberModel` (spark_ml/), the same in Spark ML pipelines.
 
-imports: api, engines, errors, metrics, models
+imports: api, config, engines, errors, models
 """
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ember.api import label_functions, run_config
+from ember.config.objects import model_label
 from ember.errors import ConfigError
 
 
@@ -43,39 +45,32 @@ def fit(
     fields = {k.replace("-", "_"): v for k, v in fields.items()}
     if fields.setdefault("engine", "spark") != "spark":
         raise ConfigError(f"ember.spark.fit runs on engine 'spark', got {fields['engine']!r}")
-    fields["model"] = _model_spec(model)
-    label_functions(fields, "spark")  # a loss, metrics or optimizer given as objects
-    from ember.metrics.tracking import tracked
+    objects = label_functions(fields, "spark")  # a loss, metrics or optimizer given as objects
+    fields["model"], source = _model_spec(model)
+    objects = replace(objects, model=source)
+    from ember.engines import DataFrameInput, ParsedRun, SparkEngine
 
     if df is not None and fields.get("data") is not None:
         raise ConfigError("pass either df or data to ember.spark.fit, not both")
     config = run_config(fields, config_file)
-
-    def train() -> Any:
-        if df is None:
-            from ember.engines import train
-
-            return train(config, show_progress)
-        from ember.engines.spark import train_dataframe
-
-        return train_dataframe(config, df, features_col, label_col, test_df, show_progress)
-
-    return tracked(mlflow, config, train)
+    frame = DataFrameInput(df, features_col, label_col, test_df) if df is not None else None
+    return ParsedRun(
+        config, objects, frame=frame, show_progress=show_progress, mlflow=mlflow
+    ).execute(SparkEngine())
 
 
-def _model_spec(model: str | Callable[..., Any]) -> str:
+def _model_spec(model: str | Callable[..., Any]) -> tuple[str, Any]:
     """model_spec's name for what the workers can import; any other model object (a module,
-    a lambda, a class or function of __main__) by a label, the object itself travelling to
-    the tasks in their closure, as Spark ships code."""
+    a lambda, a class or function of __main__) by a label, the object itself (returned
+    beside it) travelling to the tasks in their closure, as Spark ships code."""
     importable = isinstance(model, str) or inspect.isfunction(model) or isinstance(model, type)
     module, name = getattr(model, "__module__", None), getattr(model, "__qualname__", "")
     if importable and (isinstance(model, str) or (module != "__main__" and "<" not in name)):
-        return model_spec(model)
-    from ember.models import model_label, register_model
+        return model_spec(model), None
+    from ember.models import check_model_object
 
-    label = model_label(model)
-    register_model(label, model)
-    return label
+    check_model_object(model)
+    return model_label(model), model
 
 
 def model_spec(model: str | Callable[..., Any]) -> str:

@@ -79,3 +79,24 @@ def test_a_model_that_is_neither_a_module_nor_callable_is_one_error(tmp_path: Pa
         " one; got int"
     )
     assert not (tmp_path / "run").exists()
+
+
+class Net(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(784, hidden), nn.ReLU())
+        self.head = nn.Linear(hidden, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def test_two_runs_of_objects_with_one_label_each_keep_their_own_model(tmp_path: Path) -> None:
+    """The objects travel with their run, not in a table of the process: a second run whose
+    model has the same label (object:Net) leaves the first run's model as it was trained."""
+    fields = {"data": "digits", "strategy": "single", "epochs": 1}
+    first = ember.fit(model=Net(32), out=str(tmp_path / "a"), **fields)
+    second = ember.fit(model=Net(8), out=str(tmp_path / "b"), **fields)
+    assert first.summary["model"] == second.summary["model"] == "object:Net"
+    assert first.model.head.weight.shape == (10, 32)
+    assert second.model.head.weight.shape == (10, 8)

@@ -38,7 +38,7 @@ def host() -> Iterator[HostData]:
 def test_a_fork_works_out_what_the_launcher_would(host: HostData, tmp_path: Path) -> None:
     config = RunConfig(data="synthetic-lr", model="tests.bn_models:bn_mlp", seed=3).validate()
     dataset, memory = host.files.dataset(), PeakMemory()
-    forked, here = Forked(host.files, memory), InProcess()
+    forked, here = Forked(host.files, memory=memory), InProcess()
     initial, parameters = forked.initial(config, dataset)
     expected, expected_parameters = here.initial(config, dataset)
     assert np.array_equal(initial, expected) and parameters == expected_parameters

@@ -142,16 +142,15 @@ def _allreduce_worker(rank: int, address: str, out: Path) -> None:
 
 
 def test_an_optimizer_and_a_schedule_handed_over_as_objects_step_as_pytorch() -> None:
-    from ember.models.losses import object_label, register_object
+    from ember.config.objects import UserObjects, object_label
     from tests.task_models import halve_every_100, rmsprop
 
     labels = [object_label(kind, f) for kind, f in (("o", rmsprop), ("s", halve_every_100))]
-    for label, function in zip(labels, (rmsprop, halve_every_100), strict=True):
-        register_object(label, function)
+    objects = UserObjects(functions=dict(zip(labels, (rmsprop, halve_every_100), strict=True)))
     config = RunConfig(strategy="single", workers=1, optimizer=labels[0], scheduler=labels[1])
     x, y = _data(STEPS * 30)
     flat = FlatModel(_model(), flat_grads=False)
-    optimizer = local_optimizer(flat.module, config.validate(), total_steps=STEPS * 30)
+    optimizer = local_optimizer(flat.module, config.validate(), STEPS * 30, objects)
     reference = _model()
     torch_optimizer = rmsprop(reference.parameters())
     schedule = halve_every_100(torch_optimizer)

@@ -89,10 +89,11 @@ def test_each_worker_maps_its_shard_alone_and_the_summary_times_the_phases(tmp_p
 RUN = """
 import json, sys
 from ember.api import run_config
-from ember.engines import train
+from ember.engines import LocalEngine, ParsedRun
 
 fields = dict(data="synthetic-lr", model="logreg", synthetic_samples=4000, epochs=1, workers=2)
-result = train(run_config({"out": sys.argv[1], **fields}), show_progress=False)
+run = ParsedRun(run_config({"out": sys.argv[1], **fields}), show_progress=False)
+result = run.execute(LocalEngine())
 mapped = "/ember-data-" in open("/proc/self/maps").read()  # the run's removed data copy
 print(json.dumps({"torch": "torch" in sys.modules, "mapped": mapped, "summary": result.summary}))
 import torch

@@ -13,14 +13,14 @@ from tests.processes import run_python
 PROBE = """
 import sys
 from ember.api import run_config
-from ember.engines import forking, train
+from ember.engines import LocalEngine, ParsedRun, forking
 
 def started():
     print("torch loaded" if "torch" in sys.modules else "torch not loaded")
     raise SystemExit(0)
 
 forking.start_forkserver = started
-train(run_config({"out": sys.argv[1]}), show_progress=False)
+ParsedRun(run_config({"out": sys.argv[1]}), show_progress=False).execute(LocalEngine())
 """
 
 

@@ -23,6 +23,8 @@ from ember.metrics.records import Record, WorkerDone, WorkerProgress
 from ember.probe import (
     CODECS,
     Dataset,
+    LocalEngine,
+    ParsedRun,
     PSClient,
     ServerGroup,
     codec_named,
@@ -31,7 +33,6 @@ from ember.probe import (
     make_model,
     placement,
     take,
-    train_local,
 )
 from ember_lab.perfmodel import CALIBRATION_TAU, Calibration
 
@@ -197,7 +198,8 @@ def _loop_figures(config: RunConfig, dataset: Dataset, strategy: Strategy) -> tu
             }
         )
         try:
-            result = train_local(probe, show_progress=False, dataset=cut)
+            run = ParsedRun(probe, dataset=cut, show_progress=False)
+            result = run.execute(LocalEngine())
         except EmberError as exc:
             raise EmberError(f"calibrating {strategy}: {exc}") from exc
         records = read_records(result.run_dir / "metrics.jsonl")

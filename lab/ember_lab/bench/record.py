@@ -31,10 +31,10 @@ FIGURES = (
 
 def run_ember(row: Row, out: Path, dataset: Dataset) -> dict[str, Any]:
     """Train one ember row in its own run directory; figures from its summary and metrics."""
-    from ember.probe import train
+    from ember.probe import ParsedRun, engine_named
 
     config = eval_config(row, out, dataset)
-    train(config, show_progress=False)
+    ParsedRun(config, show_progress=False).execute(engine_named(config.engine))
     return run_figures(row, out, config)
 
 

@@ -10,7 +10,8 @@ import torch
 
 from ember.algorithms.flat import FlatModel
 from ember.config import RunConfig, RunParts, StrategyPart, TrainingPart
-from ember.config.training import CONSTANT, OBJECT_PREFIX, Schedule
+from ember.config.objects import NO_OBJECTS, OBJECT_PREFIX, UserObjects
+from ember.config.training import CONSTANT, Schedule
 from ember.errors import ConfigError
 from ember.models.losses import resolve_function
 from ember.ps import ExchangeResult, PSClient
@@ -181,17 +182,21 @@ class ScheduledOptimizer:
 
 
 def local_optimizer(
-    model: torch.nn.Module, training: TrainingPart | RunConfig, total_steps: int = 0
+    model: torch.nn.Module,
+    training: TrainingPart | RunConfig,
+    total_steps: int = 0,
+    objects: UserObjects = NO_OBJECTS,
 ) -> Optimizer:
     """The worker's optimizer: momentum SGD ("sgd"), the torch.optim class the run names
     (case-insensitively), or what an optimizer object handed to ember.fit builds from the
-    parameters; with the run's weight decay, schedule (or schedule object) and clipping."""
+    parameters; with the run's weight decay, schedule (or schedule object) and clipping.
+    `objects` holds the optimizer and schedule objects the run was handed."""
     config = training if isinstance(training, TrainingPart) else TrainingPart.of(training)
     params = [p for p in model.parameters() if p.requires_grad]
     name, lr, decay = config.optimizer.lower(), config.lr, config.weight_decay
     optimizer: Any
     if name.startswith(OBJECT_PREFIX):
-        optimizer = resolve_function(config.optimizer, "optimizer")(params)
+        optimizer = resolve_function(config.optimizer, "optimizer", objects)(params)
     elif name == "sgd":
         optimizer = MomentumSGD(params, lr, config.momentum, config.nesterov, decay)
     else:
@@ -211,7 +216,7 @@ def local_optimizer(
             raise ConfigError(f"optimizer {config.optimizer!r}: {exc}") from exc
     scheduler = None
     if config.scheduler.startswith(OBJECT_PREFIX):
-        scheduler = resolve_function(config.scheduler, "scheduler")(optimizer)
+        scheduler = resolve_function(config.scheduler, "scheduler", objects)(optimizer)
     schedule = (
         Schedule(config.scheduler, total_steps, config.warmup_steps) if not scheduler else CONSTANT
     )

@@ -1,11 +1,12 @@
 """What a run minimizes and reports: the loss by name, the kind of targets it takes, and the
 metrics of its held-out set. The torch side is in ember.losses.
 
-imports: errors only (a leaf under config: the server process reads it without torch)
+imports: errors (under config only objects.py, a leaf: the server process reads it without torch)
 """
 
 from __future__ import annotations
 
+from ember.config.objects import OBJECT_PREFIX
 from ember.errors import ConfigError
 
 # Each named loss, and what its targets are: "classes" (integer class indices, the model's
@@ -23,8 +24,6 @@ METRICS = ("accuracy", "rmse", "mae", "r2")
 VALUE_METRICS = ("rmse", "mae", "r2")  # of targets that are values
 DEFAULT_METRICS = {"classes": ("accuracy",), "binary": ("accuracy",), "values": ("rmse", "r2")}
 APPLIES = {"classes": ("accuracy",), "binary": METRICS, "values": VALUE_METRICS}
-# A loss or metric given as an object through the Python API travels under this label
-OBJECT_PREFIX = "object:"
 
 
 def targets_of(loss: str) -> str | None:

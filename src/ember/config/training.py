@@ -1,7 +1,7 @@
 """What a run's optimizer and learning-rate schedule may be, where each runs, and the schedule's
 arithmetic, shared by the workers' torch optimizers and the servers' NumPy rules.
 
-imports: errors only (a leaf under config: the server process reads it without torch)
+imports: errors (under config only objects.py, a leaf: the server process reads it without torch)
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ember.config.objects import OBJECT_PREFIX
 from ember.errors import ConfigError
 
 # Optimizers a server applies over its key-range shard (algorithms/rules.py): elementwise, so a
@@ -27,7 +28,6 @@ ONECYCLE_PCT, ONECYCLE_DIV, ONECYCLE_FINAL_DIV = 0.3, 25.0, 1e4  # torch's OneCy
 STEP_GAMMA, STEP_COUNT = 0.1, 3  # "step": lr x 0.1 at each third of training
 
 
-OBJECT_PREFIX = "object:"  # an optimizer or schedule handed to ember.fit as a Python object
 WORKER_STRATEGIES = "single, easgd, easgd-async, allreduce and diloco"
 
 

@@ -1,7 +1,9 @@
 """Engines: where workers and servers run.
 
 Map:
-- train -> __init__.py: dispatch a validated RunConfig to its engine
+- ParsedRun -> parsed.py: a run as the edge parsed it; `execute(engine)`, its one path to a
+  finished run on every engine
+- LocalEngine, SparkEngine, engine_named -> engine.py: the engines, by config.engine's name
 - train_local -> local.py: spawned server and worker processes on this machine
 - RecordPipes, RecordSender -> recordpipes.py: each local worker's records, on a pipe of its own
 - train_spark, train_dataframe -> spark/: one Spark barrier task per worker, servers by the
@@ -32,15 +34,10 @@ imports: _version, algorithms, checkpoint, config, data, errors, export, metrics
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ember.config import RunConfig
-from ember.errors import ConfigError
-
-if TYPE_CHECKING:
-    from ember.data import Dataset
-    from ember.engines.rundir import RunResult
-    from ember.worker.spec import UserLoop
+from ember.engines.engine import LocalEngine, SparkEngine, engine_named
+from ember.engines.parsed import DataFrameInput, Engine, ParsedRun
 
 
 def __getattr__(name: str) -> Any:
@@ -53,31 +50,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'ember.engines' has no attribute {name!r}")
 
 
-def train(
-    config: RunConfig,
-    show_progress: bool = True,
-    dataset: Dataset | None = None,
-    loop: UserLoop | None = None,
-) -> RunResult:
-    """Train `config` on its engine; `dataset` (arrays the caller holds) stands in for
-    config.data, and `loop` (ember.run's function) for the built-in training loop."""
-    if config.engine == "local":
-        from ember.engines.forking import start_forkserver, stop_forkserver
-
-        start_forkserver()  # its imports of torch and ember overlap with the launcher's work
-        try:
-            from ember.engines.local import train_local
-        except BaseException:
-            stop_forkserver()
-            raise
-        return train_local(config, show_progress, dataset, loop)
-    if config.engine == "spark":
-        try:
-            from ember.engines.spark import train_spark
-        except ImportError as exc:
-            raise ConfigError(f"engine 'spark' is not available here: {exc}") from exc
-        return train_spark(config, show_progress, dataset, loop)
-    raise ConfigError(f"engine must be one of local, spark; got {config.engine!r}")
-
-
-__all__ = ["RunResult", "train"]
+__all__ = [
+    "DataFrameInput",
+    "Engine",
+    "LocalEngine",
+    "ParsedRun",
+    "RunResult",
+    "SparkEngine",
+    "engine_named",
+]

@@ -13,8 +13,6 @@ from typing import Any
 
 import safetensors.numpy
 
-from ember.config import RunConfig
-from ember.data.dataset import Dataset
 from ember.data.datasets import check_shards
 from ember.data.host import host_dataset
 from ember.data.store import DataFiles
@@ -22,6 +20,7 @@ from ember.data.streamhost import host_run_data
 from ember.engines.forking import FORKSERVER, start_forkserver, stop_forkserver
 from ember.engines.join import JOIN_FILE, write_join_file
 from ember.engines.modelwork import Forked
+from ember.engines.parsed import ParsedRun
 from ember.engines.phases import PeakMemory, Timeline, pids_of
 from ember.engines.process import Interpreter, _child_main, free_port, reap, tail
 from ember.engines.progress import Progress
@@ -34,25 +33,21 @@ from ember.engines.workers import Exit, Polled
 from ember.errors import same_every_time
 from ember.metrics import write_json
 from ember.metrics.records import Failure, Record, WorkerDone, WorkerError, WorkerStart
-from ember.worker.spec import UserLoop, WorkerSpec, model_object, user_functions
+from ember.worker.spec import WorkerSpec
 
 
-def train_local(
-    config: RunConfig,
-    show_progress: bool = True,
-    dataset: Dataset | None = None,
-    loop: UserLoop | None = None,
-) -> RunResult:
+def train_local(run: ParsedRun) -> RunResult:
     """Run servers and workers as children of this process; every child is reaped on return,
-    error or Ctrl-C, and a failure saves what the servers hold before they stop. `dataset`,
-    arrays the caller holds, is trained on in place of config.data; `loop` (ember.run) is
-    what the workers run in place of the built-in loop."""
+    error or Ctrl-C, and a failure saves what the servers hold before they stop. The run's
+    `dataset`, arrays the caller holds, is trained on in place of config.data; its `loop`
+    (ember.run) is what the workers run in place of the built-in loop."""
+    config, dataset, loop = run.config, run.dataset, run.loop
     timeline, memory = Timeline(), PeakMemory()
     start_forkserver()  # running already when `ember train` started it (engines/__init__.py)
     spares: list[Interpreter] = []
     try:
         spares += spare_servers(config)  # their imports run while the fork server imports torch
-        with Progress(show_progress) as progress:
+        with Progress(run.show_progress) as progress:
             progress.phase("loading data")
             timeline.mark("data")
             if dataset is not None:
@@ -65,9 +60,10 @@ def train_local(
                 check_shards(files.name, rows, config.workers, config.batch_size)
                 progress.phase("importing torch, building the model")
                 timeline.mark("model")
-                work = NoModel() if loop and not loop.has_model else Forked(host.files, memory)
+                model = loop is None or loop.has_model
+                work = Forked(host.files, run.objects, memory) if model else NoModel()
                 setup = prepare_run(config, host.files.dataset(), work)
-                setup.loop = loop
+                setup.loop, setup.objects = loop, run.objects
                 setup.spare_servers = spares
                 result = _train(setup, progress, (timeline, memory), host.files)
             finally:
@@ -109,8 +105,7 @@ def _train(
                 initial_file=initial_file,
                 initial_step=setup.resumed_step,
                 own_rows=True,  # each is handed its shard alone
-                model_object=model_object(config),
-                functions=user_functions(config),
+                objects=setup.objects,
                 train_fn=setup.loop.fn if setup.loop else None,
                 train_args=setup.loop.args if setup.loop else (),
                 layout=setup.layout,

@@ -20,12 +20,12 @@ import numpy as np
 
 from ember import errors
 from ember.config import RunConfig
+from ember.config.objects import NO_OBJECTS, UserObjects
 from ember.data import Dataset
 from ember.data.store import DataFiles
 from ember.engines.phases import PeakMemory, vm_hwm
 from ember.engines.process import _die_with_parent, reap
 from ember.errors import EmberError
-from ember.worker.spec import model_object, user_functions
 
 if TYPE_CHECKING:
     import torch
@@ -52,15 +52,18 @@ class ModelWork(Protocol):
 
 
 def fresh_model(
-    config: RunConfig, input_shape: tuple[int, ...], num_classes: int
+    config: RunConfig, input_shape: tuple[int, ...], num_classes: int, objects: UserObjects
 ) -> torch.nn.Module:
     """The configured model as config.seed initializes it (already tried on the run's data)."""
     from ember.models import build_model
 
-    return build_model(config.model, input_shape, num_classes, seed=config.seed, probe=None)
+    source = objects.model_for(config.model)
+    return build_model(config.model, input_shape, num_classes, config.seed, None, source)
 
 
-def fresh_parameters(config: RunConfig, dataset: Dataset) -> tuple[np.ndarray, int]:
+def fresh_parameters(
+    config: RunConfig, dataset: Dataset, objects: UserObjects
+) -> tuple[np.ndarray, int]:
     """The configured model's starting state, flat (FlatModel's order), and how many of its
     keys are parameters (the rest are buffers); the model and the loss are first tried on the
     dataset's first rows, so a misfit is one error before anything starts."""
@@ -70,27 +73,26 @@ def fresh_parameters(config: RunConfig, dataset: Dataset) -> tuple[np.ndarray, i
 
     x, y, width = dataset.x_train[:2], dataset.y_train[:2], dataset.num_classes
     probe = data_probe(config.loss, x, y, width)
-    model = build_model(config.model, dataset.input_shape, width, config.seed, probe)
-    check_fit(model, config.loss, x, y)
+    source = objects.model_for(config.model)
+    model = build_model(config.model, dataset.input_shape, width, config.seed, probe, source)
+    check_fit(model, config.loss, x, y, objects)
     return flatten_parameters(model), flat_layout(model)[0]
 
 
-def trained_model(
-    config: RunConfig, input_shape: tuple[int, ...], num_classes: int, params: np.ndarray
+def exported_model(
+    config: RunConfig,
+    shape: tuple[tuple[int, ...], int],
+    params: np.ndarray,
+    export: Path | None,
+    objects: UserObjects,
 ) -> torch.nn.Module:
-    """The configured model holding `params` (parameters and buffers), in eval mode."""
+    """The configured model holding `params` (parameters and buffers), in eval mode; written
+    to `export` (a run directory) when given."""
     from ember.algorithms import load_flat_parameters
 
-    model = fresh_model(config, input_shape, num_classes)
+    model = fresh_model(config, shape[0], shape[1], objects)
     load_flat_parameters(model, params)
-    return model.eval()
-
-
-def exported_model(
-    config: RunConfig, shape: tuple[tuple[int, ...], int], params: np.ndarray, export: Path | None
-) -> torch.nn.Module:
-    """trained_model, written to `export` (a run directory) when given."""
-    model = trained_model(config, shape[0], shape[1], params)
+    model.eval()
     if export is not None:
         from ember.export import save_model
 
@@ -98,11 +100,14 @@ def exported_model(
     return model
 
 
+@dataclass
 class InProcess:
     """Torch work in this process (it imports torch the first time)."""
 
+    objects: UserObjects = NO_OBJECTS  # what the run was handed in place of names
+
     def initial(self, config: RunConfig, dataset: Dataset) -> tuple[np.ndarray, int]:
-        return fresh_parameters(config, dataset)
+        return fresh_parameters(config, dataset, self.objects)
 
     def evaluate(
         self, config: RunConfig, dataset: Dataset, params: np.ndarray, export: Path | None
@@ -110,8 +115,9 @@ class InProcess:
         from ember.worker.evaluation import evaluate
 
         shape = (tuple(dataset.input_shape), dataset.num_classes)
-        model = exported_model(config, shape, params, export)
-        return evaluate(model, dataset.x_test, dataset.y_test, config.loss, config.metrics)
+        model = exported_model(config, shape, params, export, self.objects)
+        x, y = dataset.x_test, dataset.y_test
+        return evaluate(model, x, y, config.loss, config.metrics, self.objects)
 
 
 @dataclass
@@ -121,6 +127,7 @@ class Forked:
     float32 bytes on a pipe, its answers as msgpack, never pickle."""
 
     files: DataFiles
+    objects: UserObjects = NO_OBJECTS  # handed to each child as its arguments are
     memory: PeakMemory | None = None  # the run's, to which each child adds its peak
 
     def initial(self, config: RunConfig, dataset: Dataset) -> tuple[np.ndarray, int]:
@@ -158,7 +165,7 @@ class Forked:
                 shape,
                 theirs,
                 None if export is None else str(export),
-                (model_object(config), user_functions(config)),
+                self.objects,
             ),
             name=f"ember-{kind}",
             daemon=True,
@@ -233,28 +240,26 @@ def _answer(
     shape: tuple[Any, int],
     conn: Any,
     export: str | None,
-    objects: tuple[Any, dict[str, Any]],
+    objects: UserObjects,
 ) -> None:
     """The child: build the model, answer, exit. Ctrl-C is the launcher's to handle."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        from ember.models.losses import register_objects
-
-        register_objects(config.model, *objects)
         input_shape, num_classes = tuple(shape[0]), int(shape[1])
         if kind == "initial":
-            values, parameters = fresh_parameters(config, files.dataset())
+            values, parameters = fresh_parameters(config, files.dataset(), objects)
             body: Any = parameters.to_bytes(8, "little") + values.tobytes()
         else:
             params = np.frombuffer(conn.recv_bytes(), dtype=np.float32).copy()  # writable
             from ember.worker.evaluation import evaluate_batches
 
             where = None if export is None else Path(export)
-            model = exported_model(config, (input_shape, num_classes), params, where)
+            model = exported_model(config, (input_shape, num_classes), params, where, objects)
             # read a window at a time, not mapped: this fork holds no copy of the test set
             batches = files.test_batches(2000)
-            body = msgpack.packb(evaluate_batches(model, batches, config.loss, config.metrics))
+            scores = evaluate_batches(model, batches, config.loss, config.metrics, objects)
+            body = msgpack.packb(scores)
     except Exception as exc:
         failure = {"type": type(exc).__name__, "message": str(exc)}
         conn.send_bytes(msgpack.packb({"ok": False, **failure, "trace": traceback.format_exc()}))

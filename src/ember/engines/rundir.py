@@ -22,6 +22,7 @@ from ember.checkpoint import (
     with_buffers,
 )
 from ember.config import RunConfig, RunParts
+from ember.config.objects import NO_OBJECTS, UserObjects
 from ember.data import Dataset
 from ember.engines.modelwork import InProcess, ModelWork
 from ember.engines.servers import ServerGroup
@@ -45,6 +46,7 @@ class RunResult:
     config: RunConfig = field(repr=False)
     shape: tuple[tuple[int, ...], int] = field(repr=False)  # the model's input shape, classes
     params: np.ndarray = field(repr=False, compare=False)  # the final state, flat
+    objects: UserObjects = field(default=NO_OBJECTS, repr=False)  # a model object among them
 
     @cached_property
     def model(self) -> torch.nn.Module:
@@ -54,7 +56,9 @@ class RunResult:
         from ember.models import build_model
 
         config = self.config  # a name, a factory or an object ember.fit was handed
-        return load_model(self.run_dir, build_model(config.model, *self.shape, config.seed, None))
+        source = self.objects.model_for(config.model)
+        model = build_model(config.model, *self.shape, config.seed, probe=None, source=source)
+        return load_model(self.run_dir, model)
 
 
 @dataclass
@@ -70,6 +74,7 @@ class RunSetup:
     spare_servers: list[Any] = field(default_factory=list)  # started early; ServerGroup takes them
     secret: bytes = field(default_factory=lambda: os.urandom(32))  # proves membership of the run
     loop: UserLoop | None = None  # ember.run: the function the workers run instead of ember's
+    objects: UserObjects = NO_OBJECTS  # what the run was handed in place of names
     parts: RunParts = field(init=False)  # the config parsed once into what each layer reads
 
     def __post_init__(self) -> None:
@@ -177,7 +182,7 @@ def finish_run(
     setup.metrics.close()
     # not the dataset: a local run's is a mapping of files the run removes, kept alive by it
     shape = (tuple(dataset.input_shape), dataset.num_classes)
-    return RunResult(summary, setup.run_dir, config, shape, params)
+    return RunResult(summary, setup.run_dir, config, shape, params, setup.objects)
 
 
 def run_facts(config: RunConfig) -> dict[str, Any]:

@@ -65,4 +65,4 @@ def finish_loop(
     setup.metrics.write(RunEvent(event="finished", details={"returned": returned is not None}))
     setup.metrics.close()
     params = params if params is not None else np.zeros(0, np.float32)
-    return LoopResult(summary, setup.run_dir, config, setup.shape, params, returned)
+    return LoopResult(summary, setup.run_dir, config, setup.shape, params, setup.objects, returned)

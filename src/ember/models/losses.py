@@ -13,9 +13,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ember.config.objective import OBJECT_PREFIX, targets_of
+from ember.config.objective import targets_of
+from ember.config.objects import NO_OBJECTS, OBJECT_PREFIX, UserObjects
 from ember.errors import ConfigError
-from ember.models.zoo import Probe, forward, register_model
+from ember.models.zoo import Probe, forward
 
 LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 NAMED: dict[str, LossFunction] = {
@@ -25,36 +26,14 @@ NAMED: dict[str, LossFunction] = {
     "huber": F.huber_loss,
     "bce_with_logits": F.binary_cross_entropy_with_logits,
 }
-_OBJECTS: dict[str, Any] = {}  # losses and metrics handed over as objects, by label
 
 
-def object_label(kind: str, source: object) -> str:
-    """The label a loss or metric object travels under in the run's configuration."""
-    name = getattr(source, "__qualname__", None) or type(source).__qualname__
-    return f"{OBJECT_PREFIX}{kind}:{getattr(source, '__module__', '?')}.{name}"
-
-
-def register_object(label: str, source: object) -> None:
-    _OBJECTS[label] = source
-
-
-def register_objects(model_label: str, model: Any, functions: dict[str, Any]) -> None:
-    """Make this process build the run's model, loss and metrics from the objects handed to
-    it by its engine (the model under `model_label`, the functions under theirs)."""
-    if model is not None:
-        register_model(model_label, model)
-    _OBJECTS.update(functions)
-
-
-def registered_objects(labels: list[str]) -> dict[str, Any]:
-    """The objects among `labels` this process holds (for an engine to ship to its workers)."""
-    return {label: _OBJECTS[label] for label in labels if label in _OBJECTS}
-
-
-def resolve_function(name: str, what: str) -> Callable[..., Any]:
-    """The callable a loss or metric names: a registered object or package.module:function."""
-    if name in _OBJECTS:
-        return _OBJECTS[name]
+def resolve_function(name: str, what: str, objects: UserObjects = NO_OBJECTS) -> Callable[..., Any]:
+    """The callable a loss, metric, optimizer or schedule names: an object the run was handed
+    (in `objects`) or package.module:function."""
+    handed = objects.function(name)
+    if handed is not None:
+        return handed
     if name.startswith(OBJECT_PREFIX):
         raise ConfigError(
             f"{what} {name!r} was a Python object, which this process was not handed: pass it"
@@ -74,13 +53,13 @@ def resolve_function(name: str, what: str) -> Callable[..., Any]:
     return target
 
 
-def make_loss(name: str) -> LossFunction:
+def make_loss(name: str, objects: UserObjects = NO_OBJECTS) -> LossFunction:
     """The run's loss, taking the model's output and the batch's targets as they come:
     class targets per token (output (batch, tokens, classes)) are flattened for
     cross-entropy, a one-wide output meets one value per row, and integer targets of a
     loss on values are made floats."""
     kind = targets_of(name)
-    function = NAMED[name] if kind is not None else resolve_function(name, "loss")
+    function = NAMED[name] if kind is not None else resolve_function(name, "loss", objects)
 
     def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         output, target = fit_to_targets(kind, output, target)
@@ -116,12 +95,18 @@ def data_probe(loss: str, x: np.ndarray, y: np.ndarray, num_classes: int) -> Pro
     return Probe(dtype, None)
 
 
-def check_fit(model: torch.nn.Module, loss: str, x: np.ndarray, y: np.ndarray) -> None:
+def check_fit(
+    model: torch.nn.Module,
+    loss: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    objects: UserObjects = NO_OBJECTS,
+) -> None:
     """One clear error, before anything starts, when the loss cannot take the model's output
     on the first rows and their targets, or does not give one number."""
     from ember.data.batches import as_tensor, model_inputs
 
-    function = make_loss(loss)
+    function = make_loss(loss, objects)
     modes = [(m, m.training) for m in model.modules()]
     model.eval()  # batch-norm statistics stay as they were
     try:

@@ -18,33 +18,19 @@ import numpy as np
 import torch
 from torch import nn
 
+from ember.config.objects import OBJECT_PREFIX
 from ember.errors import ConfigError
 
 Shape = tuple[int, ...]
-OBJECT_PREFIX = "object:"  # config.model's label for a model handed over as a Python object
-# Model objects handed to ember.fit, by label. The launcher's own; the engines hand each to
-# the processes they start (workers, model work), which register it again: never the wire.
-_OBJECTS: dict[str, object] = {}
 
 
-def model_label(source: object) -> str:
-    """The label config.model carries for a model object: its class's or function's name."""
-    kind = source if not isinstance(source, nn.Module) else type(source)
-    return OBJECT_PREFIX + getattr(kind, "__qualname__", type(source).__name__)
-
-
-def register_model(label: str, source: object) -> None:
-    """Make `label` build from `source`: an nn.Module (copied) or a callable returning one."""
+def check_model_object(source: object) -> None:
+    """One clear error for a model= that is neither a name nor what builds a model."""
     if not isinstance(source, nn.Module) and not callable(source):
         raise ConfigError(
             "model must be a name, package.module:function, an nn.Module or a callable"
             f" returning one; got {type(source).__name__}"
         )
-    _OBJECTS[label] = source
-
-
-def registered_model(label: str) -> object | None:
-    return _OBJECTS.get(label)
 
 
 @dataclass(frozen=True)
@@ -67,6 +53,7 @@ def build_model(
     num_classes: int,
     seed: int = 0,
     probe: Probe | str | None = LOGITS,
+    source: object = None,
 ) -> nn.Module:
     """Build model `spec` for inputs of `input_shape` and `num_classes` outputs per row.
 
@@ -74,6 +61,7 @@ def build_model(
     input_shape= and num_classes= when its signature takes them. Parameters are initialized from
     `seed` without touching torch's global RNG, so equal seeds give equal parameters. A user's
     model is tried on `probe`'s rows (None: not tried, for a model rebuilt from a run).
+    `source` is the model object `spec` labels, when the run was handed one (UserObjects).
     """
     input_shape = tuple(int(d) for d in input_shape)
     if probe == LOGITS:
@@ -84,7 +72,6 @@ def build_model(
         raise ConfigError(f"input_shape must be one or more sizes >= 1, got {input_shape}")
     if num_classes < 1:
         raise ConfigError(f"num_classes must be >= 1, got {num_classes}")
-    source = _OBJECTS.get(spec)
     if source is not None:
         return _probed(spec, _from_object(spec, source, input_shape, num_classes, seed), probe)
     if spec.startswith(OBJECT_PREFIX):

@@ -11,6 +11,7 @@ import torch
 
 from ember.algorithms import FlatModel
 from ember.config.objective import METRICS, metric_names, targets_of
+from ember.config.objects import NO_OBJECTS, UserObjects
 from ember.data.batches import as_tensor, model_inputs
 from ember.data.dataset import IGNORED_CLASS
 from ember.models.losses import fit_to_targets, make_loss, resolve_function
@@ -39,12 +40,14 @@ def evaluate(
     y: np.ndarray,
     loss: str = "cross_entropy",
     metrics: str | None = None,
+    objects: UserObjects = NO_OBJECTS,
     batch: int = 2000,
 ) -> Scores:
-    """The mean loss and the metrics of `model` on a held-out set."""
+    """The mean loss and the metrics of `model` on a held-out set; `objects` holds a loss or
+    metric the run was handed as an object."""
     starts = range(0, len(x), batch)
     batches = ((x[s : s + batch], y[s : s + batch]) for s in starts)
-    return evaluate_batches(model, batches, loss, metrics)
+    return evaluate_batches(model, batches, loss, metrics, objects)
 
 
 def evaluate_with(
@@ -54,6 +57,7 @@ def evaluate_with(
     y: np.ndarray,
     loss: str = "cross_entropy",
     metrics: str | None = None,
+    objects: UserObjects = NO_OBJECTS,
 ) -> Scores:
     """evaluate() of flat's module with `params` in place of its own, which it has back after."""
     flat.gather_buffers()
@@ -62,7 +66,7 @@ def evaluate_with(
     flat.from_host()
     flat.scatter_buffers()
     try:
-        return evaluate(flat.module, x, y, loss, metrics)
+        return evaluate(flat.module, x, y, loss, metrics, objects)
     finally:
         flat.params_np[:] = own
         flat.from_host()
@@ -75,11 +79,12 @@ def evaluate_batches(
     batches: Iterable[tuple[np.ndarray, np.ndarray]],
     loss: str = "cross_entropy",
     metrics: str | None = None,
+    objects: UserObjects = NO_OBJECTS,
 ) -> Scores:
     """The mean loss and the metrics of `model` over (inputs, targets) batches."""
     training = model.training  # given back as it was: a loaded model stays in eval mode
     model.eval()
-    tally = Tally(loss, metric_names(loss, metrics))
+    tally = Tally(loss, metric_names(loss, metrics), objects)
     device = next(model.parameters(), torch.empty(0)).device
     for x, y in batches:
         outputs = forward(model, inputs_to(model_inputs(x), device)).float()
@@ -93,10 +98,14 @@ class Tally:
     and each user metric weighted by the batch's rows, accuracy over the counted targets
     (a per-token target of -100 is not), RMSE, MAE and R^2 over every target value."""
 
-    def __init__(self, loss: str, metrics: tuple[str, ...]) -> None:
-        self.loss, self.kind, self.metrics = make_loss(loss), targets_of(loss), metrics
+    def __init__(
+        self, loss: str, metrics: tuple[str, ...], objects: UserObjects = NO_OBJECTS
+    ) -> None:
+        self.loss, self.kind, self.metrics = make_loss(loss, objects), targets_of(loss), metrics
         self.functions = {
-            name: resolve_function(name, "metric") for name in metrics if name not in METRICS
+            name: resolve_function(name, "metric", objects)
+            for name in metrics
+            if name not in METRICS
         }
         self.sums: dict[str, float] = dict.fromkeys(
             ("rows", "loss", "correct", "counted", "squares", "absolute", "y", "y2", "values"),

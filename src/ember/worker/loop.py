@@ -16,12 +16,13 @@ import torch
 
 from ember.algorithms import FlatModel, local_optimizer
 from ember.checkpoint import free_step, save_checkpoint
+from ember.config.objects import NO_OBJECTS, UserObjects
 from ember.data import Dataset
 from ember.data.batches import Batch, Inputs
 from ember.data.streaming import data_wait_fraction
 from ember.metrics.records import Divergence, Evaluation, Record, WorkerDone, WorkerProgress
 from ember.models import build_model
-from ember.models.losses import make_loss, register_objects
+from ember.models.losses import make_loss
 from ember.wire import use_encryption
 from ember.worker.device import forward_precision, loss_scaler, on_device
 from ember.worker.evaluation import ends_epoch, evaluate, evaluate_with, evaluates_after
@@ -31,10 +32,14 @@ from ember.worker.userloop import LoopContext, Optimizer, context, returned, wor
 Report = Callable[[Record], None]
 
 
-def make_model(model: str, seed: int, dataset: Dataset) -> torch.nn.Module:
-    """The run's `model` (a name, a factory or an object's label) for `dataset`, its
-    initialisation seeded by `seed`."""
-    return build_model(model, dataset.input_shape, dataset.num_classes, seed, probe=None)
+def make_model(
+    model: str, seed: int, dataset: Dataset, objects: UserObjects = NO_OBJECTS
+) -> torch.nn.Module:
+    """The run's `model` (a name, a factory or the label of an object in `objects`) for
+    `dataset`, its initialisation seeded by `seed`."""
+    source = objects.model_for(model)
+    shape, classes = dataset.input_shape, dataset.num_classes
+    return build_model(model, shape, classes, seed, probe=None, source=source)
 
 
 CENTER_SOURCE = "center as of worker 0's latest exchange"
@@ -62,7 +67,6 @@ def run_worker(
     parts = spec.parts
     use_encryption(parts.servers.encrypt)  # this process's connections speak the run's transport
     torch.set_num_threads(parts.training.threads)
-    register_objects(parts.training.model, spec.model_object, spec.functions)
     function, args = spec.train_fn or builtin_loop, spec.train_args
     with worker_context(spec, report, dataset, stop) as ctx:
         value = function(*args)
@@ -108,17 +112,18 @@ class BuiltinLoop:
         training = parts.training
         self.steps_per_epoch = ctx.data.steps_per_epoch
         self.device = device = ctx.device
-        self.model = make_model(training.model, parts.data.seed, dataset)
+        objects = spec.objects
+        self.model = make_model(training.model, parts.data.seed, dataset, objects)
         if ctx.placement.cuda:  # parameters, buffers and so the optimizer's state
             self.model.to(device)
         self.autocast = forward_precision(training.precision, device)
         self.scaler = loss_scaler(training.precision, self.model, device)
-        self.loss = make_loss(training.loss)
-        self.judged = (training.loss, training.metrics)  # what evaluations measure
+        self.loss = make_loss(training.loss, objects)
+        self.judged = (training.loss, training.metrics, objects)  # what evaluations measure
         self.shape = (tuple(dataset.input_shape), dataset.num_classes)  # saved with checkpoints
         local = None  # bsp, ssp and async: the servers run the optimizer
         if parts.strategy.mode.local_optimizer:
-            local = local_optimizer(self.model, training, ctx.total_steps)
+            local = local_optimizer(self.model, training, ctx.total_steps, objects)
         self.optimizer = Optimizer(local, self.model)
         self.flat: FlatModel = self.optimizer.flat
         self.algorithm = self.optimizer.algorithm

@@ -4,7 +4,6 @@ without importing torch, which only its workers need (engines/modelwork.py)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -14,6 +13,7 @@ import numpy as np
 
 from ember.config import RunConfig, RunParts
 from ember.config.objective import targets_of
+from ember.config.objects import NO_OBJECTS, UserObjects
 from ember.data import Dataset, load_dataset
 
 
@@ -34,10 +34,9 @@ class WorkerSpec:
     initial_step: int = 0  # and the step they were saved at
     own_rows: bool = False  # the dataset's training rows are this worker's alone (a partition)
     store: Any = None  # allreduce: a torch.distributed Store the engine opened, else rendezvous
-    # a model handed to ember.fit as an object (config.model is then its label): it travels
-    # as the engine ships code to its own processes, never over ember's wire
-    model_object: Any = None
-    functions: dict[str, Any] = field(default_factory=dict)  # loss and metric objects, alike
+    # what the run was handed as objects (config.model and the rest their labels): they
+    # travel as the engine ships code to its own processes, never over ember's wire
+    objects: UserObjects = NO_OBJECTS
     # ember.run: the user's function, run with these arguments in place of the built-in loop;
     # shipped as model_object is, never over ember's wire
     train_fn: Callable[..., Any] | None = None
@@ -60,24 +59,6 @@ class UserLoop:
     fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
     has_model: bool = False  # model= was given: the servers start from its parameters
-
-
-def model_object(config: RunConfig) -> Any:
-    """The model object config.model labels, when ember.fit was handed one; looked up only
-    where the zoo is imported already (a caller with a module object has imported torch),
-    so a launcher of named models still never imports torch."""
-    zoo = sys.modules.get("ember.models.zoo")
-    return zoo.registered_model(config.model) if zoo is not None else None
-
-
-def user_functions(config: RunConfig) -> dict[str, Any]:
-    """The loss, metric, optimizer and schedule objects the run's labels name, when ember.fit
-    was handed them."""
-    losses = sys.modules.get("ember.models.losses")
-    if losses is None:
-        return {}
-    names = [config.loss, config.optimizer, config.scheduler, *(config.metrics or "").split(",")]
-    return losses.registered_objects([name.strip() for name in names])
 
 
 def load_data(config: RunConfig | RunParts) -> Dataset:

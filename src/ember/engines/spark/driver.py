@@ -11,12 +11,13 @@ from typing import Any
 import numpy as np
 
 from ember.checkpoint import free_step, save_checkpoint
-from ember.config import RunConfig
 from ember.config.objective import targets_of
 from ember.data import Dataset
 from ember.data.datasets import check_shards, train_pixels
 from ember.data.spark import FrameFacts, dataframe_dataset, frame_from_arrays, frame_from_pixels
 from ember.data.streamhost import parquet_files_to_stream
+from ember.engines.modelwork import InProcess
+from ember.engines.parsed import DataFrameInput, ParsedRun
 from ember.engines.progress import Progress
 from ember.engines.run import Run
 from ember.engines.rundir import RunResult, RunSetup, prepare_run
@@ -43,27 +44,16 @@ from ember.engines.spark.task import train_partition
 from ember.engines.spark.watch import SparkWorkers
 from ember.engines.userrun import NoModel
 from ember.metrics.records import FinalState, RunEvent
-from ember.worker.spec import (
-    UserLoop,
-    WorkerSpec,
-    checkpoint_meta,
-    load_data,
-    model_object,
-    user_functions,
-)
+from ember.worker.spec import WorkerSpec, checkpoint_meta, load_data
 
 EVAL_ROWS = 1000  # test rows shipped to each task for worker 0's evaluations on the spot
 
 
-def train_spark(
-    config: RunConfig,
-    show_progress: bool = True,
-    dataset: Dataset | None = None,
-    loop: UserLoop | None = None,
-) -> RunResult:
+def train_spark(run: ParsedRun) -> RunResult:
     """`ember train --engine spark`: load --data on the driver, hand its training split to Spark
-    as a DataFrame, and keep the test split on the driver for the final evaluation. `loop`
-    (ember.run) is what the tasks run in place of the built-in loop."""
+    as a DataFrame, and keep the test split on the driver for the final evaluation. The run's
+    `loop` (ember.run) is what the tasks run in place of the built-in loop."""
+    config, show_progress, dataset, loop = run.config, run.show_progress, run.dataset, run.loop
     check_supported(config)
     check_before_start(config)
     files = parquet_files_to_stream(config, print) if dataset is None and loop is None else []
@@ -71,7 +61,8 @@ def train_spark(
         with session(config, show_progress) as (spark, _):
             frames = [spark.read.parquet(str(file)) for file in files]
             test = frames[1] if len(frames) > 1 else None
-            return train_dataframe(config, frames[0], test_df=test, show_progress=show_progress)
+            frame = DataFrameInput(frames[0], test_df=test)
+            return train_dataframe(replace(run, frame=frame))
     began = time.perf_counter()
     with Progress(show_progress) as progress:
         progress.phase("loading data")
@@ -79,9 +70,10 @@ def train_spark(
         data = dataset if dataset is not None else load_data(config)
         split = (len(data.x_train), len(data.x_test))
         check_shards(data.name, split, config.workers, config.batch_size)
-        setup = prepare_run(config, data, NoModel() if loop and not loop.has_model else None)
-        setup.loop = loop
-        run = Run(setup, progress)
+        work = InProcess(run.objects) if loop is None or loop.has_model else NoModel()
+        setup = prepare_run(config, data, work)
+        setup.loop, setup.objects = loop, run.objects
+        lifecycle = Run(setup, progress)
         # On this machine the servers start (and import PyTorch) while the JVM does; a
         # cluster's addresses come from the session's configuration (spark.driver.host).
         early = active_session() is None and is_local(config.master or "local")
@@ -89,13 +81,13 @@ def train_spark(
         def meanwhile() -> None:
             if early:
                 rows = split[0] // config.workers
-                run.start_servers("starting Spark and the parameter servers", rows)
+                lifecycle.start_servers("starting Spark and the parameter servers", rows)
                 progress.phase("waiting for Spark to start")
 
-        with run, session(config, show_progress, meanwhile) as (spark, session_seconds):
-            if not early and run.servers is not None:
-                run.servers.where = run_placement(config, spark)
-                run.start_servers(rows_per_worker=split[0] // config.workers)
+        with lifecycle, session(config, show_progress, meanwhile) as (spark, session_seconds):
+            if not early and lifecycle.servers is not None:
+                lifecycle.servers.where = run_placement(config, spark)
+                lifecycle.start_servers(rows_per_worker=split[0] // config.workers)
             warm_up = start_warm_up(spark, config.workers)
             progress.phase("handing the data to Spark")
             pixels = train_pixels(data)
@@ -109,35 +101,33 @@ def train_spark(
             if is_connect(spark):  # the server cuts the rows into partitions of its own
                 facts = replace(facts, partition_rows=())
             clock = (session_seconds, began)
-            return _train(run, spark, frame, facts, clock, warm_up)
+            return _train(lifecycle, spark, frame, facts, clock, warm_up)
 
 
-def train_dataframe(
-    config: RunConfig,
-    df: Any,
-    features_col: str = "features",
-    label_col: str = "label",
-    test_df: Any = None,
-    show_progress: bool = False,
-) -> RunResult:
-    """`ember.spark.fit`: train on a user's DataFrame in its session; the test set (`test_df`,
-    or a seeded tenth of `df`) is collected to the driver for the final evaluation."""
+def train_dataframe(run: ParsedRun) -> RunResult:
+    """`ember.spark.fit`: train on a user's DataFrame (the run's `frame`) in its session; the
+    test set (its `test_df`, or a seeded tenth of its `df`) is collected to the driver for
+    the final evaluation."""
+    config, given = run.config, run.frame
+    if given is None:
+        raise ValueError("train_dataframe trains on a DataFrame: the run names none")
+    df, features_col, label_col = given.df, given.features_col, given.label_col
     check_supported(config)
     check_cluster(config, df.sparkSession)
     began = time.perf_counter()
     warm_up = start_warm_up(df.sparkSession, config.workers)
-    with Progress(show_progress) as progress:
+    with Progress(run.show_progress) as progress:
         progress.phase("reading the DataFrame")
         targets = targets_of(config.loss)  # the labels' kind: classes, or values
         frame, facts, data = dataframe_dataset(
-            df, features_col, label_col, test_df, config.seed, targets
+            df, features_col, label_col, given.test_df, config.seed, targets
         )
-        with Run(_prepare(config, data), progress) as run:
-            if run.servers is not None:
-                run.servers.where = run_placement(config, df.sparkSession)
+        with Run(_prepare(run, data), progress) as lifecycle:
+            if lifecycle.servers is not None:
+                lifecycle.servers.where = run_placement(config, df.sparkSession)
                 rows = facts.rows_per_worker(config.workers, config.batch_size)[0]
-                run.start_servers(rows_per_worker=rows)
-            return _train(run, df.sparkSession, frame, facts, (0.0, began), warm_up)
+                lifecycle.start_servers(rows_per_worker=rows)
+            return _train(lifecycle, df.sparkSession, frame, facts, (0.0, began), warm_up)
 
 
 def _train(
@@ -178,8 +168,7 @@ def _train(
                 own_rows=True,
                 # allreduce starts from these, on executors that cannot read the driver's files
                 initial=setup.initial if setup.resume and run.servers is None else None,
-                model_object=model_object(config),
-                functions=user_functions(config),
+                objects=setup.objects,
                 train_fn=setup.loop.fn if setup.loop else None,
                 train_args=setup.loop.args if setup.loop else (),
                 layout=setup.layout,
@@ -260,6 +249,8 @@ def _gloo(cluster: bool, state: FinalState) -> dict[str, Any]:
     }
 
 
-def _prepare(config: RunConfig, data: Dataset) -> RunSetup:
+def _prepare(run: ParsedRun, data: Dataset) -> RunSetup:
     """prepare_run for data already in Spark: the test rows stand in for the dataset."""
-    return prepare_run(replace(config, data=data.name), data)
+    setup = prepare_run(replace(run.config, data=data.name), data, InProcess(run.objects))
+    setup.objects = run.objects
+    return setup
