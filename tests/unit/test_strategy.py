@@ -88,6 +88,21 @@ def test_a_strategy_member_given_to_a_run_config_is_kept_as_its_plain_name() -> 
     )
 
 
+@pytest.mark.parametrize(
+    ("given", "near"),
+    [("easgd-asyn", "easgd-async"), ("dilocco", "diloco"), ("all-reduce", "allreduce")],
+)
+def test_a_misspelt_strategy_is_offered_the_nearest_name(given: str, near: str) -> None:
+    names = "single, bsp, ssp, async, easgd, easgd-async, allreduce, diloco"
+    expected = f"strategy must be one of {names}; got {given!r}: did you mean {near}?"
+    with pytest.raises(ConfigError) as refused:
+        RunConfig(strategy=given).validate()
+    assert str(refused.value) == expected
+    with pytest.raises(ConfigError) as refused:  # past RunConfig, where parts parse it
+        make_algorithm(WorkerContext(config=RunConfig(strategy=given), rank=0, world=1))
+    assert str(refused.value) == expected
+
+
 def test_unknown_strategy_names_get_the_list_of_valid_ones() -> None:
     names = "single, bsp, ssp, async, easgd, easgd-async, allreduce, diloco"
     with pytest.raises(ConfigError, match=f"^strategy must be one of {names}; got 'gossip'$"):

@@ -23,6 +23,7 @@ def check_device(device: str) -> None:
     """One of DEVICES, cuda:N with N a GPU index."""
     if device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", device):
         return
+    # no "did you mean": the nearest spelling of "gpu" is "cpu", the opposite of what it means
     raise ConfigError(f"device must be one of {', '.join(DEVICES)}; got {device!r}")
 
 

@@ -3,13 +3,12 @@ gave, with one error naming any field that is not one."""
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from ember.config.choices import did_you_mean
 from ember.config.run import DILOCO_TAU, FIELD_NAMES, RunConfig
 from ember.config.strategies import Strategy
 from ember.config.tau import split_tau
@@ -50,19 +49,6 @@ def explicit_fields(overrides: dict[str, Any], config_file: str | None = None) -
             + (near or f"allowed: {', '.join(FIELD_NAMES)}")
         )
     return values
-
-
-def did_you_mean(wrong: list[str], known: Iterable[str]) -> str | None:
-    """The words offering the nearest of `known` for each name in `wrong` that has one, "did
-    you mean X?" (naming which is for which when there are several); None when none is near."""
-    known = list(known)
-    near = {name: difflib.get_close_matches(name, known, n=1) for name in wrong}
-    offers = [(name, match[0]) for name, match in near.items() if match]
-    if len(offers) == 1 and len(wrong) == 1:
-        return f"did you mean {offers[0][1]}?"
-    if offers:
-        return f"did you mean {', '.join(f'{m} for {n}' for n, m in offers)}?"
-    return None
 
 
 def _read_yaml(path: str) -> dict[str, Any]:

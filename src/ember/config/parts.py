@@ -8,9 +8,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from ember.config.choices import not_one_of
 from ember.config.run import RunConfig, StrategyNamed, moving_rate
 from ember.config.strategies import Strategy
-from ember.errors import ConfigError
 
 
 class Part:
@@ -163,8 +163,7 @@ def strategy_named(name: object) -> Strategy:
     try:
         return Strategy(name)
     except ValueError:
-        names = ", ".join(Strategy)
-        raise ConfigError(f"strategy must be one of {names}; got {name!r}") from None
+        raise not_one_of("strategy", name, Strategy) from None
 
 
 def part_of(name: str) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ember.config.choices import one_of
 from ember.config.devices import check_available, check_device, cuda_count
 from ember.config.network import check_host, port_range
 from ember.config.objective import check_objective
@@ -289,8 +290,7 @@ class RunConfig(StrategyNamed):
 
 
 def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+    one_of(name, value, allowed)
 
 
 def _at_least(name: str, value: object, low: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ember.config.choices import not_one_of
 from ember.errors import ConfigError
 
 TAU_POLICIES = ("fixed", "auto", "loss")
@@ -34,7 +35,7 @@ def check_tau_policy(policy: object, strategy: str) -> None:
     """The adaptive periods need workers that exchange when each alone decides (easgd-async),
     or, for auto, rounds whose period one worker names for all (diloco)."""
     if policy not in TAU_POLICIES:
-        raise ConfigError(f"tau_policy must be one of {', '.join(TAU_POLICIES)}; got {policy!r}")
+        raise not_one_of("tau_policy", policy, TAU_POLICIES)
     if policy == "fixed" or strategy in ADAPTIVE_STRATEGIES:
         return
     if policy == "auto" and strategy in AGREED_STRATEGIES:

@@ -1,7 +1,8 @@
 """What a run's optimizer and learning-rate schedule may be, where each runs, and the schedule's
 arithmetic, shared by the workers' torch optimizers and the servers' NumPy rules.
 
-imports: errors (under config only objects.py, a leaf: the server process reads it without torch)
+imports: errors (under config only the leaves objects.py and choices.py: the server process
+reads it without torch)
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ember.config.choices import not_one_of
 from ember.config.objects import OBJECT_PREFIX
 from ember.errors import ConfigError
 
@@ -92,14 +94,14 @@ def check_scheduler(name: str, warmup_steps: int, on_servers: bool = False) -> N
                 f" take the schedules {', '.join(SCHEDULERS)} by name"
             )
     elif name not in SCHEDULERS:
-        raise ConfigError(f"scheduler must be one of {', '.join(SCHEDULERS)}; got {name!r}")
+        raise not_one_of("scheduler", name, SCHEDULERS)
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
         raise ConfigError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
 
 
 def check_precision(precision: str) -> None:
     if precision not in PRECISIONS:
-        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+        raise not_one_of("precision", precision, PRECISIONS)
 
 
 @dataclass(frozen=True)
