@@ -132,3 +132,47 @@ def test_a_spawned_child_importing_an_unguarded_call_exits_with_the_one_line(tmp
     assert done.stdout == "1\n"
     assert done.stderr == unguarded("ember.fit", 7) + "\n"
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("handed", "what"),
+    [("model=Net()", "model"), ("model=Net", "model"), ("model='mlp', loss=my_loss", "loss")],
+)
+def test_a_class_or_function_under_the_main_guard_is_one_line_naming_it(
+    tmp_path: Path, handed: str, what: str
+) -> None:
+    """The workers import the script without running its guarded block, so they could never
+    find what it defines there: said before anything starts, with where to define it."""
+    done = run_script(
+        tmp_path,
+        f"""
+        import torch
+        from torch import nn
+
+        import ember
+
+        if __name__ == "__main__":
+
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.linear = nn.Linear(64, 10)
+
+                def forward(self, x):
+                    return self.linear(x.flatten(1))
+
+            def my_loss(output, target):
+                return nn.functional.cross_entropy(output, target)
+
+            ember.fit({handed}, data="digits", epochs=1, workers=2, out=OUT)
+        """,
+    )
+    assert done.returncode == 1
+    name, line = ("my_loss", 17) if what == "loss" else ("Net", 9)
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"ember.errors.ConfigError: {what}: {name} is defined under the main guard of train.py"
+        f" (line {line}), which the local engine's workers do not run when they import"
+        f" train.py: define {name} at the top level of the script, not under its main guard"
+    )
+    assert not (tmp_path / "run").exists()

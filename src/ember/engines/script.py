@@ -1,15 +1,17 @@
 """What the user's script must be for the local engine's spawned processes, which import it
 again as __mp_main__: ember's call under its main guard (so the workers do not call it
-again), and what it hands the workers picklable. Either is one clear error before anything
-starts."""
+again), and every class or function it hands the workers defined outside that guard (so the
+workers find it). Either is one clear error before anything starts."""
 
 from __future__ import annotations
 
 import ast
+import io
 import sys
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
-from types import FrameType
+from types import FrameType, FunctionType
+from typing import Any
 
 from ember.errors import ConfigError
 
@@ -64,14 +66,55 @@ def _unguarded(caller: str, spawned: str, path: str, line: int) -> str:
 def check_picklable(source: object, what: str = "model") -> None:
     """The local engine hands a model, loss or metric object (or ember.run's function) to its
     worker processes as multiprocessing hands any argument: one it cannot is refused here,
-    before anything starts."""
+    before anything starts, and so is one whose class or function the script defines under
+    its main guard, which the workers' import of the script never runs."""
+    names = _MainNames(io.BytesIO())
     try:
-        ForkingPickler.dumps(source)
+        names.dump(source)
     except Exception as exc:
         raise ConfigError(
             f"{what} {source!r} cannot be handed to the local engine's workers ({exc}); define"
-            " it at the top level of a module (or of the script, under its main guard)"
+            " it at the top level of a module or of the script"
         ) from None
+    for name in names.found:
+        line = _guarded_definition(name)
+        if line is not None:
+            script = Path(getattr(sys.modules["__main__"], "__file__", "")).name
+            raise ConfigError(
+                f"{what}: {name} is defined under the main guard of {script} (line {line}),"
+                f" which the local engine's workers do not run when they import {script}:"
+                f" define {name} at the top level of the script, not under its main guard"
+            )
+
+
+class _MainNames(ForkingPickler):
+    """A pickler that notes each class and function of the script (__main__) it pickles by
+    name: what a worker must find again when it imports the script."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file)
+        self.found: list[str] = []
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (type, FunctionType)) and obj.__module__ == "__main__":
+            self.found.append(obj.__qualname__.split(".")[0])
+        return NotImplemented
+
+
+def _guarded_definition(name: str) -> int | None:
+    """The line where the script defines `name` inside `if __name__ == "__main__":`, when
+    it defines it nowhere outside one; None otherwise (or where its source cannot be read)."""
+    tree = _script_tree()
+    if tree is None:
+        return None
+    guarded = None
+    definitions = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    for node in ast.walk(tree):
+        if isinstance(node, definitions) and node.name == name:
+            if not any(_guards(g, node.lineno) for g in ast.walk(tree)):
+                return None
+            guarded = node.lineno
+    return guarded
 
 
 def _script_tree() -> ast.Module | None:
