@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -88,7 +89,11 @@ class Job:
         return self.control.attempt()
 
     def cancel(self) -> None:
-        self.control.cancel()
+        # A failure here means the JVM is gone (a Ctrl-C reached it too, or broke the gateway
+        # mid-call), and its tasks with it: nothing is left to cancel, and the error that
+        # ends the run (the interrupt) must not be replaced by this one.
+        with contextlib.suppress(Exception):
+            self.control.cancel()
         self.thread.join(30)
 
 
