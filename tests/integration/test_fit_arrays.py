@@ -11,6 +11,8 @@ import torch
 
 import ember
 from ember.errors import ConfigError
+from ember.metrics import read_records
+from ember.metrics.records import Evaluation
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -62,3 +64,34 @@ def test_arrays_that_cannot_train_are_one_error_naming_them(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match="test_data goes with data given as arrays"):
         ember.fit(data="digits", test_data=(x, y), out=str(tmp_path / "c"))
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+class OwnCrossEntropy(torch.nn.Module):
+    """A user's loss object: ember cannot know from its name what its targets are."""
+
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(output, target)
+
+
+def test_a_loss_object_on_class_targets_reports_accuracy_too(tmp_path: Path) -> None:
+    """Integer targets and a score per class say it is a classifier: the summary and every
+    epoch's evaluation have test_accuracy, as with a named loss."""
+    x, y = _separable(4000, 3)
+    x_test, y_test = _separable(600, 4)
+    result = ember.fit(
+        data=(x, y),
+        test_data=(x_test, y_test),
+        model="mlp",
+        loss=OwnCrossEntropy(),
+        strategy="easgd-async",
+        workers=2,
+        epochs=2,
+        out=str(tmp_path / "run"),
+    )
+    assert result.summary["test_accuracy"] >= 0.95
+    with torch.no_grad():
+        predicted = result.model(torch.from_numpy(x_test)).argmax(dim=1).numpy()
+    assert (predicted == y_test).mean() == result.summary["test_accuracy"]
+    records = read_records(result.run_dir / "metrics.jsonl")
+    epochs = [record for record in records if isinstance(record, Evaluation)]
+    assert epochs and all("test_accuracy" in record.scores for record in epochs)

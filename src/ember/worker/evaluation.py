@@ -84,7 +84,7 @@ def evaluate_batches(
     """The mean loss and the metrics of `model` over (inputs, targets) batches."""
     training = model.training  # given back as it was: a loaded model stays in eval mode
     model.eval()
-    tally = Tally(loss, metric_names(loss, metrics), objects)
+    tally = Tally(loss, metric_names(loss, metrics), objects, infer=metrics is None)
     device = next(model.parameters(), torch.empty(0)).device
     for x, y in batches:
         outputs = forward(model, inputs_to(model_inputs(x), device)).float()
@@ -96,12 +96,19 @@ def evaluate_batches(
 class Tally:
     """Sums over a held-out set's batches from which its loss and metrics follow: the loss
     and each user metric weighted by the batch's rows, accuracy over the counted targets
-    (a per-token target of -100 is not), RMSE, MAE and R^2 over every target value."""
+    (a per-token target of -100 is not), RMSE, MAE and R^2 over every target value. With
+    `infer`, a user's loss given no metrics is judged by accuracy too where its first batch
+    says it classifies: integer targets, and an output with a score per class besides."""
 
     def __init__(
-        self, loss: str, metrics: tuple[str, ...], objects: UserObjects = NO_OBJECTS
+        self,
+        loss: str,
+        metrics: tuple[str, ...],
+        objects: UserObjects = NO_OBJECTS,
+        infer: bool = False,
     ) -> None:
         self.loss, self.kind, self.metrics = make_loss(loss, objects), targets_of(loss), metrics
+        self.infer = infer and self.kind is None  # a named loss says its own metrics
         self.functions = {
             name: resolve_function(name, "metric", objects)
             for name in metrics
@@ -114,6 +121,10 @@ class Tally:
         self.user: dict[str, float] = dict.fromkeys(self.functions, 0.0)
 
     def add(self, output: torch.Tensor, target: torch.Tensor) -> None:
+        if self.infer:
+            self.infer = False
+            if classifies(output, target):
+                self.metrics = (*self.metrics, "accuracy")
         sums, rows = self.sums, len(target)
         sums["rows"] += rows
         sums["loss"] += float(self.loss(output, target)) * rows
@@ -159,6 +170,13 @@ class Tally:
             for name in self.metrics
         }
         return {**scores, "test_loss": sums["loss"] / rows}
+
+
+def classifies(output: torch.Tensor, target: torch.Tensor) -> bool:
+    """Whether a model's output and its targets are a classifier's: integer class targets
+    (one a row, or one a token) and a score for each of two or more classes."""
+    integer = not target.is_floating_point() and target.dtype != torch.bool
+    return integer and output.dim() == target.dim() + 1 and output.shape[-1] >= 2
 
 
 def metric_key(name: str) -> str:
