@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
+from ember.checkpoint import load_checkpoint
 from ember.config import STRATEGIES
 from ember.data.generate import generate
 from ember.errors import ConfigError, EmberError, WorkerFailed
@@ -158,6 +159,16 @@ def test_a_user_loop_trains_with_adamw_and_returns_rank_0s_value(
     )
     assert all(r["kind"] == "worker" and r["reported"] == ["loss", "seen"] for r in reports)
     assert all(r["loss"] < 0.5 for r in reports if r["epoch"] == EPOCHS)
+    # where the run knows the model (model=), the servers' final parameters are exported as
+    # every run's are; without servers rank 0 kept its model to itself
+    exported = (tmp_path / "run" / "model.safetensors").exists()
+    assert summary["model_file"] == ("model.safetensors" if exported else None)
+    assert exported == (strategy not in ("single", "allreduce"))
+    if exported:
+        saved = load_checkpoint(tmp_path / "run" / "checkpoints").tensors["params"]
+        loaded = ember.load(tmp_path / "run", model=make_mlp())
+        flat = torch.cat([t.reshape(-1) for t in loaded.state_dict().values()])
+        np.testing.assert_array_equal(flat.numpy(), saved)
 
 
 @pytest.mark.parametrize("strategy", ["bsp", "easgd-async"])

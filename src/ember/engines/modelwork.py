@@ -43,10 +43,16 @@ class ModelWork(Protocol):
         ...
 
     def evaluate(
-        self, config: RunConfig, dataset: Dataset, params: np.ndarray, export: Path | None
+        self,
+        config: RunConfig,
+        dataset: Dataset,
+        params: np.ndarray,
+        export: Path | None,
+        score: bool = True,
     ) -> dict[str, float]:
         """The held-out scores (evaluation.Scores) of the model holding `params` on the dataset's
-        test rows; with `export`, that module is first written there (export.py), so the
+        test rows (none without `score`); with `export`, that module is first written there
+        (export.py), so the
         figures are those of the model a user loads."""
         ...
 
@@ -110,12 +116,19 @@ class InProcess:
         return fresh_parameters(config, dataset, self.objects)
 
     def evaluate(
-        self, config: RunConfig, dataset: Dataset, params: np.ndarray, export: Path | None
+        self,
+        config: RunConfig,
+        dataset: Dataset,
+        params: np.ndarray,
+        export: Path | None,
+        score: bool = True,
     ) -> dict[str, float]:
         from ember.worker.evaluation import evaluate
 
         shape = (tuple(dataset.input_shape), dataset.num_classes)
         model = exported_model(config, shape, params, export, self.objects)
+        if not score:
+            return {}
         x, y = dataset.x_test, dataset.y_test
         return evaluate(model, x, y, config.loss, config.metrics, self.objects)
 
@@ -136,10 +149,15 @@ class Forked:
         return np.frombuffer(answer, dtype=np.float32, offset=8).copy(), parameters
 
     def evaluate(
-        self, config: RunConfig, dataset: Dataset, params: np.ndarray, export: Path | None
+        self,
+        config: RunConfig,
+        dataset: Dataset,
+        params: np.ndarray,
+        export: Path | None,
+        score: bool = True,
     ) -> dict[str, float]:
         payload = np.ascontiguousarray(params, dtype=np.float32)  # sent as its buffer: no copy
-        answer = self._ask("evaluate", config, dataset, payload, export)
+        answer = self._ask("evaluate" if score else "export", config, dataset, payload, export)
         scores = msgpack.unpackb(answer)
         return {str(k): float(v) for k, v in scores.items()}
 
@@ -153,7 +171,9 @@ class Forked:
     ) -> bytes:
         from ember.engines.forking import FORKSERVER
 
-        what = "the starting parameters" if kind == "initial" else "the final evaluation"
+        what = {"initial": "the starting parameters", "export": "the exported model"}.get(
+            kind, "the final evaluation"
+        )
         ours, theirs = FORKSERVER.Pipe()
         shape = (dataset.input_shape, dataset.num_classes)
         process = FORKSERVER.Process(
@@ -256,9 +276,11 @@ def _answer(
 
             where = None if export is None else Path(export)
             model = exported_model(config, (input_shape, num_classes), params, where, objects)
-            # read a window at a time, not mapped: this fork holds no copy of the test set
-            batches = files.test_batches(2000)
-            scores = evaluate_batches(model, batches, config.loss, config.metrics, objects)
+            scores = {}
+            if kind == "evaluate":  # not "export", which writes the model alone
+                # read a window at a time, not mapped: this fork holds no copy of the test set
+                batches = files.test_batches(2000)
+                scores = evaluate_batches(model, batches, config.loss, config.metrics, objects)
             body = msgpack.packb(scores)
     except Exception as exc:
         failure = {"type": type(exc).__name__, "message": str(exc)}

@@ -25,7 +25,12 @@ class NoModel:
         return np.zeros(0, np.float32), 0
 
     def evaluate(
-        self, config: RunConfig, dataset: Dataset, params: np.ndarray, export: Path | None
+        self,
+        config: RunConfig,
+        dataset: Dataset,
+        params: np.ndarray,
+        export: Path | None,
+        score: bool = True,
     ) -> dict[str, float]:
         raise AssertionError("ember.run does not evaluate a model of its own")
 
@@ -47,12 +52,18 @@ def finish_loop(
     returned: Returned | None,
 ) -> LoopResult:
     """summary.json for a loop the user wrote: no test evaluation (the loop evaluates what
-    it wants, and returns it), the servers' final `params` kept as the last checkpoint."""
+    it wants, and returns it), the servers' final `params` kept as the last checkpoint and,
+    where the run knows the model (model= given), exported as model.safetensors."""
     config = setup.config
+    exported = False
+    if params is not None and params.size > 0 and not isinstance(setup.work, NoModel):
+        setup.work.evaluate(config, setup.dataset, params, setup.run_dir, score=False)
+        exported = True
     summary = {
         **run_facts(config),
         "data": config.data,
         "user_loop": True,
+        "model_file": "model.safetensors" if exported else None,
         "parameters": setup.layout.parameters,
         "buffers": setup.layout.buffers,
         **summarize_workers(workers, seconds),
