@@ -11,6 +11,8 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 from ember.checkpoint import latest_valid_checkpoint
+from ember.config import Strategy
+from ember.config.tau import diloco_period_warning
 from ember.engines.phases import PeakMemory, Timeline, pids_of
 from ember.engines.process import reap
 from ember.engines.progress import Progress
@@ -65,6 +67,7 @@ class Run:
         self.total = 0  # samples all workers train on, once `watching` knows their rows
         self._reported = 0  # how many of the servers' events metrics.jsonl has
         self.divergences: list[Divergence] = []  # each worker's first non-finite loss
+        self.evaluations: list[Evaluation] = []  # worker 0's, in order: a collapse shows there
         self.returned: Returned | None = None  # ember.run: rank 0's return value
 
     def start_servers(
@@ -86,10 +89,15 @@ class Run:
     def watching(self, rows_per_worker: int) -> Iterator[Progress]:
         """The progress bar while the workers train on `rows_per_worker` rows each (whole
         batches of them, as the worker loop takes them)."""
-        training, workers = self.parts.training, self.parts.strategy.workers
+        training, strategy = self.parts.training, self.parts.strategy
         batches = rows_per_worker // training.batch_size
-        self.total = training.epochs * batches * training.batch_size * workers
-        self.progress.start(self.total, workers, training.batch_size)
+        self.total = training.epochs * batches * training.batch_size * strategy.workers
+        if strategy.strategy is Strategy.DILOCO and strategy.tau_policy == "fixed":
+            warning = diloco_period_warning(strategy.tau, training.epochs * batches)
+            if warning is not None:  # before the first step, where the user can still act
+                self.setup.metrics.write(RunEvent(event="warning", details={"text": warning}))
+                self.progress.warn(f"ember: warning: {warning}")
+        self.progress.start(self.total, strategy.workers, training.batch_size)
         try:
             yield self.progress
         finally:
@@ -162,6 +170,8 @@ class Run:
             self.done[record.rank] = record
         elif isinstance(record, Divergence):
             self.divergences.append(record)
+        elif isinstance(record, Evaluation):
+            self.evaluations.append(record)
         # every worker at its first step
         all_started = len(self.progress.started) >= self.parts.strategy.workers
         if isinstance(record, WorkerStart) and all_started and self.timeline is not None:
@@ -226,7 +236,8 @@ class Run:
                     raise CheckpointError(f"worker 0 left no checkpoint in {checkpoints}")
                 params = last.tensors["params"]
             extra["checkpoint"] = str(last.path) if last else None
-            result = finish_run(self.setup, params, workers, seconds, extra)
+            history = [record.scores for record in self.evaluations]
+            result = finish_run(self.setup, params, workers, seconds, extra, history)
         if self.timeline is not None:
             self.timeline.mark("teardown")
         return result

@@ -5,6 +5,8 @@ evaluation, summary.json and what `ember.fit` returns."""
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -155,13 +157,18 @@ def finish_run(
     workers: list[dict[str, Any]],
     seconds: float,
     extra: dict[str, Any],
+    history: list[Mapping[str, float]] | None = None,
 ) -> RunResult:
     """Write the final model (model.safetensors, model.json), evaluate that module on the
-    held-out set and write summary.json."""
-    from ember.metrics import summarize_workers
+    held-out set and write summary.json; `history`, worker 0's evaluations in order, says
+    whether the final model collapsed from what they saw."""
+    from ember.metrics import collapse, summarize_workers
 
     config, dataset = setup.config, setup.dataset
     scores = setup.work.evaluate(config, dataset, params, setup.run_dir)
+    collapsed = collapse(history or [], scores, dataset.num_classes)
+    if collapsed is not None:
+        print(f"ember: warning: {collapsed['said']}", file=sys.stderr, flush=True)
     summary = {
         **run_facts(config),
         "model": config.model,
@@ -172,6 +179,8 @@ def finish_run(
         "loss": config.loss,
         **scores,  # test_loss and test_<metric> each
         **summarize_workers(workers, seconds),
+        "collapsed": collapsed is not None,
+        **({"collapse": collapsed} if collapsed is not None else {}),
         "resumed_from": str(setup.resume.path) if setup.resume else None,
         "ember_version": __version__,
         **extra,

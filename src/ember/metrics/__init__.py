@@ -83,6 +83,36 @@ def read_records(path: Path) -> list[Record]:
     return [Record.from_json(line) for line in read_metrics(path)]
 
 
+def collapse(
+    history: list[Mapping[str, float]], final: Mapping[str, float], classes: int
+) -> dict[str, Any] | None:
+    """How the final model fell from what worker 0's evaluations (`history`, in order) saw, or
+    None: its accuracy back at chance (within a tenth of the gain the best evaluation had
+    over chance), or, without accuracy, its loss over 3x the first evaluation's. A
+    non-finite loss is the summary's `diverged`; this is a model that trained, then lost it
+    (diloco at too short a period, an outer step too large)."""
+    chance = 1 / max(2, classes)
+    accuracies = [s["test_accuracy"] for s in history if "test_accuracy" in s]
+    best, accuracy = max(accuracies, default=chance), final.get("test_accuracy", chance)
+    if best - chance >= 0.1 and accuracy - chance <= 0.1 * (best - chance):
+        said = (
+            f"training collapsed: the final model's test accuracy is {accuracy:.4f}, at"
+            f" chance ({chance:.2f}), after worker 0's evaluations reached {best:.4f}"
+        )
+        return {"best_test_accuracy": best, "test_accuracy": accuracy, "said": said}
+    if accuracies:  # a classifier: its accuracy says it; a loss can rise as it grows sure
+        return None
+    losses = [s["test_loss"] for s in history if math.isfinite(s.get("test_loss", math.nan))]
+    loss = final.get("test_loss", math.nan)
+    if losses and math.isfinite(loss) and losses[0] > 0 and loss > 3 * losses[0]:
+        said = (
+            f"training collapsed: the final model's test loss is {loss:.4g}, over 3x worker"
+            f" 0's first evaluation's {losses[0]:.4g}"
+        )
+        return {"first_test_loss": losses[0], "test_loss": loss, "said": said}
+    return None
+
+
 def summarize_workers(results: list[dict[str, Any]], wall_seconds: float) -> dict[str, Any]:
     """Totals over the workers' final records. Throughput counts every worker's samples over the
     longest worker's training loop; wall_seconds adds process start-up and data loading."""
