@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 def fit(
     config_file: str | None = None,
-    show_progress: bool = False,
+    show_progress: bool | None = None,
     test_data: tuple[Any, Any] | None = None,
     mlflow: bool | None = None,
     **fields: Any,
@@ -33,8 +33,10 @@ def fit(
     one (called with input_shape= and num_classes= if it takes them); `data` an (x, y) pair
     of arrays or CPU tensors, and `test_data` another (without it, the last tenth of `data`
     is held out for testing). Objects reach the workers as the engine ships code to its own
-    processes, never over ember's wire. `mlflow`: log the run to MLflow (one MLflow run:
-    params, epoch metrics, the model); None does so when an MLflow run is active."""
+    processes, never over ember's wire. `show_progress`: the start-up phases, a progress bar
+    and a line per epoch on stderr; None (the default) shows them on a terminal only.
+    `mlflow`: log the run to MLflow (one MLflow run: params, epoch metrics, the model); None
+    does so when an MLflow run is active."""
     from ember.engines import ParsedRun, engine_named
 
     fields = {k.replace("-", "_"): v for k, v in fields.items()}

@@ -253,9 +253,12 @@ def _train(args: argparse.Namespace) -> int:
     s = result.summary
     name, value = headline(s)
     said = f"test {name} {value:.4f}, " if name != "loss" else ""
+    # the epoch lines scored worker 0's parameters or its copy of the center: this is the
+    # model the run leaves, the servers' once every worker has made its last exchange
+    when = "after every worker's last exchange" if config.uses_server else "at the end"
+    print(f"final model ({when}): {said}loss {s['test_loss']:.4f}")
     print(
-        f"{s['strategy']} on {s['engine']}: {said}"
-        f"loss {s['test_loss']:.4f}, {s['samples_per_second']:,.0f} samples/s, "
+        f"{s['strategy']} on {s['engine']}: {s['samples_per_second']:,.0f} samples/s, "
         f"{s['train_seconds']:.1f}s; run directory {result.run_dir}"
     )
     return 0

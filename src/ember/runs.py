@@ -21,7 +21,7 @@ def run(
     train_fn: Callable[..., Any],
     *args: Any,
     config_file: str | None = None,
-    show_progress: bool = False,
+    show_progress: bool | None = None,
     test_data: tuple[Any, Any] | None = None,
     **fields: Any,
 ) -> Any:
@@ -32,7 +32,8 @@ def run(
     the loop's torch.optim optimizer so that its step() does the run's exchange. Strategies
     with servers need `model=` (the module train_fn trains, or a function building it): the
     servers start from its parameters. The value travels as msgpack (numbers, strings,
-    bytes, lists, dicts, None, NumPy arrays, torch tensors), never pickled."""
+    bytes, lists, dicts, None, NumPy arrays, torch tensors), never pickled. Progress shows
+    on a terminal (show_progress=None), as ember.fit's does."""
     from ember.engines import ParsedRun, engine_named
     from ember.worker.spec import UserLoop
 

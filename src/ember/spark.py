@@ -24,7 +24,7 @@ def fit(
     label_col: str = "label",
     test_df: Any = None,
     config_file: str | None = None,
-    show_progress: bool = False,
+    show_progress: bool | None = None,
     mlflow: bool | None = None,
     **fields: Any,
 ) -> Any:
@@ -37,7 +37,8 @@ def fit(
     training rows never are. Other fields are those of `ember.fit` (strategy, workers,
     epochs, ...). Without `df`, trains on `data=` like `ember.fit(engine="spark")`. Returns
     a RunResult (.summary, .model, .run_dir). `mlflow` logs the job to one MLflow run (None:
-    when an MLflow run is active), as ember.fit does.
+    when an MLflow run is active), and progress shows on a terminal (`show_progress` None),
+    as ember.fit's do.
 
     It may be called from a script's top-level code (a spark-submit script): the parameter
     servers are fresh interpreters that never import the script, and Spark runs the workers.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -159,6 +160,16 @@ def test_sigterm_writes_a_final_checkpoint_exits_143_and_resume_auto_continues(t
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from"] == final[0]["path"]
+    # and it said so, where it goes on from, before its first epoch line
+    said = re.search(
+        r"ember: resuming from (\S+): epoch (\d+) of 4 \(step ([\d,]+) of ([\d,]+)\)",
+        resumed.stderr,
+    )
+    assert said is not None, resumed.stderr
+    assert said[1] == final[0]["path"] and int(said[3].replace(",", "")) > 0
+    lines = resumed.stderr.splitlines()
+    first_epoch = next(i for i, line in enumerate(lines) if line.startswith("epoch "))
+    assert lines.index(said[0]) < first_epoch
 
 
 def test_a_checkpoint_that_hits_a_full_disk_is_reported_and_training_goes_on(

@@ -72,10 +72,11 @@ def test_a_non_terminal_gets_each_phase_in_order_then_one_line_per_epoch() -> No
         "ember: starting parameter servers",
         "ember: starting workers",
         "ember: waiting for the first step",
-        "epoch 1: test accuracy 0.9000 (worker 0), 4,000 samples/s",
-        "epoch 2: test accuracy 0.9500 (center), 4,000 samples/s",
-        "epoch 3: test accuracy 0.9500 (center, subset of 1,000 rows), 4,000 samples/s",
-        "epoch 4: test accuracy 0.9500 (center), 4,000 samples/s",
+        "epoch 1: test accuracy 0.9000 (worker 0's parameters), 4,000 samples/s",
+        "epoch 2: test accuracy 0.9500 (center as of worker 0's last exchange), 4,000 samples/s",
+        "epoch 3: test accuracy 0.9500 (center as of worker 0's last exchange, subset of"
+        " 1,000 rows), 4,000 samples/s",
+        "epoch 4: test accuracy 0.9500 (center as of worker 0's last exchange), 4,000 samples/s",
         "ember: warning: worker 1's training loss is nan at step 37 (epoch 4): training has"
         " diverged; a lower --lr usually helps",
     ]
@@ -138,3 +139,39 @@ def test_a_note_the_workers_send_alike_is_said_once() -> None:
             update(progress, {"kind": "note", "rank": rank, "text": "ember: data mode auto: …"})
         update(progress, {"kind": "note", "rank": 1, "text": "ember: another"})
     assert out.getvalue().splitlines() == ["ember: data mode auto: …", "ember: another"]
+
+
+def test_an_epoch_line_gives_the_rate_over_that_epoch_from_the_evaluations_counts() -> None:
+    """Not the last progress record's rate, which an epoch shorter than --log-every never
+    updates (it said the previous epoch's rate, or 0 samples/s before the first)."""
+    out = io.StringIO()
+    with Progress(stream=out) as progress:
+        progress.start(total=40000, workers=2, samples_per_step=10)
+        end = {"kind": "eval", "rank": 0, "epoch_end": True, "test_accuracy": 0.9}
+        update(progress, {**end, "epoch": 1, "samples": 8000, "seconds": 4.0})
+        update(progress, worker(0, 50, 1000.0))  # a stale rate, which the next line ignores
+        update(progress, {**end, "epoch": 2, "samples": 16000, "seconds": 6.0})
+    assert out.getvalue().splitlines() == [
+        "epoch 1: test accuracy 0.9000 (worker 0's parameters), 2,000 samples/s",
+        "epoch 2: test accuracy 0.9000 (worker 0's parameters), 4,000 samples/s",
+    ]
+
+
+def test_the_python_api_shows_progress_where_someone_watches(monkeypatch) -> None:
+    """ember.fit, ember.run and ember.spark.fit default to show_progress=None: on a terminal
+    the phases, the bar and the epoch lines; in a log or a notebook's pipe, nothing."""
+    import inspect
+    import sys
+
+    import ember
+    from ember.config import RunConfig
+    from ember.engines import ParsedRun
+
+    for api in (ember.fit, ember.run, ember.spark.fit):
+        assert inspect.signature(api).parameters["show_progress"].default is None
+    run = ParsedRun(RunConfig(), show_progress=None)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert run.progress_shown
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert not run.progress_shown
+    assert ParsedRun(RunConfig(), show_progress=True).progress_shown  # lines into the log

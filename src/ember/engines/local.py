@@ -47,7 +47,7 @@ def train_local(run: ParsedRun) -> RunResult:
     spares: list[Interpreter] = []
     try:
         spares += spare_servers(config)  # their imports run while the fork server imports torch
-        with Progress(run.show_progress) as progress:
+        with Progress(run.progress_shown) as progress:
             progress.phase("loading data")
             timeline.mark("data")
             if dataset is not None:

@@ -4,6 +4,7 @@ ember.run and ember.spark.fit each build a ParsedRun and call `execute` with an 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -38,8 +39,14 @@ class ParsedRun:
     dataset: Dataset | None = None
     frame: DataFrameInput | None = None
     loop: UserLoop | None = None
-    show_progress: bool = True
+    show_progress: bool | None = True  # None: on a terminal only
     mlflow: bool | None = False  # log to MLflow; None: when an MLflow run is active
+
+    @property
+    def progress_shown(self) -> bool:
+        """Whether to show progress: as asked, or (None) where someone watches, a terminal,
+        and not in a log or a notebook's pipe."""
+        return self.show_progress if self.show_progress is not None else sys.stderr.isatty()
 
     def execute(self, engine: Engine) -> RunResult:
         """Train on `engine` (engines.engine_named(config.engine) for the configured one),

@@ -55,6 +55,7 @@ class Progress:
         self.data_wait: dict[int, float] = {}  # share of the last interval spent on data
         self.epoch, self.score = 0, ("accuracy", float("nan"))  # worker 0's latest headline
         self._said_epoch = 0  # the last epoch a line was printed for
+        self._said_at = (0, 0.0)  # the samples and training seconds that line was at
         self.diverged: set[int] = set()  # ranks whose NaN loss was said (once each)
         self.said: set[str] = set()  # the workers' notes, each said once for all of them
         self._phase_began = time.monotonic()
@@ -123,7 +124,10 @@ class Progress:
 
     def _evaluation(self, record: Evaluation) -> None:
         self.score = headline(record.scores)
-        whose = "center" if record.source.startswith("center") else "worker 0"
+        # whose parameters: the final model, scored at the end, is the servers' after every
+        # worker's last exchange, so the last epoch's line may differ from it
+        center = record.source.startswith("center")
+        whose = "center as of worker 0's last exchange" if center else "worker 0's parameters"
         if record.test_set and record.test_set.startswith("subset"):
             whose = f"{whose}, {record.test_set}"
         # one line at each epoch's end, not at the evaluations within it (--eval-every);
@@ -132,9 +136,19 @@ class Progress:
             self._said_epoch = record.epoch
             self.note(
                 f"epoch {record.epoch}: test {self.score[0]} {self.score[1]:.4f} "
-                f"({whose}), {self.samples_per_second:,.0f} samples/s"
+                f"({whose}){self._epoch_rate(record)}"
                 + (f", {self.input_bound()}" if self.input_bound() else "")
             )
+
+    def _epoch_rate(self, record: Evaluation) -> str:
+        """All workers' samples/s over the epoch the line ends, from the evaluation's own
+        counts: not the last progress record's rate, which may be an epoch old (or none)."""
+        samples, seconds = self._said_at
+        self._said_at = (record.samples, record.seconds)
+        if record.seconds <= seconds or record.samples <= samples:  # counts it did not send
+            rate = self.samples_per_second
+            return f", {rate:,.0f} samples/s" if rate > 0 else ""
+        return f", {(record.samples - samples) / (record.seconds - seconds):,.0f} samples/s"
 
     def _postfix(self) -> str:
         loss = sum(self.loss.values()) / max(1, len(self.loss))

@@ -172,10 +172,23 @@ class Run:
             self.divergences.append(record)
         elif isinstance(record, Evaluation):
             self.evaluations.append(record)
+        elif isinstance(record, WorkerStart) and record.rank == 0 and record.incarnation == 0:
+            self._say_where_it_resumes(record)
         # every worker at its first step
         all_started = len(self.progress.started) >= self.parts.strategy.workers
         if isinstance(record, WorkerStart) and all_started and self.timeline is not None:
             self.timeline.mark_once("training")
+
+    def _say_where_it_resumes(self, start: WorkerStart) -> None:
+        """A resumed run says where it goes on from, once worker 0 knows its first step."""
+        resume, epochs = self.setup.resume, self.parts.training.epochs
+        if resume is None or start.total_steps <= 0:
+            return
+        epoch = min(epochs, start.first_step * epochs // start.total_steps + 1)
+        self.progress.warn(
+            f"ember: resuming from {resume.path}: epoch {epoch} of {epochs}"
+            f" (step {start.first_step:,} of {start.total_steps:,})"
+        )
 
     def note(self, record: Record, text: str) -> None:
         """Something that happened to the run: a record in metrics.jsonl, a line for the user."""

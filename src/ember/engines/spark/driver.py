@@ -53,7 +53,7 @@ def train_spark(run: ParsedRun) -> RunResult:
     """`ember train --engine spark`: load --data on the driver, hand its training split to Spark
     as a DataFrame, and keep the test split on the driver for the final evaluation. The run's
     `loop` (ember.run) is what the tasks run in place of the built-in loop."""
-    config, show_progress, dataset, loop = run.config, run.show_progress, run.dataset, run.loop
+    config, show_progress, dataset, loop = run.config, run.progress_shown, run.dataset, run.loop
     check_supported(config)
     check_before_start(config)
     files = parquet_files_to_stream(config, print) if dataset is None and loop is None else []
@@ -116,7 +116,7 @@ def train_dataframe(run: ParsedRun) -> RunResult:
     check_cluster(config, df.sparkSession)
     began = time.perf_counter()
     warm_up = start_warm_up(df.sparkSession, config.workers)
-    with Progress(run.show_progress) as progress:
+    with Progress(run.progress_shown) as progress:
         progress.phase("reading the DataFrame")
         targets = targets_of(config.loss)  # the labels' kind: classes, or values
         frame, facts, data = dataframe_dataset(
