@@ -5,13 +5,16 @@ imports: checkpoint, config, data, engines, errors, export, models, worker
 
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ember.config import RunConfig, explicit_fields, fresh_config, resumed_values
+from ember.config.flags import in_python_terms as python_words
 from ember.config.objects import UserObjects, model_label, object_label
 from ember.engines.script import check_picklable, require_main_guard
 from ember.errors import ConfigError
@@ -20,6 +23,24 @@ if TYPE_CHECKING:
     from ember.data import Dataset
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def in_python_terms(api: F) -> F:
+    """A ConfigError out of `api` in the words of its caller, keywords where config's
+    messages name `ember train`'s flags (`--tau auto` as `tau="auto"`)."""
+
+    @functools.wraps(api)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return api(*args, **kwargs)
+        except ConfigError as exc:
+            raise type(exc)(python_words(str(exc))) from None
+
+    return call  # type: ignore[return-value]
+
+
+@in_python_terms
 def fit(
     config_file: str | None = None,
     show_progress: bool | None = None,

@@ -10,13 +10,14 @@ import base64
 from collections.abc import Callable
 from typing import Any
 
-from ember.api import run_config, take_objects
+from ember.api import in_python_terms, run_config, take_objects
 from ember.config import RunConfig
 from ember.engines.script import check_picklable, require_main_guard
 from ember.errors import ConfigError, EmberError
 from ember.metrics.records import Returned
 
 
+@in_python_terms
 def run(
     train_fn: Callable[..., Any],
     *args: Any,

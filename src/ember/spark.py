@@ -12,11 +12,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ember.api import label_functions, run_config
+from ember.api import in_python_terms, label_functions, run_config
 from ember.config.objects import model_label
 from ember.errors import ConfigError
 
 
+@in_python_terms
 def fit(
     model: str | Callable[..., Any] = "mlp",
     df: Any = None,
@@ -82,9 +83,19 @@ def model_spec(model: str | Callable[..., Any]) -> str:
     importable = inspect.isfunction(model) or isinstance(model, type)
     if importable and module and module != "__main__" and "<" not in name:
         return f"{module}:{name}"
+    if not callable(model) or importable or "<" in name:  # a name's wrong kind, a lambda
+        got = name or type(model).__name__
+        raise ConfigError(
+            "model must be a name, 'package.module:factory' or a module-level function that"
+            f" Spark workers can import (not one defined in __main__ or a lambda); got {got}"
+        )
+    kind = type(model)  # an instance: its repr is the module's whole tree, said by its class
+    module = kind.__module__ if kind.__module__ != "__main__" else "your_module"
     raise ConfigError(
-        "model must be a name, 'package.module:factory' or a module-level function that Spark"
-        f" workers can import (not one defined in __main__ or a lambda); got {model!r}"
+        f"model is an instance of {kind.__qualname__}, which Spark ML cannot save with the"
+        f" pipeline: pass its class as '{module}:{kind.__qualname__}' (built with input_shape="
+        " and num_classes= where it takes them; a module the executors import, not the"
+        " script), or train the instance with ember.spark.fit(model=...)"
     )
 
 

@@ -333,3 +333,29 @@ def test_context_and_optimizer_outside_a_run_say_so() -> None:
     model = make_mlp()
     with pytest.raises(EmberError, match=said):
         ember.Optimizer(torch.optim.AdamW(model.parameters()), model)
+
+
+def train_reporting_its_epochs() -> None:
+    """A loop written for TorchDistributor: it reports its own epoch with its loss."""
+    ctx = ember.context()
+    model = make_mlp()
+    optimizer = ember.Optimizer(torch.optim.AdamW(model.parameters(), lr=LR), model)
+    for epoch in range(ctx.epochs):
+        for inputs, targets in ctx.data.batches(epoch):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+        ctx.report(epoch=10 + epoch, loss=loss.item())
+
+
+def test_a_loop_may_report_its_own_epoch(tmp_path: Path) -> None:
+    ember.run(
+        train_reporting_its_epochs,
+        data=separable(),
+        strategy="single",
+        epochs=2,
+        out=str(tmp_path / "run"),
+    )
+    reports = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reported" in r]
+    assert [(r["epoch"], r["reported"]) for r in reports] == [(10, ["loss"]), (11, ["loss"])]

@@ -121,6 +121,7 @@ def test_a_checkpoint_without_a_saved_config_is_a_checkpoint_error(tmp_path) -> 
 @pytest.mark.parametrize("fit", [ember.fit, ember.spark.fit], ids=["fit", "spark.fit"])
 def test_fit_refuses_to_resume_a_run_with_another_strategy_before_training(tmp_path, fit) -> None:
     where = save_run(tmp_path, {**saved_bsp_run(), "engine": "spark"})
-    message = f"resume: strategy was 'bsp' in {where}, got 'async'; drop --strategy"
-    with pytest.raises(ConfigError, match=re.escape(message)):
+    # in the caller's words: keywords, where `ember train` is told the flags (above)
+    message = f"resume: strategy was 'bsp' in {where}, got 'async'; drop strategy= or start a"
+    with pytest.raises(ConfigError, match=re.escape(message) + r" new out=$"):
         fit(out=str(tmp_path), resume="auto", strategy="async", engine="spark")

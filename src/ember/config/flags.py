@@ -2,6 +2,7 @@
 the parser so cli.py stays about parsing; and the argparse type of a count."""
 
 import argparse
+import re
 
 HELP = {
     # One line per RunConfig field: what it sets, its unit, and what leaving it unset means.
@@ -126,3 +127,28 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
     return value
+
+
+# A flag's value worth carrying into a keyword: a number, a PLACEHOLDER, or one of these words
+_VALUES = {"auto", "cpu", "off", "on", "loss", "fixed", "local", "spark"}
+_FLAG = re.compile(r"--([a-z][a-z0-9-]*)(?: ([0-9][0-9.]*|[A-Z]+|[a-z][a-z-]*))?")
+
+
+def in_python_terms(text: str) -> str:
+    """An error's words for a caller of the Python API: `--tau auto` as `tau="auto"`,
+    `--fragments 1` as `fragments=1`, `--resume PATH` as `resume=PATH`, a bare `--out` as
+    `out=` (config's messages name flags, as `ember train` takes them)."""
+
+    def keyword(flag: re.Match[str]) -> str:
+        name, value = flag[1].replace("-", "_"), flag[2]
+        if value is None or not (value[0].isdigit() or value.isupper() or _is_word(value)):
+            return f"{name}=" + (f" {value}" if value is not None else "")
+        return f'{name}="{value}"' if _is_word(value) else f"{name}={value}"
+
+    return _FLAG.sub(keyword, text)
+
+
+def _is_word(value: str) -> bool:
+    from ember.config.strategies import STRATEGIES
+
+    return value in _VALUES or value in STRATEGIES

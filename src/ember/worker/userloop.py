@@ -35,10 +35,11 @@ from ember.worker.device import placement, take
 from ember.worker.returns import UnencodableValue, encode
 from ember.worker.spec import Layout, WorkerSpec, load_data
 
-# what every progress record holds already: a metric may not take one of these names
+# what every progress record holds already: a metric may not take one of these names, but for
+# the loss and the epoch, which a loop written for TorchDistributor reports as its own
 _RESERVED = frozenset(
     {"kind", "time", "reported", *WorkerProgress.__dataclass_fields__, *CommStats().as_record()}
-) - {"loss", "comm", "metrics"}
+) - {"loss", "comm", "metrics", "epoch"}
 
 # what the algorithm is told of where this worker stands: WorkerSpec's fields of these names
 _WHERE = ("rank", "world", "servers", "secret", "incarnation", "rendezvous", "store")
@@ -137,13 +138,17 @@ class LoopContext:
 
     def report(self, **metrics: Any) -> None:
         """Numbers to the progress display, metrics.jsonl and TensorBoard; `loss` is the
-        display's loss."""
+        display's loss, and `epoch` (an integer) the record's epoch, as the loop counts it
+        (else the epoch of the batches ctx.data served last, counted from 1)."""
         taken = sorted(_RESERVED & metrics.keys())
         if taken:
             raise ValueError(
                 f"ctx.report: {', '.join(taken)} is a field of every progress record already;"
                 " report it under another name"
             )
+        epoch = metrics.pop("epoch", self.epoch + 1)
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise ValueError(f"ctx.report: epoch must be an integer, got {epoch!r}")
         values = {name: _number(name, value) for name, value in metrics.items()}
         now, samples = time.perf_counter(), self._served()
         seconds = now - self._last[0]
@@ -152,7 +157,7 @@ class LoopContext:
                 rank=self.rank,
                 incarnation=self.incarnation,
                 step=self.step,
-                epoch=self.epoch + 1,
+                epoch=epoch,
                 loss=float(values.pop("loss", float("nan"))),
                 samples=samples,
                 samples_per_second=(samples - self._last[1]) / seconds if seconds > 0 else 0.0,
