@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ember.config import RunConfig, explicit_fields, fresh_config, resumed_values
 from ember.config.flags import in_python_terms as python_words
-from ember.config.objects import UserObjects, model_label, object_label
+from ember.config.objects import OBJECT_PREFIX, UserObjects, model_label, object_label
 from ember.engines.script import check_picklable, require_main_guard
 from ember.errors import ConfigError
 
@@ -159,15 +159,20 @@ def run_config(overrides: dict[str, Any], config_file: str | None = None) -> Run
 
 
 def evaluate_checkpoint(
-    checkpoint: str | Path, data: str | None = None, model: str | None = None
+    checkpoint: str | Path,
+    data: str | None = None,
+    model: str | None = None,
+    loss: str | None = None,
 ) -> dict[str, Any]:
     """Load a checkpoint (a step directory or a run's checkpoints folder) and score its
     parameters on the test split of `data` (default: the data it was trained on).
 
     A checkpoint is a user's file: a model factory it names is imported only when the caller
-    names the same factory in `model`, never on the file's word alone."""
+    names the same factory in `model`, never on the file's word alone; a model or loss the
+    run was handed as an object is named again as "module:Name" (`model`, `loss`)."""
     from ember.checkpoint import load_checkpoint, verify_run_state
     from ember.data.datasets import scored_rows
+    from ember.data.files import ARRAYS
     from ember.errors import CheckpointError
     from ember.export import fill_from_checkpoint
     from ember.models import MODEL_NAMES
@@ -185,15 +190,31 @@ def evaluate_checkpoint(
         raise CheckpointError(
             f"checkpoint {loaded.path / 'manifest.json'}: meta.config is invalid: {exc}"
         ) from None
+    sources = loaded.meta.get("sources") or {}
     if data is not None:
         config.data = data
+    elif config.data == ARRAYS:
+        raise ConfigError(
+            f"checkpoint {loaded.path} was trained on in-memory arrays; pass --data FILE (a"
+            " .npz or .parquet file of such rows) to score it"
+        )
     if model is not None:
         config.model = model
     elif config.model not in MODEL_NAMES:
         raise ConfigError(
-            f"checkpoint {loaded.path} was trained with model factory {config.model!r}; pass "
-            f"--model {config.model} to import and run it"
+            f"checkpoint {loaded.path} was trained with {_named(config.model, sources)}; pass"
+            f" --model {sources.get(config.model, config.model)} to import and run it"
         )
+    if loss is not None:
+        config.loss = loss
+    elif config.loss.startswith(OBJECT_PREFIX):
+        where = sources.get(config.loss, "module:Name")
+        raise ConfigError(
+            f"checkpoint {loaded.path} was trained with {_named(config.loss, sources)}; pass"
+            f" --loss {where} to import and score with it"
+        )
+    if any(m.startswith(OBJECT_PREFIX) for m in (config.metrics or "").split(",")):
+        config.metrics = None  # the run's own metric objects: its loss's metrics instead
     dataset = load_data(config)
     network = make_model(config.model, config.seed, dataset)
     fill_from_checkpoint(network, loaded)
@@ -209,3 +230,11 @@ def evaluate_checkpoint(
         **scores,
         "step": loaded.step,
     }
+
+
+def _named(label: str, sources: dict[str, str]) -> str:
+    """How an error names what a run was trained with: a factory, or an object and where."""
+    if not label.startswith(OBJECT_PREFIX):
+        return f"model factory {label!r}"
+    what = "a loss object" if label.startswith(OBJECT_PREFIX + "loss:") else "a model object"
+    return f"{what} ({sources.get(label, label.removeprefix(OBJECT_PREFIX))})"

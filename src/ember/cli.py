@@ -120,7 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("--data", default=None, help=HELP["data"] + " (default: as trained)")
     evaluate.add_argument(
-        "--model", default=None, help="needed to import a package.module:factory model"
+        "--model",
+        default=None,
+        help="needed to import a package.module:factory model, or module:Name of a model object",
+    )
+    evaluate.add_argument(
+        "--loss", default=None, help="module:Name of a loss the run was handed as an object"
     )
     predict = sub.add_parser(
         "predict", help="write a trained model's predictions for a file, batch by batch"
@@ -222,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from ember.api import evaluate_checkpoint
 
-        print(json_text(evaluate_checkpoint(args.checkpoint, args.data, args.model), indent=2))
+        scores = evaluate_checkpoint(args.checkpoint, args.data, args.model, args.loss)
+        print(json_text(scores, indent=2))
         return 0
     except (ConfigError, CheckpointError) as exc:
         print(f"ember: error: {exc}", file=sys.stderr)

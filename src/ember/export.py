@@ -21,9 +21,9 @@ import torch
 
 from ember.checkpoint import LAST, MANIFEST, Checkpoint, load_checkpoint, verify_run_state
 from ember.config import RunConfig
-from ember.config.objects import OBJECT_PREFIX
+from ember.config.objects import NO_OBJECTS, OBJECT_PREFIX, UserObjects, defined_at
 from ember.errors import CheckpointError, ConfigError
-from ember.models import MODEL_NAMES, build_model
+from ember.models import MODEL_NAMES, accepted_kwargs, build_model
 
 MODEL_FILE = "model.safetensors"
 MODEL_JSON = "model.json"
@@ -33,14 +33,20 @@ ModelSource = str | torch.nn.Module | Callable[..., torch.nn.Module] | None
 
 
 def save_model(
-    run_dir: Path, model: torch.nn.Module, config: RunConfig, shape: tuple[tuple[int, ...], int]
+    run_dir: Path,
+    model: torch.nn.Module,
+    config: RunConfig,
+    shape: tuple[tuple[int, ...], int],
+    objects: UserObjects = NO_OBJECTS,
 ) -> None:
-    """Write model.safetensors and model.json into `run_dir`, each atomically."""
+    """Write model.safetensors and model.json into `run_dir`, each atomically; a model the run
+    was handed as an object (in `objects`) is named by where it is defined."""
     # Tied weights share storage, which safetensors refuses: each key gets its own copy, so
     # load_state_dict(strict=True) finds every key the module has.
     state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
     buffers = {name for name, _ in model.named_buffers()}
     factory = config.model
+    source = objects.model_for(factory)
     describe = {
         "format": FORMAT,
         "model": factory,
@@ -53,9 +59,10 @@ def save_model(
         "parameters": [k for k in state if k not in buffers],
         "buffers": [k for k in state if k in buffers],
         "load": (
-            f"model = {_rebuild(factory, tuple(shape[0]), shape[1])}; model.load_state_dict("
-            f"safetensors.torch.load_file({MODEL_FILE!r}), strict=True); model.eval()"
+            f"model = {_rebuild(factory, tuple(shape[0]), shape[1], source)}; model.load_state_"
+            f"dict(safetensors.torch.load_file({MODEL_FILE!r}), strict=True); model.eval()"
         ),
+        **({"source": defined_at(source)} if source is not None else {}),
     }
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = run_dir / f".{MODEL_FILE}.tmp-{os.getpid()}"
@@ -66,13 +73,25 @@ def save_model(
     os.replace(tmp, run_dir / MODEL_JSON)
 
 
-def _rebuild(factory: str, shape: tuple[int, ...], classes: int) -> str:
+def _rebuild(factory: str, shape: tuple[int, ...], classes: int, source: object = None) -> str:
     """The call that builds the module, as model.json tells a reader (docs/export.md has the
-    built-in models in plain PyTorch, for a process without ember)."""
+    built-in models in plain PyTorch, for a process without ember): a model object by where
+    it is defined, with the arguments ember gave it (an instance: the ones its caller gave,
+    which ember never saw)."""
     if factory in MODEL_NAMES:
         return f"ember.models.build_model({factory!r}, {shape}, {classes})"
-    module, _, function = factory.partition(":")
-    return f"{module}.{function}(input_shape={shape}, num_classes={classes})"
+    if source is not None:
+        module, _, name = defined_at(source).partition(":")
+        if isinstance(source, torch.nn.Module):
+            return f"{module}.{name}(...)  # as you built the instance you handed to ember"
+        builder: Any = source
+    else:
+        module, _, name = factory.partition(":")
+        builder = None
+    given = {"input_shape": shape, "num_classes": classes}
+    if builder is not None:
+        given = accepted_kwargs(builder, shape, classes)
+    return f"{module}.{name}({', '.join(f'{k}={v!r}' for k, v in given.items())})"
 
 
 Shape = tuple[tuple[int, ...], int]  # a model's input shape and classes
@@ -216,7 +235,8 @@ def _build(
         if factory.startswith(OBJECT_PREFIX):
             raise ConfigError(
                 f"{where} was trained with a model object ({factory.removeprefix(OBJECT_PREFIX)});"
-                " pass model= the same module, or a function building it"
+                " pass model= the same module, or a function building it (ember predict:"
+                " --model module:Name, where it is defined)"
             )
         if factory not in MODEL_NAMES:
             raise ConfigError(

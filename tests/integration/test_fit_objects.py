@@ -3,13 +3,18 @@ parameters) or a function building one, on every worker, never over ember's wire
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import ember
+from ember.data import load_dataset
 from ember.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(120)
@@ -100,3 +105,63 @@ def test_two_runs_of_objects_with_one_label_each_keep_their_own_model(tmp_path: 
     assert first.summary["model"] == second.summary["model"] == "object:Net"
     assert first.model.head.weight.shape == (10, 32)
     assert second.model.head.weight.shape == (10, 8)
+
+
+class OwnCrossEntropy(nn.Module):
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(output, target)
+
+
+def _evaluate(*flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ember", "evaluate", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent,  # where this module imports from, by its name here
+    )
+
+
+def test_a_run_of_objects_is_scored_again_by_naming_where_they_are_defined(
+    tmp_path: Path,
+) -> None:
+    """ember evaluate says what to pass, in its own flags: the data file for a run on arrays,
+    and module:Name for the model and loss objects; model.json's load line names the class."""
+    data = load_dataset("digits")
+    np.savez(tmp_path / "digits.npz", x=data.x_test, y=data.y_test)
+    result = ember.fit(
+        model=SmallBatchNormNet(),
+        loss=OwnCrossEntropy(),
+        data=(data.x_train, data.y_train),
+        strategy="single",
+        epochs=1,
+        out=str(tmp_path / "run"),
+    )
+    here = __name__
+    described = json.loads((result.run_dir / "model.json").read_text())
+    assert described["source"] == f"{here}:SmallBatchNormNet"
+    assert described["load"].startswith(f"model = {here}.SmallBatchNormNet(...)")
+    checkpoints = str(result.run_dir / "checkpoints")
+    steps = [
+        ((), "was trained on in-memory arrays; pass --data FILE"),
+        (
+            ("--data", str(tmp_path / "digits.npz")),
+            f"was trained with a model object ({here}:SmallBatchNormNet); pass --model"
+            f" {here}:SmallBatchNormNet to import and run it",
+        ),
+        (
+            ("--data", str(tmp_path / "digits.npz"), "--model", f"{here}:SmallBatchNormNet"),
+            f"was trained with a loss object ({here}:OwnCrossEntropy); pass --loss"
+            f" {here}:OwnCrossEntropy",
+        ),
+    ]
+    for flags, said in steps:
+        refused = _evaluate("--checkpoint", checkpoints, *flags)
+        assert refused.returncode != 0 and said in refused.stderr, refused.stderr
+    scored = _evaluate(
+        "--checkpoint", checkpoints, "--data", str(tmp_path / "digits.npz"),
+        "--model", f"{here}:SmallBatchNormNet", "--loss", f"{here}:OwnCrossEntropy",
+    )  # fmt: skip
+    assert scored.returncode == 0, scored.stderr
+    scores = json.loads(scored.stdout)
+    assert scores["rows"] == len(data.y_test) and scores["test_accuracy"] >= 0.8

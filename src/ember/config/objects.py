@@ -7,8 +7,10 @@ over ember's wire, and every place that builds a model or a function from a name
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 OBJECT_PREFIX = "object:"  # the label of what a run was handed as an object
@@ -28,8 +30,26 @@ class UserObjects:
         """The loss, metric, optimizer or schedule object `label` names, or None."""
         return self.functions.get(label)
 
+    def sources(self, model_label: str) -> dict[str, str]:
+        """Where each object is defined, by its label, as "module:Name" (a script as its
+        file's name): what `ember evaluate --model` or `--loss` imports it by again."""
+        found = {label: defined_at(source) for label, source in self.functions.items()}
+        if self.model is not None:
+            found[model_label] = defined_at(self.model)
+        return found
+
 
 NO_OBJECTS = UserObjects()
+
+
+def defined_at(source: object) -> str:
+    """The "module:Name" of a function or class, or of an instance's class."""
+    kind = source if isinstance(source, type) or inspect.isroutine(source) else type(source)
+    module = getattr(kind, "__module__", None) or "?"
+    if module in ("__main__", "__mp_main__"):  # the script: importable by its file's name
+        script = getattr(sys.modules.get(module), "__file__", None)
+        module = Path(script).stem if script else module
+    return f"{module}:{getattr(kind, '__qualname__', type(source).__name__)}"
 
 
 def model_label(source: object) -> str:

@@ -15,6 +15,9 @@ from ember.errors import ConfigError
 NPZ_SPLIT = ("x_train", "y_train", "x_test", "y_test")  # an .npz with its own test split
 
 
+ARRAYS = "arrays"  # the data a run on arrays the caller held names (summary, checkpoints)
+
+
 def load_npz(path: Path, targets: str | None = "classes") -> Dataset:
     """x_train, y_train, x_test, y_test, or x and y (the last tenth held out for testing)."""
     where = f"data path {path}"
@@ -49,7 +52,7 @@ def load_npz(path: Path, targets: str | None = "classes") -> Dataset:
 def arrays_dataset(
     train: object,
     test: object | None,
-    name: str = "arrays",
+    name: str = ARRAYS,
     targets: str | None = "classes",
 ) -> Dataset:
     """A Dataset of in-memory (features, labels) pairs, NumPy arrays or anything

@@ -102,7 +102,7 @@ def exported_model(
     if export is not None:
         from ember.export import save_model
 
-        save_model(export, model, config, shape)
+        save_model(export, model, config, shape, objects)
     return model
 
 

@@ -291,7 +291,7 @@ class Run:
 
     def _meta(self) -> dict[str, Any]:
         setup = self.setup
-        return checkpoint_meta(self.config, setup.layout, 0, setup.shape)
+        return checkpoint_meta(self.config, setup.layout, 0, setup.shape, setup.objects)
 
 
 def _divergence(records: list[Divergence]) -> dict[str, Any]:

@@ -30,7 +30,8 @@ NAMED: dict[str, LossFunction] = {
 
 def resolve_function(name: str, what: str, objects: UserObjects = NO_OBJECTS) -> Callable[..., Any]:
     """The callable a loss, metric, optimizer or schedule names: an object the run was handed
-    (in `objects`) or package.module:function."""
+    (in `objects`) or package.module:function; a loss or metric named by its class (an
+    nn.Module such as a user's MyCE) is that class built with no arguments."""
     handed = objects.function(name)
     if handed is not None:
         return handed
@@ -50,6 +51,14 @@ def resolve_function(name: str, what: str, objects: UserObjects = NO_OBJECTS) ->
         ) from exc
     if not callable(target):
         raise ConfigError(f"{what} {name!r} is not callable (it is a {type(target).__name__})")
+    if isinstance(target, type) and what in ("loss", "metric"):
+        try:
+            return target()
+        except Exception as exc:
+            raise ConfigError(
+                f"{what} {name!r} is a class that cannot be built without arguments:"
+                f" {type(exc).__name__}: {exc}"
+            ) from exc
     return target
 
 

@@ -192,7 +192,7 @@ def _from_object(
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             try:
-                model = source(**_accepted_kwargs(source, input_shape, num_classes))
+                model = source(**accepted_kwargs(source, input_shape, num_classes))
             except Exception as exc:
                 raise ConfigError(f"model {label!r} raised {type(exc).__name__}: {exc}") from exc
         if not isinstance(model, nn.Module):
@@ -236,7 +236,7 @@ def _from_factory(spec: str, input_shape: Shape, num_classes: int) -> nn.Module:
             f"model factory {spec!r} is not callable (it is a {type(target).__name__})"
         )
     try:
-        model = target(**_accepted_kwargs(target, input_shape, num_classes))
+        model = target(**accepted_kwargs(target, input_shape, num_classes))
     except Exception as exc:
         raise ConfigError(f"model factory {spec!r} raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, nn.Module):
@@ -263,7 +263,7 @@ def _is_prefix(name: str, module_name: str) -> bool:
     return (module_name + ".").startswith(name + ".")
 
 
-def _accepted_kwargs(
+def accepted_kwargs(
     factory: Callable[..., object], input_shape: Shape, num_classes: int
 ) -> dict[str, object]:
     offered: dict[str, object] = {"input_shape": input_shape, "num_classes": num_classes}

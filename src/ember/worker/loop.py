@@ -281,6 +281,8 @@ def _save_local(
         root,
         free_step(root, step),  # never collides with checkpoints a fallen-back resume left
         {"params": flat.to_host().copy()},
-        checkpoint_meta(spec.config, Layout(flat.param_size, flat.buffer_size), step, shape),
+        checkpoint_meta(
+            spec.config, Layout(flat.param_size, flat.buffer_size), step, shape, spec.objects
+        ),
         keep=spec.parts.servers.keep_checkpoints,
     )

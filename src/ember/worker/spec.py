@@ -92,10 +92,12 @@ def checkpoint_meta(
     layout: Layout,
     step: int,
     shape: tuple[tuple[int, ...], int] | None = None,
+    objects: UserObjects = NO_OBJECTS,
     **extra: Any,
 ) -> dict[str, Any]:
     """What a checkpoint says of its run; `shape` (input shape, classes) lets ember.load
-    rebuild the model without reading the data again."""
+    rebuild the model without reading the data again, and `sources` where each object the
+    run was handed is defined (ember evaluate names it: the file never imports on its own)."""
     where = {"input_shape": list(shape[0]), "num_classes": shape[1]} if shape else {}
     return {
         "model": config.model,
@@ -106,5 +108,6 @@ def checkpoint_meta(
         **where,
         "step": step,
         "config": config.to_dict(),
+        "sources": objects.sources(config.model),
         **extra,
     }

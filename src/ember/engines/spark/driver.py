@@ -233,7 +233,7 @@ def _save_state(run: Run, state: FinalState) -> None:
     setup, root = run.setup, run.setup.checkpoints
     params = state_params(state, setup.initial.size)
     step = state.step
-    meta = checkpoint_meta(setup.config, setup.layout, step, setup.shape)
+    meta = checkpoint_meta(setup.config, setup.layout, step, setup.shape, setup.objects)
     save_checkpoint(
         root, free_step(root, step), {"params": params}, meta, setup.config.keep_checkpoints
     )
