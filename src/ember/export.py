@@ -22,6 +22,7 @@ import torch
 from ember.checkpoint import LAST, MANIFEST, Checkpoint, load_checkpoint, verify_run_state
 from ember.config import RunConfig
 from ember.config.objects import NO_OBJECTS, OBJECT_PREFIX, UserObjects, defined_at
+from ember.data.pixels import input_transform
 from ember.errors import CheckpointError, ConfigError
 from ember.models import MODEL_NAMES, accepted_kwargs, build_model
 
@@ -63,6 +64,8 @@ def save_model(
             f"dict(safetensors.torch.load_file({MODEL_FILE!r}), strict=True); model.eval()"
         ),
         **({"source": defined_at(source)} if source is not None else {}),
+        # what raw pixels must go through first (ember predict and EmberModel apply it)
+        "input_transform": input_transform(config.data),
     }
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = run_dir / f".{MODEL_FILE}.tmp-{os.getpid()}"

@@ -7,6 +7,7 @@ imports: data, errors, export
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import zipfile
 from collections.abc import Iterator
@@ -16,8 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ember.data.pixels import to_model_inputs
 from ember.errors import ConfigError
-from ember.export import ModelSource, load_with_shape
+from ember.export import JSON_LIMIT, MODEL_JSON, ModelSource, load_with_shape
 
 OUTPUTS = (".parquet", ".csv")
 
@@ -41,18 +43,36 @@ def predict(
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     module, (input_shape, classes) = load_with_shape(run, model)
+    transform = recorded_transform(Path(run).expanduser())
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    rows = 0
+    rows, done = 0, set()
     try:
         with _writer(tmp, out.suffix, classes) as write:
-            for features in read_features(str(data), batch_size):
+            for raw in read_features(str(data), batch_size):
+                features, said = to_model_inputs(raw, transform)
+                done |= {said} if said else set()
                 probabilities = _probabilities(module, features, input_shape, str(data), rows)
                 write(probabilities.argmax(axis=1), probabilities)
                 rows += len(features)
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    return {"run": str(run), "data": str(data), "out": str(out), "rows": rows, "classes": classes}
+    facts = {"run": str(run), "data": str(data), "out": str(out), "rows": rows}
+    return {**facts, "classes": classes, "input_transform": sorted(done) or None}
+
+
+def recorded_transform(run: Path) -> object:
+    """The input transform a run's model.json records (None: none, or no model.json)."""
+    described = run / MODEL_JSON
+    if not described.is_file():
+        return None
+    with open(described, "rb") as f:
+        raw = f.read(JSON_LIMIT + 1)
+    try:
+        parsed = json.loads(raw) if len(raw) <= JSON_LIMIT else {}
+    except ValueError:
+        return None  # load_with_shape has said what is wrong with it already
+    return parsed.get("input_transform") if isinstance(parsed, dict) else None
 
 
 @torch.no_grad()

@@ -3,6 +3,7 @@ each Arrow batch of features scored with torch."""
 
 # No `from __future__ import annotations`: pandas_udf reads the scorer's type hints as objects.
 import hashlib
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -10,6 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ember.data.pixels import to_model_inputs
 from ember.errors import ConfigError
 from ember.export import Shape, load_bytes
 
@@ -28,11 +30,13 @@ def scorer(
     its closure, which Spark ships once per task (and broadcasts when large); a Python
     worker that Spark reuses keeps the model it built."""
 
+    transform = json.loads(described).get("input_transform")  # raw pixels: as in training
+
     def score(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
         # torch's threads: Spark sets OMP_NUM_THREADS to the task's cores (spark.task.cpus)
         module, (shape, _) = _model(described, weights, factory, where)
         for features in batches:
-            outputs = _outputs(module, features, shape)
+            outputs = _outputs(module, features, shape, transform)
             yield _classes(outputs) if result == CLASSES else _values(outputs, result)
 
     return score
@@ -47,7 +51,9 @@ def _model(described: bytes, weights: bytes, factory: str, where: str) -> tuple[
 
 
 @torch.no_grad()
-def _outputs(module: torch.nn.Module, features: pd.Series, shape: tuple[int, ...]) -> torch.Tensor:
+def _outputs(
+    module: torch.nn.Module, features: pd.Series, shape: tuple[int, ...], transform: object = None
+) -> torch.Tensor:
     if features.isna().any():
         raise ConfigError(f"the features column has {int(features.isna().sum())} null rows")
     width = int(np.prod(shape))
@@ -57,6 +63,7 @@ def _outputs(module: torch.nn.Module, features: pd.Series, shape: tuple[int, ...
             f"the features column holds rows of {x.shape[1:]} values; the model takes {width}"
             f" (input shape {list(shape)})"
         )
+    x = to_model_inputs(x, transform)[0]
     inputs = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     outputs: torch.Tensor = module(inputs.reshape(len(x), *shape))
     return outputs.double()
