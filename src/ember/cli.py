@@ -127,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--loss", default=None, help="module:Name of a loss the run was handed as an object"
     )
+    report = sub.add_parser("report", help="draw a run's report.png: loss, scores, learning rate")
+    report.add_argument("run", help="a run directory")
     predict = sub.add_parser(
         "predict", help="write a trained model's predictions for a file, batch by batch"
     )
@@ -218,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
             size, out = parse_size(args.size), Path(args.out)
             written = generate(args.kind, size, out, features=args.features, seed=args.seed)
             print(json_text(written.as_dict(), indent=2))
+            return 0
+        if args.command == "report":
+            from ember.metrics.report import draw_report
+
+            print(draw_report(args.run))
             return 0
         if args.command == "predict":
             from ember.predictions import predict

@@ -71,6 +71,7 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
             t_comp=0.1,
             seconds=0.2,
             data_wait_fraction=0.25,
+            lr=0.05,
             comm=COMM,
         ),
         {
@@ -85,6 +86,7 @@ SHAPES: list[tuple[Record, dict[str, Any]]] = [
             "t_comp": 0.1,
             "seconds": 0.2,
             "data_wait_fraction": 0.25,
+            "lr": 0.05,
             **COMM,
         },
     ),

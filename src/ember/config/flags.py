@@ -112,6 +112,8 @@ HELP = {
     " copies after training, so evaluating never pauses the run (the Spark engine then ships"
     " the whole test set to the tasks); off: it evaluates on the spot",
     "tensorboard": "also write the metrics as TensorBoard event files, in OUT/tensorboard",
+    "report": "draw OUT/report.png at the end: loss, held-out figures and learning rate"
+    " (matplotlib; `ember report OUT` draws any run's)",
     "mlflow": "log the run to one MLflow run at MLFLOW_TRACKING_URI: its fields, worker 0's"
     " evaluation at each epoch's end, the summary's figures, its files and the model"
     " (docs/spark.md#tracking-with-mlflow)",

@@ -116,6 +116,7 @@ class EnginePart(Part):
     eval_every: int
     eval_deferred: bool
     tensorboard: bool
+    report: bool
     mlflow: bool
 
 

@@ -32,6 +32,7 @@ RESUME_MAY_CHANGE = (
     "eval_deferred",
     "metrics",
     "tensorboard",
+    "report",
     "mlflow",
     "out",
     "resume",

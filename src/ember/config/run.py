@@ -128,6 +128,7 @@ class RunConfig(StrategyNamed):
     eval_every: int = 0  # steps between worker 0's test evaluations (0: at each epoch's end)
     eval_deferred: bool = False  # copy the parameters at each evaluation, evaluate after training
     tensorboard: bool = False  # also write scalars as TensorBoard event files
+    report: bool = False  # draw report.png at the end (ember report RUN draws any run's)
     mlflow: bool = False  # log the run to one MLflow run (the API's mlflow= says it too)
     extra: dict[str, Any] = field(default_factory=dict)  # reserved for engine-specific settings
 

@@ -251,6 +251,10 @@ class Run:
             extra["checkpoint"] = str(last.path) if last else None
             history = [record.scores for record in self.evaluations]
             result = finish_run(self.setup, params, workers, seconds, extra, history)
+        if self.config.report:  # after summary.json, whose final figures it shows
+            from ember.metrics.report import draw_report
+
+            draw_report(self.setup.run_dir)
         if self.timeline is not None:
             self.timeline.mark("teardown")
         return result

@@ -17,6 +17,7 @@ from ember.metrics.records import Record
 
 SCALARS = (
     "loss",
+    "lr",
     "samples_per_second",
     "t_comp",
     "t_comm",
@@ -25,6 +26,9 @@ SCALARS = (
     "test_accuracy",
     "test_loss",
 )
+
+
+NOT_SCORES = ("test_rows", "test_set")  # an evaluation's word on its rows, not a curve
 
 
 def headline(scores: Mapping[str, Any]) -> tuple[str, float]:
@@ -61,7 +65,7 @@ class MetricsLog:
             tag = f"{line.get('kind', 'run')}/{line.get('rank', 'all')}"
             step = int(line.get("step", line.get("epoch", 0)))
             # the fixed scalars, each held-out metric, and the names a user loop reported
-            found = (k for k in line if k.startswith(("test_", "user_")))
+            found = (k for k in line if k.startswith(("test_", "user_")) and k not in NOT_SCORES)
             keys = [*SCALARS, *found, *line.get("reported", ())]
             for key in dict.fromkeys(keys):
                 if isinstance(line.get(key), (int, float)) and not isinstance(line[key], bool):

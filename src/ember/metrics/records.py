@@ -125,6 +125,7 @@ class WorkerProgress(Record):
     # the built-in loop's: share of the time since the previous record spent waiting for
     # batches (reading, shuffling); near 1, training is input-bound
     data_wait_fraction: float | None = _omitted()
+    lr: float | None = _omitted()  # the built-in loop's learning rate at the record's step
     comm: Mapping[str, Any] = _merged()  # CommStats.as_record(): exchanges, bytes, staleness
     reported: tuple[str, ...] | None = _omitted()  # a user loop's names: TensorBoard scalars
     metrics: Mapping[str, Any] = _merged()  # a user loop's metrics, by the names reported

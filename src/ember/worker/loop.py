@@ -17,6 +17,7 @@ import torch
 from ember.algorithms import FlatModel, local_optimizer
 from ember.checkpoint import free_step, save_checkpoint
 from ember.config.objects import NO_OBJECTS, UserObjects
+from ember.config.training import Schedule
 from ember.data import Dataset
 from ember.data.batches import Batch, Inputs
 from ember.data.streaming import data_wait_fraction
@@ -176,9 +177,23 @@ class BuiltinLoop:
                 seconds=self.ctx.training_seconds(now),
                 comm=self.algorithm.stats.as_record(),
                 data_wait_fraction=data_wait_fraction(self.ctx.data.shard),
+                lr=self.learning_rate(step),
             )
         )
         self.last_log, self.logged_steps = now, 0
+
+    def learning_rate(self, step: int) -> float:
+        """The rate the step ran at: the local optimizer's first group's, or under bsp, ssp
+        and async the servers' schedule at that step (their clock advances with the steps)."""
+        local = self.optimizer.optimizer
+        groups = getattr(local, "param_groups", None) or getattr(
+            getattr(local, "optimizer", None), "param_groups", None
+        )
+        if groups:
+            return float(groups[0]["lr"])
+        training = self.parts.training
+        schedule = Schedule(training.scheduler, self.ctx.total_steps, training.warmup_steps)
+        return training.lr * schedule.factor(step)
 
     def report_divergence(self, done: int, losses: torch.Tensor) -> None:
         """The first step since `done` steps whose loss in `losses` was not finite, once."""
