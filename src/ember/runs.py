@@ -7,11 +7,12 @@ imports: api, config, engines, errors, metrics, worker
 from __future__ import annotations
 
 import base64
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from ember.api import in_python_terms, run_config, take_objects
-from ember.config import RunConfig
+from ember.config import RunConfig, explicit_fields
 from ember.engines.script import check_picklable, require_main_guard
 from ember.errors import ConfigError, EmberError
 from ember.metrics.records import Returned
@@ -52,7 +53,14 @@ def run(
         require_main_guard("ember.run", "its workers")
         check_picklable(train_fn, "train_fn")
         check_picklable(args, "ember.run's arguments")
-    loop = UserLoop(train_fn, tuple(args), has_model)
+    has_data = "data" in explicit_fields(fields, config_file)
+    if not has_data and has_model:  # a loop that reads its own data, as TorchDistributor's do
+        print(
+            f"ember: ember.run was given no data=: the loop reads its own, so model= is not"
+            f" tried on rows before the start (ctx.data serves {config.data})",
+            file=sys.stderr,
+        )
+    loop = UserLoop(train_fn, tuple(args), has_model, has_data)
     run = ParsedRun(config, objects, dataset, loop=loop, show_progress=show_progress)
     result = run.execute(engine_named(config.engine))
     return returned_value(getattr(result, "returned", None), result.run_dir)

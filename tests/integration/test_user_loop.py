@@ -359,3 +359,36 @@ def test_a_loop_may_report_its_own_epoch(tmp_path: Path) -> None:
     )
     reports = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reported" in r]
     assert [(r["epoch"], r["reported"]) for r in reports] == [(10, ["loss"]), (11, ["loss"])]
+
+
+def train_on_its_own_data() -> float:
+    """A TorchDistributor loop: it makes its own data, reading nothing of ctx.data."""
+    ctx = ember.context()
+    model = make_mlp()
+    optimizer = ember.Optimizer(torch.optim.AdamW(model.parameters(), lr=LR), model)
+    generator = torch.Generator().manual_seed(ctx.rank)
+    for _ in range(60):
+        inputs = torch.randn(64, 8, generator=generator)
+        targets = (inputs[:, 0] > 0).long()
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+    return float(loss)
+
+
+def test_a_loop_that_brings_its_own_data_needs_no_data(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Without data=, model= (8 inputs) is not tried on the default data's rows (MNIST's
+    28x28, a shape error before), and the run says so."""
+    loss = ember.run(
+        train_on_its_own_data,
+        model=make_mlp,
+        strategy="easgd-async",
+        workers=2,
+        tau=4,
+        out=str(tmp_path / "run"),
+    )
+    assert loss < 0.5
+    assert "ember.run was given no data=: the loop reads its own" in capfd.readouterr().err

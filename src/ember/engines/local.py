@@ -61,7 +61,8 @@ def train_local(run: ParsedRun) -> RunResult:
                 progress.phase("importing torch, building the model")
                 timeline.mark("model")
                 model = loop is None or loop.has_model
-                work = Forked(host.files, run.objects, memory) if model else NoModel()
+                tried = loop is None or loop.has_data
+                work = Forked(host.files, run.objects, memory, tried) if model else NoModel()
                 setup = prepare_run(config, host.files.dataset(), work)
                 setup.loop, setup.objects = loop, run.objects
                 setup.spare_servers = spares

@@ -68,20 +68,22 @@ def fresh_model(
 
 
 def fresh_parameters(
-    config: RunConfig, dataset: Dataset, objects: UserObjects
+    config: RunConfig, dataset: Dataset, objects: UserObjects, tried: bool = True
 ) -> tuple[np.ndarray, int]:
     """The configured model's starting state, flat (FlatModel's order), and how many of its
     keys are parameters (the rest are buffers); the model and the loss are first tried on the
-    dataset's first rows, so a misfit is one error before anything starts."""
+    dataset's first rows, so a misfit is one error before anything starts (unless not
+    `tried`: ember.run's loop brings data of its own, which the run never sees)."""
     from ember.algorithms.flat import flat_layout, flatten_parameters
     from ember.models import build_model
     from ember.models.losses import check_fit, data_probe
 
     x, y, width = dataset.x_train[:2], dataset.y_train[:2], dataset.num_classes
-    probe = data_probe(config.loss, x, y, width)
+    probe = data_probe(config.loss, x, y, width) if tried else None
     source = objects.model_for(config.model)
     model = build_model(config.model, dataset.input_shape, width, config.seed, probe, source)
-    check_fit(model, config.loss, x, y, objects)
+    if tried:
+        check_fit(model, config.loss, x, y, objects)
     return flatten_parameters(model), flat_layout(model)[0]
 
 
@@ -111,9 +113,10 @@ class InProcess:
     """Torch work in this process (it imports torch the first time)."""
 
     objects: UserObjects = NO_OBJECTS  # what the run was handed in place of names
+    tried: bool = True  # the model is tried on the data's rows (not: a loop brings its own)
 
     def initial(self, config: RunConfig, dataset: Dataset) -> tuple[np.ndarray, int]:
-        return fresh_parameters(config, dataset, self.objects)
+        return fresh_parameters(config, dataset, self.objects, self.tried)
 
     def evaluate(
         self,
@@ -142,6 +145,7 @@ class Forked:
     files: DataFiles
     objects: UserObjects = NO_OBJECTS  # handed to each child as its arguments are
     memory: PeakMemory | None = None  # the run's, to which each child adds its peak
+    tried: bool = True  # the model is tried on the data's rows (not: a loop brings its own)
 
     def initial(self, config: RunConfig, dataset: Dataset) -> tuple[np.ndarray, int]:
         answer = self._ask("initial", config, dataset, None, None)
@@ -186,6 +190,7 @@ class Forked:
                 theirs,
                 None if export is None else str(export),
                 self.objects,
+                self.tried,
             ),
             name=f"ember-{kind}",
             daemon=True,
@@ -261,6 +266,7 @@ def _answer(
     conn: Any,
     export: str | None,
     objects: UserObjects,
+    tried: bool,
 ) -> None:
     """The child: build the model, answer, exit. Ctrl-C is the launcher's to handle."""
     _die_with_parent()
@@ -268,7 +274,7 @@ def _answer(
     try:
         input_shape, num_classes = tuple(shape[0]), int(shape[1])
         if kind == "initial":
-            values, parameters = fresh_parameters(config, files.dataset(), objects)
+            values, parameters = fresh_parameters(config, files.dataset(), objects, tried)
             body: Any = parameters.to_bytes(8, "little") + values.tobytes()
         else:
             params = np.frombuffer(conn.recv_bytes(), dtype=np.float32).copy()  # writable

@@ -59,6 +59,7 @@ class UserLoop:
     fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
     has_model: bool = False  # model= was given: the servers start from its parameters
+    has_data: bool = True  # data= was given; else the loop reads its own, unseen by the run
 
 
 def load_data(config: RunConfig | RunParts) -> Dataset:

@@ -70,7 +70,8 @@ def train_spark(run: ParsedRun) -> RunResult:
         data = dataset if dataset is not None else load_data(config)
         split = (len(data.x_train), len(data.x_test))
         check_shards(data.name, split, config.workers, config.batch_size)
-        work = InProcess(run.objects) if loop is None or loop.has_model else NoModel()
+        tried = loop is None or loop.has_data
+        work = InProcess(run.objects, tried) if loop is None or loop.has_model else NoModel()
         setup = prepare_run(config, data, work)
         setup.loop, setup.objects = loop, run.objects
         lifecycle = Run(setup, progress)
