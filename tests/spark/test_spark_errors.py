@@ -132,11 +132,10 @@ def test_dynamic_allocation_and_clusters_without_enough_slots_are_refused(
 def test_single_is_refused_with_its_reason(tmp_path) -> None:
     with pytest.raises(ConfigError) as error:
         fit(session_with("local[2]"), tmp_path, strategy="single", workers=1)
-    assert str(error.value) == (
+    assert str(error.value) == (  # in ember.spark.fit's words: a keyword, not a flag
         "strategy 'single' is not supported on engine 'spark': it trains one worker alone,"
-        " with nothing to exchange, so a Spark cluster adds only its start-up; use"
-        " --engine local, or a distributed strategy (bsp, ssp, async, easgd, easgd-async,"
-        " allreduce)"
+        ' with nothing to exchange, so a Spark cluster adds only its start-up; use engine="local",'
+        " or a distributed strategy (bsp, ssp, async, easgd, easgd-async, allreduce)"
     )
 
 
