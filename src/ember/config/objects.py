@@ -33,18 +33,20 @@ class UserObjects:
     def sources(self, model_label: str) -> dict[str, str]:
         """Where each object is defined, by its label, as "module:Name" (a script as its
         file's name): what `ember evaluate --model` or `--loss` imports it by again."""
-        found = {label: defined_at(source) for label, source in self.functions.items()}
-        if self.model is not None:
-            found[model_label] = defined_at(self.model)
-        return found
+        model = {model_label: self.model} if self.model is not None else {}
+        return {label: defined_at(source) for label, source in {**self.functions, **model}.items()}
 
 
 NO_OBJECTS = UserObjects()
 
 
+def _named_by(source: object) -> Any:  # a function or class itself; an instance's class
+    return source if isinstance(source, type) or inspect.isroutine(source) else type(source)
+
+
 def defined_at(source: object) -> str:
     """The "module:Name" of a function or class, or of an instance's class."""
-    kind = source if isinstance(source, type) or inspect.isroutine(source) else type(source)
+    kind = _named_by(source)
     module = getattr(kind, "__module__", None) or "?"
     if module in ("__main__", "__mp_main__"):  # the script: importable by its file's name
         script = getattr(sys.modules.get(module), "__file__", None)
@@ -55,7 +57,7 @@ def defined_at(source: object) -> str:
 def model_label(source: object) -> str:
     """The label config.model carries for a model object: the name of its class (a module
     instance) or of the function or class that builds it."""
-    kind = source if isinstance(source, type) or inspect.isroutine(source) else type(source)
+    kind = _named_by(source)
     return OBJECT_PREFIX + getattr(kind, "__qualname__", type(source).__name__)
 
 

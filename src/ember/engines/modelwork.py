@@ -52,8 +52,7 @@ class ModelWork(Protocol):
     ) -> dict[str, float]:
         """The held-out scores (evaluation.Scores) of the model holding `params` on the dataset's
         test rows (none without `score`); with `export`, that module is first written there
-        (export.py), so the
-        figures are those of the model a user loads."""
+        (export.py), so the figures are those of the model a user loads."""
         ...
 
 

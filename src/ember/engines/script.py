@@ -109,9 +109,10 @@ def _guarded_definition(name: str) -> int | None:
         return None
     guarded = None
     definitions = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-    for node in ast.walk(tree):
+    nodes = list(ast.walk(tree))  # walked once, not once for each definition of the name
+    for node in nodes:
         if isinstance(node, definitions) and node.name == name:
-            if not any(_guards(g, node.lineno) for g in ast.walk(tree)):
+            if not any(_guards(g, node.lineno) for g in nodes):
                 return None
             guarded = node.lineno
     return guarded
