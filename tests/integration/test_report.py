@@ -63,3 +63,23 @@ def test_a_folder_that_is_no_run_is_one_error(tmp_path: Path) -> None:
     assert (
         drawn.stderr.strip() == f"ember: error: {tmp_path}: not a run directory (no metrics.jsonl)"
     )
+
+
+def test_report_without_matplotlib_is_refused_before_the_run_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    from ember.errors import ConfigError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else real(name, *a),
+    )
+    with pytest.raises(
+        ConfigError, match=r"report needs matplotlib: pip install 'ember\[report\]'"
+    ):
+        ember.fit(data="digits", strategy="single", epochs=1, report=True, out=str(tmp_path / "r"))
+    assert not (tmp_path / "r").exists()

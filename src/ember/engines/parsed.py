@@ -4,12 +4,14 @@ ember.run and ember.spark.fit each build a ParsedRun and call `execute` with an 
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ember.config import RunConfig
 from ember.config.objects import NO_OBJECTS, UserObjects
+from ember.errors import ConfigError
 
 if TYPE_CHECKING:
     from ember.data import Dataset
@@ -53,6 +55,9 @@ class ParsedRun:
         logged to MLflow as `mlflow` says, and return the finished run."""
         from ember.metrics.tracking import tracked
 
+        if self.config.report and importlib.util.find_spec("matplotlib") is None:
+            # said before anything starts, not once the run has trained
+            raise ConfigError("report needs matplotlib: pip install 'ember[report]'")
         return tracked(self.mlflow, self.config, lambda: engine.train(self))
 
 
