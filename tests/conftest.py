@@ -13,7 +13,7 @@ import pytest
 from ember.ps import ParameterServer, ShardSpec, control, make_consistency, shard_ranges
 from ember.ps.server import UpdateRule
 from ember.wire import curve
-from tests import peers
+from tests import rogue_peers
 from tests.processes import kill_stray_children
 
 SECRET = b"s" * 32
@@ -98,7 +98,7 @@ def running_servers(
 @contextmanager
 def endpoint_process(encrypt: bool) -> Iterator[tuple[int, str]]:
     """(pid, address) of a ServerEndpoint with the tests' secret, in a process of its own."""
-    with peers.endpoint_process(encrypt, SECRET) as served:
+    with rogue_peers.endpoint_process(encrypt, SECRET) as served:
         yield served
 
 

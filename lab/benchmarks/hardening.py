@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for tests.peers
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: tests.rogue_peers
 
 from ember.config import RunConfig
 from ember.probe import (
@@ -52,7 +52,7 @@ from ember.probe import (
     shared,
 )
 from tests.conftest import SECRET, running_servers
-from tests.peers import (
+from tests.rogue_peers import (
     attack,
     endpoint_process,
     hello_flood,

@@ -18,7 +18,7 @@ from ember.ps import PSClient, ShardSpec, control, fetch_state, make_consistency
 from ember.ps.server import ParameterServer
 from ember.wire import ClientConnection
 from tests.conftest import SECRET, running_servers
-from tests.peers import join_and_leave
+from tests.rogue_peers import join_and_leave
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -19,7 +19,7 @@ from ember.wire.endpoint import CLOSING_SECONDS, ServerEndpoint
 from ember.wire.frames import mac
 from ember.wire.handshake import CHALLENGE, HELLO, NONCE_BYTES, PROOF, WELCOME
 from tests.conftest import SECRET, endpoint_process
-from tests.peers import (
+from tests.rogue_peers import (
     MiB,
     Polling,
     attack,
@@ -28,7 +28,7 @@ from tests.peers import (
     keyed_socket,
     open_session_by_hand,
 )
-from tests.peers import endpoint_process as limited_endpoint_process
+from tests.rogue_peers import endpoint_process as limited_endpoint_process
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ from ember.wire import CHUNK_BYTES, ClientConnection, shared
 from ember.wire.endpoint import CLOSING_SECONDS, Chunk, Request, ServerEndpoint
 from ember.wire.frames import seal
 from tests.conftest import SECRET, endpoint_process, running_servers
-from tests.peers import Polling, open_fds
+from tests.rogue_peers import Polling, open_fds
 
 pytestmark = pytest.mark.timeout(120)
 

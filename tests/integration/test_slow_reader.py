@@ -17,7 +17,7 @@ from ember.errors import ProtocolError
 from ember.ps import control
 from ember.wire import shared
 from tests.conftest import SECRET
-from tests.peers import unread_pulls
+from tests.rogue_peers import unread_pulls
 
 pytestmark = pytest.mark.timeout(180)
 

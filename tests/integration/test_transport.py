@@ -21,7 +21,7 @@ from ember.errors import ProtocolError
 from ember.ps import control
 from ember.wire import ClientConnection, curve, shared
 from tests.conftest import SECRET, running_servers, transport
-from tests.peers import attack, hello_flood
+from tests.rogue_peers import attack, hello_flood
 
 pytestmark = pytest.mark.timeout(180)
 
