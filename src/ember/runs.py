@@ -9,18 +9,19 @@ from __future__ import annotations
 import base64
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ember.api import in_python_terms, run_config, take_objects
 from ember.config import RunConfig, explicit_fields
-from ember.engines.script import check_picklable, require_main_guard
+from ember.engines.script import ShippedLoop, require_main_guard
 from ember.errors import ConfigError, EmberError
 from ember.metrics.records import Returned
 
 
 @in_python_terms
 def run(
-    train_fn: Callable[..., Any],
+    train_fn: Callable[..., Any] | str | Path,
     *args: Any,
     config_file: str | None = None,
     show_progress: bool | None = None,
@@ -31,17 +32,25 @@ def run(
     around it, and return rank 0's return value. `fields` are ember.fit's (workers=,
     strategy=, engine=, data=, lr=, optimizer=, tau=, ...). Inside, ember.context() gives the
     rank, the worker count, this worker's shard of `data` and report(); ember.Optimizer wraps
-    the loop's torch.optim optimizer so that its step() does the run's exchange. Strategies
+    the loop's torch.optim optimizer so that its step() does the run's exchange. Under
+    strategy="allreduce" (and "single") each worker has torchrun's variables (RANK,
+    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so a loop written for TorchDistributor
+    (init_process_group, DDP, DistributedSampler) runs unchanged; `train_fn` may also be the
+    path of a .py script, run on every worker as `python train_fn *args` (returning None),
+    as TorchDistributor.run takes one. Strategies
     with servers need `model=` (the module train_fn trains, or a function building it): the
     servers start from its parameters. The value travels as msgpack (numbers, strings,
     bytes, lists, dicts, None, NumPy arrays, torch tensors), never pickled. Progress shows
     on a terminal (show_progress=None), as ember.fit's does."""
     from ember.engines import ParsedRun, engine_named
     from ember.worker.spec import UserLoop
+    from ember.worker.torchrun import ScriptFile
 
-    if not callable(train_fn):
+    if isinstance(train_fn, str | Path):
+        train_fn = ScriptFile.read(train_fn)
+    elif not callable(train_fn):
         kind = type(train_fn).__name__
-        raise ConfigError(f"ember.run runs a function on every worker; got {kind}")
+        raise ConfigError(f"ember.run runs a function or a .py script on every worker; got {kind}")
     fields = {k.replace("-", "_"): v for k, v in fields.items()}
     has_model = fields.get("model") is not None
     if not has_model:
@@ -51,8 +60,7 @@ def run(
     check_run(config, has_model)
     if config.engine == "local":  # the function goes to spawned processes, as a model does
         require_main_guard("ember.run", "its workers")
-        check_picklable(train_fn, "train_fn")
-        check_picklable(args, "ember.run's arguments")
+        train_fn, args = ShippedLoop(train_fn, tuple(args)), ()
     has_data = "data" in explicit_fields(fields, config_file)
     if not has_data and has_model:  # a loop that reads its own data, as TorchDistributor's do
         print(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -316,14 +317,26 @@ def test_a_strategy_with_servers_needs_the_model_before_anything_starts(tmp_path
     assert not (tmp_path / "run").exists()
 
 
-def test_a_function_the_workers_cannot_import_is_refused_before_anything_starts(
+def test_a_lambda_and_a_closure_reach_the_workers_as_torchdistributor_ships_them(
+    tmp_path: Path,
+) -> None:
+    assert ember.run(lambda: 1, strategy="single", workers=1, out=str(tmp_path / "a")) == 1
+    offset = 41
+
+    def closure(step: int) -> int:
+        return ember.context().rank + step + offset
+
+    assert ember.run(closure, 1, strategy="single", workers=1, out=str(tmp_path / "b")) == 42
+
+
+def test_arguments_the_workers_cannot_be_handed_are_refused_before_anything_starts(
     tmp_path: Path,
 ) -> None:
     with pytest.raises(ConfigError) as refused:
-        ember.run(lambda: 1, strategy="single", workers=1, out=str(tmp_path / "run"))
-    assert str(refused.value).startswith("train_fn <function ")
-    assert "cannot be handed to the local engine's workers" in str(refused.value)
-    assert not (tmp_path / "run").exists()
+        ember.run(train, threading.Lock(), strategy="single", workers=1, out=str(tmp_path / "r"))
+    assert str(refused.value).startswith("train_fn <function train")
+    assert "cannot be handed to the local engine's workers (TypeError" in str(refused.value)
+    assert not (tmp_path / "r").exists()
 
 
 def test_context_and_optimizer_outside_a_run_say_so() -> None:

@@ -27,13 +27,14 @@ class AllReduceSGD:
         meeting = {"store": ctx.store} if ctx.store is not None else {"init_method": ctx.rendezvous}
         # NCCL needs a GPU per rank; gloo all-reduces CUDA tensors too, through the host
         exclusive = flat.device.type == "cuda" and ctx.exclusive_device
-        dist.init_process_group(
-            "nccl" if exclusive else "gloo",
-            rank=ctx.rank,
-            world_size=ctx.world,
-            timeout=datetime.timedelta(seconds=ctx.request_timeout),
-            **meeting,
-        )
+        if not dist.is_initialized():  # else the loop's own init_process_group made the group
+            dist.init_process_group(
+                "nccl" if exclusive else "gloo",
+                rank=ctx.rank,
+                world_size=ctx.world,
+                timeout=datetime.timedelta(seconds=ctx.request_timeout),
+                **meeting,
+            )
         flat.gather_buffers()
         dist.broadcast(flat.params, src=0)  # identical start, also after a resume
         flat.scatter_buffers()

@@ -126,3 +126,32 @@ def _script_tree() -> ast.Module | None:
         return ast.parse(Path(path).read_bytes())
     except (OSError, SyntaxError, ValueError):
         return None
+
+
+class ShippedLoop:
+    """ember.run's function and its arguments as TorchDistributor ships them: cloudpickled,
+    so that a closure, a lambda or a function the script defines under its main guard reaches
+    the local engine's workers too (a function a module defines travels by name, as ever).
+    The bytes go from the launcher to its own workers through the fork server, as
+    multiprocessing hands any argument; never over a socket of ember's wire."""
+
+    def __init__(self, function: Any, args: tuple[Any, ...]) -> None:
+        import cloudpickle
+
+        try:
+            self.payload = cloudpickle.dumps((function, args))
+        except Exception as exc:
+            raise ConfigError(
+                f"train_fn {function!r} or its arguments cannot be handed to the local"
+                f" engine's workers ({type(exc).__name__}: {exc})"
+            ) from None
+        self.name = getattr(function, "__qualname__", type(function).__name__)
+
+    def __call__(self) -> Any:
+        import cloudpickle
+
+        function, args = cloudpickle.loads(self.payload)
+        return function(*args)
+
+    def __repr__(self) -> str:
+        return f"<ember.run's {self.name}>"

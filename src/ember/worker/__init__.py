@@ -13,6 +13,7 @@ run's servers or gloo group; worker 0 also evaluates. Where each piece lives:
 - `device.py`     the device a worker takes, its forward precision, batches moved one step ahead
 - `evaluation.py` when worker 0 evaluates, and a model's loss and metrics on a held-out set
 - `returns.py`    rank 0's return value, encoded as msgpack to cross the process boundary
+- `torchrun.py`   torchrun's variables for a torch.distributed loop, a .py script run as __main__
 
 The names below load on first use, so importing `ember.worker.spec` does not import torch.
 

@@ -28,6 +28,7 @@ from ember.wire import use_encryption
 from ember.worker.device import forward_precision, loss_scaler, on_device
 from ember.worker.evaluation import ends_epoch, evaluate, evaluate_with, evaluates_after
 from ember.worker.spec import Layout, WorkerSpec, checkpoint_meta
+from ember.worker.torchrun import torchrun_environment
 from ember.worker.userloop import LoopContext, Optimizer, context, returned, worker_context
 
 Report = Callable[[Record], None]
@@ -70,7 +71,11 @@ def run_worker(
     torch.set_num_threads(parts.training.threads)
     function, args = spec.train_fn or builtin_loop, spec.train_args
     with worker_context(spec, report, dataset, stop) as ctx:
-        value = function(*args)
+        if spec.train_fn is None:
+            value = function(*args)
+        else:
+            with torchrun_environment(spec, ctx.placement):
+                value = function(*args)
     if spec.train_fn is not None and spec.rank == 0:
         report(returned(value))
     return ctx.done()

@@ -156,7 +156,10 @@ def _all_reduce(
     with scratch() as folder, gloo_interface(meeting):
         try:
             connect(meeting, spec.parts.servers.request_timeout, spec.world)
-            spec = replace(spec, config=config, store=meeting.store, run_dir=folder)
+            rendezvous = f"tcp://{meeting.address}"  # torchrun's MASTER_ADDR and MASTER_PORT
+            spec = replace(
+                spec, config=config, store=meeting.store, rendezvous=rendezvous, run_dir=folder
+            )
             report(run_worker(spec, report, dataset=data))
             # rank 0's store serves the group until every rank has left it
             context.barrier()
