@@ -11,7 +11,7 @@ from ember.algorithms.agreed import AgreedPeriod
 from ember.algorithms.base import CommStats, Optimizer, WorkerContext
 from ember.algorithms.flat import FlatModel
 from ember.algorithms.period import Period
-from ember.algorithms.streaming import StreamingDiLoCo
+from ember.algorithms.streaming import StreamingDiLoCo, lerp
 from ember.ps import PSClient
 
 
@@ -29,7 +29,10 @@ class DiLoCo:
     The whole flat vector travels, buffers included: the servers average the buffer keys
     (rules.py, DiLoCoRule.commit_buffers). With --compress the pseudo-gradient goes the way
     sgd's gradients go, encoded with error feedback, and the pull as the difference from the
-    parameters this worker last pulled (compress.py)."""
+    parameters this worker last pulled (compress.py).
+
+    With --mixing-alpha a worker goes on from x_global + alpha (x_local - x_global) instead
+    (torchft's mixing); its next period still counts from x_global."""
 
     def __init__(self, context: WorkerContext) -> None:
         self.context = context
@@ -46,6 +49,7 @@ class DiLoCo:
         )
         self.start_params = np.empty(0, np.float32)  # x_start: the period began here
         self.delta = np.empty(0, np.float32)  # the pseudo-gradient pushed
+        self.mixing_alpha = context.strategy.mixing_alpha  # None: go on from the global ones
         self.steps_done: int | None = None  # local steps taken so far; None before the first
         self.exchanged_at: int | None = None  # local step of the latest exchange
 
@@ -91,9 +95,9 @@ class DiLoCo:
             # so the vector holds those again before the reply lands in it.
             np.copyto(flat.params_np, self.start_params)
             result = client.push(self.delta, flat.params_np, pull=True)
+            self._start_period(flat.params_np)
             flat.from_host()
             flat.scatter_buffers()
-            np.copyto(self.start_params, flat.params_np)
         else:
             result = client.push(self.delta)
         seconds = time.perf_counter() - started
@@ -103,6 +107,17 @@ class DiLoCo:
             agreed.exchanged(seconds)
             if result.tau is not None:
                 agreed.follow(result.tau)
+
+    def _start_period(self, pulled: np.ndarray) -> None:
+        """The round's global parameters, in `pulled`, start the next period; with mixing the
+        worker's own go on from the global ones moved alpha of the way to its local ones."""
+        if self.mixing_alpha is None:
+            np.copyto(self.start_params, pulled)
+            return
+        # the local parameters are x_start - delta: delta's room is free once it is pushed
+        local = np.subtract(self.start_params, self.delta, out=self.delta)
+        np.copyto(self.start_params, pulled)
+        lerp(self.start_params, local, self.mixing_alpha, out=pulled)
 
     def finish(self) -> None:
         assert self.client is not None

@@ -15,6 +15,14 @@ from ember.errors import EmberError
 from ember.ps import ExchangeResult, PSClient
 
 
+def lerp(start: np.ndarray, end: np.ndarray, weight: float, out: np.ndarray) -> np.ndarray:
+    """out = start + weight (end - start), torch.lerp's arithmetic, as torchft mixes a worker's
+    parameters (end) with the global ones (start); out may be end, never start."""
+    np.subtract(end, start, out=out)
+    np.multiply(out, np.float32(weight), out=out)
+    return np.add(out, start, out=out)
+
+
 class StreamingDiLoCo:
     """Fragment f is the keys of servers [f S/F, (f+1) S/F), with a client of its own, so the
     servers' BSP rounds are per fragment and need nothing new. With stagger = tau / F,
@@ -27,12 +35,16 @@ class StreamingDiLoCo:
     taken while the exchange was in flight are kept on top of the global parameters rather
     than averaged with them (Streaming DiLoCo's alpha mixing): none of the worker's work is
     dropped, the next pseudo-gradient, counted from start_f = g_f, holds those steps once,
-    and an exchange that comes back before the next step is plain DiLoCo."""
+    and an exchange that comes back before the next step is plain DiLoCo.
+
+    With --mixing-alpha the merge is torchft's instead, x_f = g_f + alpha (x_f - g_f): 0
+    takes the global fragment and drops the in-flight steps, 1 keeps the local one."""
 
     def __init__(self, context: WorkerContext) -> None:
         strategy = context.strategy  # a fixed tau: config refuses --tau auto with --fragments
         self.context, self.stats = context, CommStats()
         self.count, self.stagger = strategy.fragments, strategy.tau // strategy.fragments
+        self.mixing_alpha = strategy.mixing_alpha  # None: ember's rule, x_f = g_f + (x_f - s_f)
         self.flat: FlatModel | None = None
         self.optimizer: Optimizer | None = None
         self.keys: list[slice] = []  # each fragment's keys
@@ -131,7 +143,8 @@ class StreamingDiLoCo:
         self._due.set()
 
     def _merge(self) -> None:
-        """Apply the exchange in flight, if any, waiting for it: x_f = g_f + (x_f - s_f)."""
+        """Apply the exchange in flight, if any, waiting for it: x_f = g_f + (x_f - s_f), or
+        with --mixing-alpha x_f = g_f + alpha (x_f - g_f)."""
         if self._job is None:
             return
         assert self.flat is not None
@@ -141,8 +154,11 @@ class StreamingDiLoCo:
         if pull:
             keys, params = self.keys[fragment], self.flat.params_np
             self.flat.gather_buffers()  # a buffer of another dtype moved since it was sent
-            np.subtract(self.pulled[keys], self.sent[keys], out=self.delta[keys])
-            params[keys] += self.delta[keys]
+            if self.mixing_alpha is None:
+                np.subtract(self.pulled[keys], self.sent[keys], out=self.delta[keys])
+                params[keys] += self.delta[keys]
+            else:
+                lerp(self.pulled[keys], params[keys], self.mixing_alpha, out=params[keys])
             np.copyto(self.start_params[keys], self.pulled[keys])
             self.flat.scatter_buffers()
             self.merged = True

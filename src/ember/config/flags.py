@@ -63,6 +63,11 @@ HELP = {
     " steps, tau / fragments steps after the one before, on a background exchanger while the"
     " worker computes (Streaming DiLoCo); fragment f is the keys of servers / fragments"
     " servers, so it must divide --servers and --tau (docs/diloco.md)",
+    "mixing_alpha": "diloco: in [0, 1], where a worker goes on from after a round: alpha x_local"
+    " + (1 - alpha) x_global, torchft's mixing (its fragment_update_alpha), x_local being its"
+    " parameters when the result is merged; 0 takes the global parameters and drops the steps"
+    " a fragment's sync overlapped, 1 keeps the local ones; unset: the global parameters plus"
+    " those overlapped steps, ember's own rule (docs/diloco.md)",
     "staleness": "ssp: clocks (pushes) a worker may run ahead of the slowest before it waits",
     "n_push": "bsp, ssp, async: steps whose gradients a worker averages into one push; the"
     " remaining ones are pushed when it finishes",

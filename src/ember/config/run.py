@@ -99,6 +99,9 @@ class RunConfig(StrategyNamed):
     outer_lr: float = 0.7  # diloco: the outer step's learning rate (the paper's 0.7)
     outer_momentum: float = 0.9  # diloco: the outer step's Nesterov momentum, in [0, 1)
     fragments: int = 1  # diloco: fragments synced at staggered steps, overlapped (Streaming)
+    # diloco: after a round x = alpha x_local + (1 - alpha) x_global, torchft's mixing; None:
+    # ember's rule, the global parameters (with --fragments plus the steps taken in flight)
+    mixing_alpha: float | None = None
     staleness: int = 2  # ssp: how many clocks a worker may run ahead of the slowest
     n_push: int = 1  # sgd: push accumulated gradients every n_push steps
     n_fetch: int = 1  # sgd: pull parameters every n_fetch steps
@@ -198,6 +201,13 @@ class RunConfig(StrategyNamed):
             raise ConfigError(f"outer_lr must be > 0, got {self.outer_lr!r}")
         if not 0 <= self.outer_momentum < 1:
             raise ConfigError(f"outer_momentum must be in [0, 1), got {self.outer_momentum!r}")
+        if self.mixing_alpha is not None and self.mode is not Strategy.DILOCO:
+            raise ConfigError(
+                f"mixing_alpha applies to strategy diloco only; got {self.mixing_alpha} with"
+                f" strategy {self.strategy!r}"
+            )
+        if self.mixing_alpha is not None and not 0 <= self.mixing_alpha <= 1:
+            raise ConfigError(f"mixing_alpha must be in [0, 1], got {self.mixing_alpha!r}")
         self._check_fragments()
         if self.max_workers is not None and not self.workers <= self.max_workers <= MAX_WORKERS:
             raise ConfigError(
