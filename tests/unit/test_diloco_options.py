@@ -1,6 +1,6 @@
 """diloco's options beside its outer step: --mixing-alpha (where a worker goes on from after
-a round), refused with one message naming it, and the mixing's arithmetic against
-torch.lerp."""
+a round) and --fragment-sync-delay (the steps from a fragment's push to its merge), each
+refused with one message naming it, and the mixing's arithmetic against torch.lerp."""
 
 from __future__ import annotations
 
@@ -54,6 +54,51 @@ def test_the_flag_sets_the_field_and_the_cli_refuses_a_bad_one_before_starting(
     assert code == 2
     assert "ember: error: mixing_alpha must be in [0, 1], got 2.0" in capsys.readouterr().err
     assert not out.exists()
+
+
+FRAGMENTED = {"strategy": "diloco", "fragments": 2, "servers": 2, "tau": 6}
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"strategy": "diloco", "fragment_sync_delay": 1},
+            "fragment_sync_delay applies to diloco with --fragments 2 or more; got 1 with"
+            " fragments 1",
+        ),
+        (
+            {"strategy": "easgd", "fragment_sync_delay": 0},
+            "fragment_sync_delay applies to diloco with --fragments 2 or more; got 0 with"
+            " fragments 1",
+        ),
+        (
+            {**FRAGMENTED, "fragment_sync_delay": 4},
+            "fragment_sync_delay must be between 0 and tau / fragments (3), got 4",
+        ),
+        (
+            {**FRAGMENTED, "fragment_sync_delay": -1},
+            "fragment_sync_delay must be between 0 and tau / fragments (3), got -1",
+        ),
+        ({**FRAGMENTED, "fragment_sync_delay": 1.5}, "fragment_sync_delay must be int, got 1.5"),
+    ],
+)
+def test_a_sync_delay_past_the_stagger_or_without_fragments_is_refused(fields, message) -> None:
+    with pytest.raises(ConfigError) as raised:
+        make_config(fields)
+    assert str(raised.value) == message
+
+
+@pytest.mark.parametrize("delay", [0, 1, 3])
+def test_a_sync_delay_up_to_the_stagger_reaches_the_workers_strategy_part(delay: int) -> None:
+    config = make_config({**FRAGMENTED, "fragment_sync_delay": delay})
+    assert RunParts.of(config).strategy.fragment_sync_delay == delay
+
+
+def test_unset_sync_delay_is_embers_whole_stagger_and_the_flag_sets_it() -> None:
+    assert make_config(FRAGMENTED).fragment_sync_delay is None
+    train = build_parser().parse_args(["train", "--fragment-sync-delay", "1"])
+    assert train.fragment_sync_delay == 1
 
 
 @pytest.mark.parametrize("weight", [0.0, 0.25, 0.5, 1.0])

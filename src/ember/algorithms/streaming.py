@@ -25,13 +25,16 @@ def lerp(start: np.ndarray, end: np.ndarray, weight: float, out: np.ndarray) -> 
 
 class StreamingDiLoCo:
     """Fragment f is the keys of servers [f S/F, (f+1) S/F), with a client of its own, so the
-    servers' BSP rounds are per fragment and need nothing new. With stagger = tau / F,
-    fragment (n - 1) mod F syncs after local step n * stagger: its pseudo-gradient
-    start_f - x_f is pushed with a pull, and compute goes on.
+    servers' BSP rounds are per fragment and need nothing new. With stagger = tau / F, the
+    n-th sync is fragment (n - 1) mod F's: its pseudo-gradient start_f - x_f is pushed with a
+    pull, compute goes on, and the result is merged d = --fragment-sync-delay steps later. By
+    default d is the stagger: pushed after local step n * stagger, merged after (n + 1) *
+    stagger. Below it (torchft's fragment_sync_delay): pushed after step n * stagger - d,
+    merged after n * stagger.
 
-    The mixing rule, applied at the next fragment's due step (waiting there if the exchange
-    is not back, so the result does not depend on thread timing): x_f = g_f + (x_f - s_f),
-    with g_f the new global fragment and s_f the worker's fragment as sent. The local steps
+    The mixing rule, applied at that fixed step (waiting there if the exchange is not back,
+    so the result does not depend on thread timing): x_f = g_f + (x_f - s_f), with g_f the
+    new global fragment and s_f the worker's fragment as sent. The local steps
     taken while the exchange was in flight are kept on top of the global parameters rather
     than averaged with them (Streaming DiLoCo's alpha mixing): none of the worker's work is
     dropped, the next pseudo-gradient, counted from start_f = g_f, holds those steps once,
@@ -45,6 +48,8 @@ class StreamingDiLoCo:
         self.context, self.stats = context, CommStats()
         self.count, self.stagger = strategy.fragments, strategy.tau // strategy.fragments
         self.mixing_alpha = strategy.mixing_alpha  # None: ember's rule, x_f = g_f + (x_f - s_f)
+        delay = strategy.fragment_sync_delay  # steps from a push to its merge
+        self.delay = self.stagger if delay is None else delay
         self.flat: FlatModel | None = None
         self.optimizer: Optimizer | None = None
         self.keys: list[slice] = []  # each fragment's keys
@@ -125,10 +130,13 @@ class StreamingDiLoCo:
         self.optimizer.step()
         self.steps_done = done = step + 1
         if done % self.stagger == 0:
-            self._merge()
-            fragment = (done // self.stagger - 1) % self.count
+            self._merge()  # pushed `delay` steps ago
+        if (done + self.delay) % self.stagger == 0:
+            fragment = (done - 1) // self.stagger % self.count
             if done > self.synced_at[fragment]:
                 self._send(fragment, done, pull=True)
+                if self.delay == 0:  # the step the sync is pushed after is also its merge's
+                    self._merge()
 
     def _send(self, fragment: int, step: int, pull: bool) -> None:
         """Hand the exchanger fragment `fragment`'s pseudo-gradient after local step `step`."""

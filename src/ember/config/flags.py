@@ -63,6 +63,12 @@ HELP = {
     " steps, tau / fragments steps after the one before, on a background exchanger while the"
     " worker computes (Streaming DiLoCo); fragment f is the keys of servers / fragments"
     " servers, so it must divide --servers and --tau (docs/diloco.md)",
+    "fragment_sync_delay": "diloco --fragments: local steps from a fragment's push to the merge"
+    " of its result, in [0, tau / fragments]: below tau / fragments the n-th sync is pushed"
+    " after step n * tau / fragments minus these steps and merged after step n * tau /"
+    " fragments, as torchft's fragment_sync_delay (0: the worker waits for each sync); unset:"
+    " tau / fragments, pushed after step n * tau / fragments and merged a stagger later, the"
+    " most compute overlapping each sync (docs/diloco.md)",
     "mixing_alpha": "diloco: in [0, 1], where a worker goes on from after a round: alpha x_local"
     " + (1 - alpha) x_global, torchft's mixing (its fragment_update_alpha), x_local being its"
     " parameters when the result is merged; 0 takes the global parameters and drops the steps"

@@ -70,6 +70,7 @@ class StrategyPart(Part, StrategyNamed):
     outer_lr: float
     outer_momentum: float
     fragments: int
+    fragment_sync_delay: int | None
     mixing_alpha: float | None
     staleness: int
     n_push: int

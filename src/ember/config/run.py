@@ -99,6 +99,7 @@ class RunConfig(StrategyNamed):
     outer_lr: float = 0.7  # diloco: the outer step's learning rate (the paper's 0.7)
     outer_momentum: float = 0.9  # diloco: the outer step's Nesterov momentum, in [0, 1)
     fragments: int = 1  # diloco: fragments synced at staggered steps, overlapped (Streaming)
+    fragment_sync_delay: int | None = None  # diloco --fragments: steps from push to merge
     # diloco: after a round x = alpha x_local + (1 - alpha) x_global, torchft's mixing; None:
     # ember's rule, the global parameters (with --fragments plus the steps taken in flight)
     mixing_alpha: float | None = None
@@ -259,6 +260,17 @@ class RunConfig(StrategyNamed):
                     f"fragments must divide {name}; got fragments {self.fragments} with {name}"
                     f" {getattr(self, name)}"
                 )
+        delay, stagger = self.fragment_sync_delay, self.tau // self.fragments
+        if delay is not None and self.fragments == 1:
+            raise ConfigError(
+                f"fragment_sync_delay applies to diloco with --fragments 2 or more; got {delay}"
+                " with fragments 1"
+            )
+        if delay is not None and not 0 <= delay <= stagger:
+            raise ConfigError(
+                f"fragment_sync_delay must be between 0 and tau / fragments ({stagger}), got"
+                f" {delay}"
+            )
 
     def _check_types(self) -> None:
         """YAML and the API hand over any type: name the field rather than fail deep inside."""
