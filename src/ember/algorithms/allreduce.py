@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 
 from ember.algorithms.base import CommStats, Optimizer, WorkerContext
 from ember.algorithms.flat import FlatModel
 from ember.ps import ExchangeResult
+
+SETTLE_SECONDS = 0.05  # the GIL released before a process group goes (settled)
 
 
 class AllReduceSGD:
@@ -61,4 +65,19 @@ class AllReduceSGD:
 
     def finish(self) -> None:
         if dist.is_initialized():
-            dist.destroy_process_group()
+            settled(dist.destroy_process_group)()
+
+
+def settled(destroy: Callable[..., None]) -> Callable[..., None]:
+    """`destroy` (torch.distributed.destroy_process_group) once gloo's worker threads have
+    settled. A collective launched inside backward() (DDP's) leaves the copy of backward's
+    thread-local Python context in the gloo thread that ran it, which needs the GIL to drop it;
+    a process group freed right after (the loop's return frees DDP's reducer and with it the
+    group) joins those threads holding the GIL, and both wait for ever (torch 2.13, seen in
+    Spark tasks). Releasing the GIL for a moment first lets the threads drop it."""
+
+    def call(*args: Any, **kwargs: Any) -> None:
+        time.sleep(SETTLE_SECONDS)
+        destroy(*args, **kwargs)
+
+    return call

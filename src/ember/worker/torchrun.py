@@ -75,12 +75,19 @@ def torchrun_environment(spec: WorkerSpec, placement: Placement) -> Iterator[Non
                 " strategy='allreduce', or drop DDP and wrap its optimizer in ember.Optimizer"
             ) from None
         return
+    import torch.distributed as dist
+
+    from ember.algorithms.allreduce import settled
+
     variables = torchrun_variables(spec, placement)
     before = {name: os.environ.get(name) for name in variables}
     os.environ.update(variables)
+    destroy = dist.destroy_process_group
+    dist.destroy_process_group = settled(destroy)  # the loop's own call, as the module has it
     try:
         yield
     finally:
+        dist.destroy_process_group = destroy
         for name, value in before.items():
             if value is None:
                 os.environ.pop(name, None)

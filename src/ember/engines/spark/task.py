@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from ember.algorithms.allreduce import settled
 from ember.config.devices import GPU_RESOURCE
 from ember.data import Dataset
 from ember.data.spill import Partition, partition_data
@@ -165,7 +166,7 @@ def _all_reduce(
             context.barrier()
         finally:
             if dist.is_initialized():  # a failed step: the reused Python worker starts clean
-                dist.destroy_process_group()
+                settled(dist.destroy_process_group)()
             meeting.store = None
         if spec.rank != 0:
             return []
