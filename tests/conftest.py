@@ -21,7 +21,7 @@ HERE = Path(__file__).parent
 # Each suite is a folder, and its folder's name is the mark that selects it (tests/README.md)
 SUITES = {
     "unit": "one process, no sockets beyond in-process servers on 127.0.0.1",
-    "peers": "another project's regression cases re-created; in-process servers on 127.0.0.1",
+    "peers": "the peers' own test scenarios re-created; processes, and the Spark suite's session",
     "integration": "real processes and sockets on 127.0.0.1",
     "spark": "one local[2] SparkSession (and a Spark Connect server) shared by the suite",
     "cluster": "an emulated multi-host Spark cluster in network namespaces; root",

@@ -22,6 +22,7 @@ pytest.importorskip("pyspark", reason="the Spark tests need: pip install -e '.[s
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 HERE = Path(__file__).parent
+SUITES = (HERE, HERE.parent / "peers")  # the suites that share the session (peers: conftest.py)
 _sessions: list[Any] = []  # the running session, so the last Spark test can end its JVM
 _servers: list[ConnectServer] = []  # the running Connect server, ended with it
 
@@ -41,9 +42,14 @@ def spark() -> Iterator[Any]:
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    _sessions.append(session)
+    if session not in _sessions:  # the peers' suite asks for it too
+        _sessions.append(session)
     yield session
     _end_jvm()
+
+
+def _uses_spark(path: Path) -> bool:
+    return any(suite in path.parents for suite in SUITES)
 
 
 def _end_jvm() -> None:
@@ -93,7 +99,7 @@ def no_stray_children(request: pytest.FixtureRequest) -> Iterator[None]:
     """As in tests/conftest.py, but the JVM and the Python workers it forks are Spark's to keep
     between Spark tests; after the last one, the JVM goes too."""
     yield
-    if request.node is [i for i in request.session.items if HERE in i.path.parents][-1]:
+    if request.node is [i for i in request.session.items if _uses_spark(i.path)][-1]:
         _end_jvm()
     # the JVM forks Python workers as jobs need them, a cancelled job's too: all are Spark's
     jvms = {
