@@ -72,3 +72,44 @@ def test_a_ddp_loop_under_a_strategy_with_servers_is_one_clear_error(tmp_path: P
     said = str(refused.value)
     assert "strategy 'async' trains through the parameter servers" in said
     assert "strategy='allreduce', or drop DDP and wrap its optimizer in ember.Optimizer" in said
+
+
+def make_net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+
+
+def optimizer_loop(lr: float) -> dict[str, torch.Tensor]:
+    ctx, net = ember.context(), make_net()
+    optimizer = ember.Optimizer(torch.optim.SGD(net.parameters(), lr=lr), net)
+    for epoch in range(ctx.start_epoch, ctx.epochs):
+        for inputs, labels in ctx.data.batches(epoch):
+            optimizer.zero_grad()
+            F.cross_entropy(net(inputs), labels).backward()
+            optimizer.step()
+    return {name: value.detach().clone() for name, value in net.state_dict().items()}
+
+
+def test_under_allreduce_the_model_the_run_knows_is_written_as_model_safetensors(
+    tmp_path: Path,
+) -> None:
+    from safetensors.torch import load_file
+
+    x = torch.randn(512, 8, generator=torch.Generator().manual_seed(1)).numpy()
+    y = (x.sum(1) > 0).astype("int64")
+    state = ember.run(
+        optimizer_loop,
+        0.1,
+        data=(x, y),
+        model=make_net,
+        strategy="allreduce",
+        workers=2,
+        epochs=2,
+        optimizer="sgd",
+        out=str(tmp_path),
+    )
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    assert saved.keys() == state.keys()
+    for name, value in state.items():  # rank 0's final parameters, which every rank holds
+        torch.testing.assert_close(saved[name], value)
+    assert not torch.equal(saved["0.weight"], make_net().state_dict()["0.weight"])

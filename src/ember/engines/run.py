@@ -241,6 +241,9 @@ class Run:
             extra.update(self.timeline.summary(), peak_memory_bytes=self.memory.total())
         result: RunResult
         if self.setup.loop is not None:  # ember.run: the user's loop scored what it wanted
+            last = latest_valid_checkpoint(checkpoints) if params is None else None
+            if last is not None:  # rank 0's, under single and allreduce (save_loop_model)
+                params = last.tensors["params"]
             result = finish_loop(self.setup, params, workers, seconds, extra, self.returned)
         else:
             last = latest_valid_checkpoint(checkpoints)

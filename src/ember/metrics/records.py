@@ -249,7 +249,8 @@ class Unreachable(Record):
 @dataclass(frozen=True, kw_only=True)
 class FinalState(Record):
     """Spark's allreduce: rank 0's final parameters, returned to the driver (megabytes: never
-    a metric), and where it met the others. ember.run's loop keeps its parameters: none then."""
+    a metric), and where it met the others; an ember.run loop's only where the run knows its
+    model."""
 
     kind = "state"
     rank: int = 0

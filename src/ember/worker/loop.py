@@ -77,8 +77,22 @@ def run_worker(
             with torchrun_environment(spec, ctx.placement):
                 value = function(*args)
     if spec.train_fn is not None and spec.rank == 0:
+        save_loop_model(ctx)
         report(returned(value))
     return ctx.done()
+
+
+def save_loop_model(ctx: LoopContext) -> None:
+    """Under single and allreduce, rank 0's final parameters as the run's last checkpoint,
+    where the run knows the model (model= given, trained through ember.Optimizer): the launcher
+    exports them as model.safetensors, as the servers' are under the other strategies."""
+    spec, optimizer = ctx.spec, ctx.optimizer
+    known = spec.layout is not None and spec.layout.parameters > 0  # the layout of model=
+    if spec.parts.strategy.uses_server or optimizer is None or not known:
+        return
+    dataset = ctx.dataset
+    shape = (tuple(dataset.input_shape), dataset.num_classes)
+    _save_local(spec, optimizer.flat, optimizer.steps, shape)
 
 
 def builtin_loop() -> None:

@@ -215,8 +215,9 @@ def _train(
 
 
 def _final_state(run: Run, states: list[FinalState]) -> FinalState | None:
-    """Allreduce's rank 0 final state, saved as the run's last checkpoint (ember.run's rank 0
-    kept its parameters to itself); None under a strategy with servers."""
+    """Allreduce's rank 0 final state, saved as the run's last checkpoint when it holds the
+    parameters (an ember.run loop's only where the run knows its model); None under a
+    strategy with servers."""
     if run.servers is not None:
         return None
     if not states:
@@ -224,7 +225,7 @@ def _final_state(run: Run, states: list[FinalState]) -> FinalState | None:
             RunEvent(event="no final parameters"),
             "allreduce's rank 0 finished without returning its final parameters",
         )
-    if run.setup.loop is None:
+    if states[0].params is not None:  # ember.run's loop kept its model to itself otherwise
         _save_state(run, states[0])
     return states[0]
 

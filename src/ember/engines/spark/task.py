@@ -9,6 +9,7 @@ import traceback
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from ember.algorithms.allreduce import settled
@@ -170,8 +171,8 @@ def _all_reduce(
             meeting.store = None
         if spec.rank != 0:
             return []
-        if spec.train_fn is not None:  # ember.run: the user's loop keeps its own parameters
-            return [FinalState(rendezvous=meeting.address)]
+        if spec.train_fn is not None and not (Path(folder) / "checkpoints").is_dir():
+            return [FinalState(rendezvous=meeting.address)]  # the loop kept its model
         return [final_state(folder, meeting)]
 
 
