@@ -10,13 +10,16 @@ import base64
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ember.api import in_python_terms, run_config, take_objects
 from ember.config import RunConfig, explicit_fields
 from ember.engines.script import ShippedLoop, require_main_guard
 from ember.errors import ConfigError, EmberError
 from ember.metrics.records import Returned
+
+if TYPE_CHECKING:
+    from ember.engines import DataFrameInput
 
 
 @in_python_terms
@@ -37,7 +40,8 @@ def run(
     WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so a loop written for TorchDistributor
     (init_process_group, DDP, DistributedSampler) runs unchanged; `train_fn` may also be the
     path of a .py script, run on every worker as `python train_fn *args` (returning None),
-    as TorchDistributor.run takes one. Strategies
+    as TorchDistributor.run takes one. On engine="spark" `data` may be a DataFrame, each task
+    reading its partition (ctx.data). Strategies
     with servers need `model=` (the module train_fn trains, or a function building it): the
     servers start from its parameters. The value travels as msgpack (numbers, strings,
     bytes, lists, dicts, None, NumPy arrays, torch tensors), never pickled. Progress shows
@@ -55,13 +59,16 @@ def run(
     has_model = fields.get("model") is not None
     if not has_model:
         fields.pop("model", None)
-    dataset, objects = take_objects(fields, test_data)
+    frame = spark_frame(fields, test_data)
+    dataset, objects = take_objects(fields, None if frame else test_data)
     config = run_config(fields, config_file)
     check_run(config, has_model)
+    if frame is not None and config.engine != "spark":
+        raise ConfigError("ember.run on a Spark DataFrame runs on engine='spark'")
     if config.engine == "local":  # the function goes to spawned processes, as a model does
         require_main_guard("ember.run", "its workers")
         train_fn, args = ShippedLoop(train_fn, tuple(args)), ()
-    has_data = "data" in explicit_fields(fields, config_file)
+    has_data = frame is not None or "data" in explicit_fields(fields, config_file)
     if not has_data and has_model:  # a loop that reads its own data, as TorchDistributor's do
         print(
             f"ember: ember.run was given no data=: the loop reads its own, so model= is not"
@@ -69,9 +76,23 @@ def run(
             file=sys.stderr,
         )
     loop = UserLoop(train_fn, tuple(args), has_model, has_data)
-    run = ParsedRun(config, objects, dataset, loop=loop, show_progress=show_progress)
+    run = ParsedRun(config, objects, dataset, frame=frame, loop=loop, show_progress=show_progress)
     result = run.execute(engine_named(config.engine))
     return returned_value(getattr(result, "returned", None), result.run_dir)
+
+
+def spark_frame(fields: dict[str, Any], test_data: Any) -> DataFrameInput | None:
+    """data= given as a Spark DataFrame (features, label; features_col= and label_col= name
+    others), taken out of `fields`: each task's loop reads its partition through ctx.data, as
+    ember.spark.fit's do. test_data= may be another DataFrame."""
+    data = fields.get("data")
+    if not type(data).__module__.startswith("pyspark.sql"):
+        return None
+    from ember.engines import DataFrameInput
+
+    del fields["data"]
+    features, label = fields.pop("features_col", "features"), fields.pop("label_col", "label")
+    return DataFrameInput(data, features, label, test_data)
 
 
 def check_run(config: RunConfig, has_model: bool) -> None:

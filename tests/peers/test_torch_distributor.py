@@ -19,6 +19,23 @@ local_mode=False. Differences from the peer, and why:
 - log_softmax(x, dim=1): the peer's implicit dim is deprecated; the values are the same.
 The peer asserts the return value ("success") alone; these also check that both ranks trained
 and that ember's run directory says what ran.
+
+Its data-loader cases (python/pyspark/ml/torch/tests/test_data_loader.py: a partition's rows in
+exact batches, dense and sparse vectors alike, a partial last batch, and the wrap-around to
+num_samples that gives every rank equal steps) run against ember's partition reader,
+`ctx.data.in_order(batch_size, samples)` under `ember.run(fn, data=df, engine="spark")`, with
+these differences:
+- The peer's private `_train_on_dataframe(fn, df, num_samples=4, batch_size=2)` becomes
+  `ember.run(fn, 4, 2, data=df, ...)`, the function's arguments positional.
+- Its `weight` column is not read: ember's reader serves features and labels (the expected
+  batches here are the peer's without their third field).
+- `test_data=df`: ember.run holds out a seeded tenth of a DataFrame for testing unless it is
+  given test rows, and the peer trains on every row.
+- One run serves the three cases (the peer runs one job each): the run's `batch_size=2`, as a
+  worker's shard must hold one batch of the run's batch size.
+- The peer's session is local[1] with spark.default.parallelism 1; here the suite's local[2]
+  session, the DataFrame made in the one partition its one task reads (workers=1, the peer's
+  default num_processes), in the rows' order.
 """
 
 from __future__ import annotations
@@ -27,6 +44,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import ember
@@ -85,3 +103,70 @@ def test_distributed_file_with_pytorch(spark: Any, tmp_path: Path) -> None:
     )
     assert output is None
     _ran_as_allreduce(tmp_path, "spark")
+
+
+CASES = [  # the peer's: num_samples, batch_size, and the batches (features, label) expected
+    (
+        4,
+        2,
+        [
+            [[[1.0, 2.0, 3.5], [0.0, 4.5, 5.5]], [0, 3]],
+            [[[6.0, 7.0, 8.5], [-2.5, 0.0, -6.5]], [1, 2]],
+        ],
+    ),
+    (
+        4,
+        3,
+        [
+            [[[1.0, 2.0, 3.5], [0.0, 4.5, 5.5], [6.0, 7.0, 8.5]], [0, 3, 1]],
+            [[[-2.5, 0.0, -6.5]], [2]],
+        ],
+    ),
+    (
+        6,
+        3,
+        [
+            [[[1.0, 2.0, 3.5], [0.0, 4.5, 5.5], [6.0, 7.0, 8.5]], [0, 3, 1]],
+            [[[-2.5, 0.0, -6.5], [1.0, 2.0, 3.5], [0.0, 4.5, 5.5]], [2, 0, 3]],
+        ],
+    ),
+]
+
+
+def test_data_loader(spark: Any, tmp_path: Path) -> None:
+    from pyspark.ml.linalg import Vectors
+
+    def train_function(cases: list[tuple[int, int]]) -> list[list[list[Any]]]:
+        # defined here, as the peer's is: shipped by value (this module is no package's)
+        ctx = ember.context()
+        return [
+            [[x.tolist(), y.tolist()] for x, y in ctx.data.in_order(batch_size, num_samples)]
+            for num_samples, batch_size in cases
+        ]
+
+    rows = [
+        (Vectors.dense([1.0, 2.0, 3.5]), 0, 10.5),
+        (Vectors.sparse(3, [1, 2], [4.5, 5.5]), 3, 12.5),
+        (Vectors.dense([6.0, 7.0, 8.5]), 1, 1.5),
+        (Vectors.sparse(3, [0, 2], [-2.5, -6.5]), 2, 9.5),
+    ]  # in one partition, as the peer's spark.default.parallelism 1 makes them
+    spark_df = spark.createDataFrame(
+        spark.sparkContext.parallelize(rows, 1), schema=["features", "label", "weight"]
+    )
+    results = ember.run(
+        train_function,
+        [(num_samples, batch_size) for num_samples, batch_size, _ in CASES],
+        data=spark_df,
+        test_data=spark_df,
+        strategy="allreduce",
+        workers=1,
+        batch_size=2,
+        engine="spark",
+        out=str(tmp_path),
+    )
+    for result, (_, _, expected) in zip(results, CASES, strict=True):
+        assert len(result) == len(expected)
+        for res_row, exp_row in zip(result, expected, strict=True):
+            assert len(res_row) == len(exp_row)
+            for res_field, exp_field in zip(res_row, exp_row, strict=True):
+                np.testing.assert_almost_equal(np.array(res_field), np.array(exp_field))

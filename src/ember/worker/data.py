@@ -6,11 +6,13 @@ from collections.abc import Iterator
 from typing import Protocol
 
 import numpy as np
+import torch
 
 from ember.config import DataPart
 from ember.data import Dataset, shard_indices
 from ember.data.batches import Batch, MemoryBatches, ShardBatches
 from ember.data.streamhost import StreamedDataset, counted, stream_batches
+from ember.errors import EmberError
 from ember.worker.spec import WorkerSpec
 
 
@@ -52,6 +54,22 @@ class WorkerData:
         for inputs, targets in self.shard.epoch(epoch, start):
             ctx.samples += len(targets)
             yield inputs, targets
+
+    def in_order(
+        self, batch_size: int | None = None, samples: int | None = None
+    ) -> Iterator[Batch]:
+        """This worker's rows as they are stored (a Spark task's: its partition's order), in
+        batches of `batch_size` (the run's by default), the last one partial: `samples` rows
+        in all, the shard's start again once it runs out (so that every rank takes as many
+        steps, as TorchDistributor's partition loader does), else the shard once."""
+        if self.x is None or self.y is None:
+            raise EmberError("ctx.data.in_order reads rows held in memory; these are streamed")
+        size = batch_size or self.batch_size
+        rows = np.arange(samples if samples is not None else len(self.y)) % len(self.y)
+        for start in range(0, len(rows), size):
+            chosen = rows[start : start + size]
+            self._ctx.samples += len(chosen)
+            yield torch.from_numpy(self.x[chosen]), torch.from_numpy(self.y[chosen])
 
 
 def shard_rows(spec: WorkerSpec, dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:

@@ -253,6 +253,8 @@ def _gloo(cluster: bool, state: FinalState) -> dict[str, Any]:
 
 def _prepare(run: ParsedRun, data: Dataset) -> RunSetup:
     """prepare_run for data already in Spark: the test rows stand in for the dataset."""
-    setup = prepare_run(replace(run.config, data=data.name), data, InProcess(run.objects))
-    setup.objects = run.objects
+    loop = run.loop  # ember.run's, on a DataFrame
+    work = InProcess(run.objects) if loop is None or loop.has_model else NoModel()
+    setup = prepare_run(replace(run.config, data=data.name), data, work)
+    setup.objects, setup.loop = run.objects, loop
     return setup
