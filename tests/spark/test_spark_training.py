@@ -52,6 +52,26 @@ def test_trains_from_parquet_with_an_array_column(spark, digits, tmp_path) -> No
     assert (tmp_path / "run" / "checkpoints" / "last").exists()
 
 
+def test_a_coalesced_frame_feeds_the_barrier_stage_once_repartitioned(
+    spark, to_frame, digits, tmp_path
+) -> None:
+    # coalesce(2) of 4 partitions: a barrier stage refuses such a lineage (SPARK-24820)
+    df = to_frame(digits.x_train, digits.y_train).repartition(4).coalesce(2)
+    result = ember.spark.fit(
+        model="mlp",
+        df=df,
+        test_df=to_frame(digits.x_test, digits.y_test),
+        strategy="easgd-async",
+        workers=2,
+        epochs=1,
+        out=str(tmp_path / "run"),
+    )
+    assert result.summary["test_accuracy"] > 0.5
+    events = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "event" in r]
+    partitions = next(r for r in events if r["event"] == "partitions")
+    assert partitions["repartitioned"] is True
+
+
 def test_trains_from_a_vector_assembler_output(spark, digits, tmp_path) -> None:
     from pyspark.ml.feature import VectorAssembler
 

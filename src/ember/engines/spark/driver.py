@@ -141,6 +141,7 @@ def _train(
 ) -> RunResult:
     setup, config, data, (session_seconds, began) = run.setup, run.config, run.setup.dataset, clock
     rows, repartition = facts.rows_per_worker(config.workers, config.batch_size)
+    repartition = repartition or coalesced(frame)
     unused = facts.rows - rows * config.workers
     partitions = len(facts.partition_rows)
     details = {"partitions": partitions, "repartitioned": repartition, "unused_rows": unused}
@@ -212,6 +213,14 @@ def _train(
             if workers is not None:
                 workers.stop()  # tasks first, so the servers' state is final when it is saved
             raise
+
+
+def coalesced(frame: Any) -> bool:
+    """Whether `frame`'s plan coalesces partitions: a barrier stage refuses an RDD whose
+    ancestors have another partition count (SPARK-24820), so such a frame is repartitioned,
+    as one with too few partitions is. A Spark Connect frame's plan is the server's: False."""
+    query = getattr(getattr(frame, "_jdf", None), "queryExecution", None)
+    return query is not None and "Coalesce" in query().executedPlan().toString()
 
 
 def _final_state(run: Run, states: list[FinalState]) -> FinalState | None:
