@@ -95,7 +95,7 @@ def model_spec(model: str | Callable[..., Any]) -> str:
         f"model is an instance of {kind.__qualname__}, which Spark ML cannot save with the"
         f" pipeline: pass its class as '{module}:{kind.__qualname__}' (built with input_shape="
         " and num_classes= where it takes them; a module the executors import, not the"
-        " script), or train the instance with ember.spark.fit(model=...)"
+        " script): ML persistence writes params as JSON and pickles no module"
     )
 
 

@@ -159,7 +159,7 @@ def test_a_saved_pipeline_model_loads_and_predicts_the_same(fitted, frames, tmp_
     from pyspark.ml import PipelineModel
 
     fitted.save(str(tmp_path / "pipeline"))
-    stage = next((tmp_path / "pipeline" / "stages").glob("*EmberModel*"))
+    stage = next((tmp_path / "pipeline" / "stages").glob("2_*"))
     assert sorted(p.name for p in (stage / "model").iterdir()) == [
         "model.json",
         "model.safetensors",
@@ -205,7 +205,7 @@ def test_a_damaged_saved_model_is_one_clear_error(fitted, tmp_path, damage, expe
     from pyspark.ml import PipelineModel
 
     fitted.save(str(tmp_path / "pipeline"))
-    stage = next((tmp_path / "pipeline" / "stages").glob("*EmberModel*"))
+    stage = next((tmp_path / "pipeline" / "stages").glob("2_*"))
     damage(stage)
     with pytest.raises(CheckpointError, match=expected):
         ember.spark.EmberModel.load(str(stage))
@@ -218,14 +218,14 @@ def test_a_saved_model_without_its_metadata_is_one_clear_error(fitted, tmp_path)
     from pyspark.ml import PipelineModel
 
     fitted.save(str(tmp_path / "pipeline"))
-    stage = next((tmp_path / "pipeline" / "stages").glob("*EmberModel*"))
+    stage = next((tmp_path / "pipeline" / "stages").glob("2_*"))
     shutil.rmtree(stage / "metadata")
     with pytest.raises(
         CheckpointError, match="not a saved EmberModel: its metadata cannot be read"
     ):
         ember.spark.EmberModel.load(str(stage))
     # the pipeline reads a stage's metadata before it knows the stage's class: Spark's error
-    with pytest.raises(AnalysisException, match=r"PATH_NOT_FOUND.*EmberModel_\w+/metadata"):
+    with pytest.raises(AnalysisException, match=r"PATH_NOT_FOUND.*EmberEstimator_\w+/metadata"):
         PipelineModel.load(str(tmp_path / "pipeline"))
 
 

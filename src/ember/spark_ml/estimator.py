@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pyspark.ml import Estimator
-from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
+from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable, MLWriter
 
 from ember.errors import ConfigError
 from ember.spark import fit
@@ -22,8 +22,9 @@ class EmberEstimator(
     """Trains as `ember.spark.fit` does (one Spark barrier task per worker, parameter servers
     beside the driver) and returns an EmberModel.
 
-    Params: featuresCol, labelCol, predictionCol, probabilityCol, validationIndicatorCol,
-    model (the factory), loss, strategy, workers, epochs, lr, tau, batchSize, mlflow (log each
+    Params: featuresCol, labelCol, predictionCol, probabilityCol, rawPredictionCol,
+    validationIndicatorCol, model (the factory, or an nn.Module, which trains but cannot be
+    saved), loss, strategy, workers, epochs, lr, tau, batchSize, mlflow (log each
     fit to an MLflow run; unset: when one is active), and runFields for any
     other field of ember.spark.fit: `EmberEstimator(model="mlp", workers=2, tau=4,
     runFields={"servers": 2})`. Each fit writes a run directory as ember.spark.fit does
@@ -52,9 +53,8 @@ class EmberEstimator(
                 )
             marked = F.coalesce(F.col(indicator), F.lit(False))
             train, test = dataset.filter(~marked), dataset.filter(marked)
-        factory = self.getOrDefault(self.model)
         result = fit(
-            model=factory,
+            model=self.getOrDefault(self.model),
             df=train,
             features_col=self.getFeaturesCol(),
             label_col=self.getLabelCol(),
@@ -62,5 +62,10 @@ class EmberEstimator(
             mlflow=self.getOrDefault(self.mlflow) if self.isDefined(self.mlflow) else None,
             **self.run_fields(),
         )
-        model = EmberModel.from_files(result.run_dir, factory, result.summary)
+        model = EmberModel.from_files(result.run_dir, self.model_source(), result.summary)
+        model._resetUid(self.uid)  # as Spark's own estimators' models take their uid
         return self._copyValues(model)
+
+    def write(self) -> MLWriter:
+        self.check_persistable()
+        return super().write()

@@ -21,7 +21,7 @@ from pyspark.ml.util import (
 from ember.config.objective import targets_of
 from ember.data.spark import features_array
 from ember.errors import CheckpointError, ConfigError
-from ember.export import JSON_LIMIT, MODEL_FILE, MODEL_JSON, load_bytes
+from ember.export import JSON_LIMIT, MODEL_FILE, MODEL_JSON, ModelSource, load_bytes
 from ember.spark_ml.params import EmberParams
 from ember.spark_ml.scoring import CLASSES, VALUE, VALUES, scorer
 
@@ -29,8 +29,10 @@ MODEL_DIR = "model"  # beside Spark's metadata/: the run's two model files, as a
 
 
 class EmberModel(Model, EmberParams, MLReadable["EmberModel"], MLWritable):
-    """The model an EmberEstimator trained. `transform(df)` adds `predictionCol` (the class
-    index, double) and `probabilityCol` (the softmax of the model's output, an ML vector),
+    """The model an EmberEstimator trained, with its uid and params. `transform(df)` adds
+    `rawPredictionCol` (the model's output, its logits, an ML vector), `probabilityCol` (their
+    softmax, an ML vector) and `predictionCol` (the class index, double), as Spark's
+    classifiers do,
     or for a loss whose targets are values (mse, l1, huber, bce_with_logits) the model's raw
     output as `predictionCol` alone (a double for a one-wide output, else an array), scored
     on the executors a whole Arrow batch at a time; rows never reach the driver.
@@ -51,7 +53,7 @@ class EmberModel(Model, EmberParams, MLReadable["EmberModel"], MLWritable):
 
     @classmethod
     def from_files(
-        cls, folder: Path, factory: str, summary: dict[str, Any] | None = None
+        cls, folder: Path, factory: ModelSource, summary: dict[str, Any] | None = None
     ) -> EmberModel:
         """The model of `folder`'s model.json and model.safetensors (a run directory), checked
         by building it here once, so that a damaged file fails now rather than in a task."""
@@ -67,10 +69,7 @@ class EmberModel(Model, EmberParams, MLReadable["EmberModel"], MLWritable):
     def torch_model(self) -> torch.nn.Module:
         """The trained nn.Module, parameters and buffers, in eval mode."""
         self._require_weights()
-        return load_bytes(self._described, self._weights, self._factory(), MODEL_DIR)[0]
-
-    def _factory(self) -> str:
-        return str(self.getOrDefault(self.model))
+        return load_bytes(self._described, self._weights, self.model_source(), MODEL_DIR)[0]
 
     def _require_weights(self) -> None:
         if not self._weights:
@@ -88,17 +87,17 @@ class EmberModel(Model, EmberParams, MLReadable["EmberModel"], MLWritable):
         features = features_array(dataset, self.getFeaturesCol())
         where = str(self.run_dir or MODEL_DIR)
         result = self._result()
-        body = scorer(self._described, self._weights, self._factory(), where, result)
+        body = scorer(self._described, self._weights, self.model_source(), where, result)
         # pyspark's stubs have no overload for an iterator UDF that returns a struct
         score = pandas_udf(body, result)  # type: ignore[call-overload]
         scored = f"__ember_scores_{self.uid}"
         frame = dataset.withColumn(scored, score(features))
-        prediction, probability = self.getPredictionCol(), self.getProbabilityCol()
-        if prediction:
-            frame = frame.withColumn(prediction, F.col(f"{scored}.prediction"))
-        if probability and result == CLASSES:
-            vector = array_to_vector(F.col(f"{scored}.probability"))
-            frame = frame.withColumn(probability, vector)
+        vectors = (self.getRawPredictionCol(), "logits"), (self.getProbabilityCol(), "probability")
+        for column, field in vectors if result == CLASSES else ():  # in Spark's classifiers' order
+            if column:  # an empty column name: not wanted, as Spark's classifiers take it
+                frame = frame.withColumn(column, array_to_vector(F.col(f"{scored}.{field}")))
+        if self.getPredictionCol():
+            frame = frame.withColumn(self.getPredictionCol(), F.col(f"{scored}.prediction"))
         return frame.drop(scored)
 
     def _result(self) -> str:
@@ -109,6 +108,7 @@ class EmberModel(Model, EmberParams, MLReadable["EmberModel"], MLWritable):
         return VALUE if json.loads(self._described).get("num_classes") == 1 else VALUES
 
     def write(self) -> MLWriter:
+        self.check_persistable()
         return _Writer(self)
 
     @classmethod
@@ -160,6 +160,6 @@ class _Reader(MLReader[EmberModel]):
             DefaultParamsReader.getAndSetParams(instance, metadata)
         except (AttributeError, TypeError, ValueError, AssertionError) as exc:
             raise CheckpointError(f"{path}: the saved EmberModel's params: {exc}") from None
-        loaded = EmberModel.from_files(local_folder(path) / MODEL_DIR, instance._factory())
+        loaded = EmberModel.from_files(local_folder(path) / MODEL_DIR, instance.model_source())
         instance._described, instance._weights = loaded._described, loaded._weights
         return instance

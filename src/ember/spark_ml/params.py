@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import (
-    HasFeaturesCol,
-    HasLabelCol,
-    HasPredictionCol,
-    HasProbabilityCol,
-    HasValidationIndicatorCol,
-)
+import torch
+from pyspark.ml.param import Param, Params, TypeConverters, shared
 
 from ember.config import RunConfig
 from ember.errors import ConfigError
@@ -29,6 +24,12 @@ OWN_FIELDS = {
 }
 # Not run fields at all: the estimator decides them.
 _NOT_FIELDS = {"model", "engine", "data"}
+
+
+def _to_model(value: Any) -> str | torch.nn.Module:
+    """A module instance as itself (ember.spark.fit trains one: each task gets a copy), any
+    other model as the spec its executors import it by ("module:name" for a function)."""
+    return value if isinstance(value, torch.nn.Module) else model_spec(value)
 
 
 def _to_fields(value: Any) -> dict[str, Any]:
@@ -49,22 +50,27 @@ def _to_fields(value: Any) -> dict[str, Any]:
 
 
 class EmberParams(
-    HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol, HasValidationIndicatorCol
+    shared.HasFeaturesCol,
+    shared.HasLabelCol,
+    shared.HasPredictionCol,
+    shared.HasProbabilityCol,
+    shared.HasRawPredictionCol,
+    shared.HasValidationIndicatorCol,
 ):
     """featuresCol (an ML vector or a numeric array), labelCol, predictionCol (the class
     index, double; a regression's output), probabilityCol (the class probabilities, an ML
-    vector; none for a regression),
-    validationIndicatorCol (true marks the rows the run is scored on; unset: a seeded tenth
-    of the rows), the model factory and the run's fields."""
+    vector; none for a regression), rawPredictionCol (the model's logits, an ML vector; none
+    for a regression), validationIndicatorCol (true marks the rows the run is scored on;
+    unset: a seeded tenth of the rows), the model and the run's fields."""
 
-    model: Param[str] = Param(
+    model: Param[str | torch.nn.Module] = Param(
         Params._dummy(),
         "model",
-        "the model: a built-in name (mlp, logreg, lenet, cnn_bn), 'package.module:factory' or a"
-        " module-level factory function the executors can import",
+        "the model: a built-in name (mlp, logreg, lenet, cnn_bn), 'package.module:factory', a"
+        " module-level factory function the executors can import, or an nn.Module",
         # a factory function is kept as the "module:name" its executors import it by, which
-        # is also what ML persistence can write
-        typeConverter=model_spec,
+        # is also what ML persistence can write; a module instance it cannot (save() says so)
+        typeConverter=_to_model,
     )
     strategy: Param[str] = Param(
         Params._dummy(), "strategy", "the training strategy", TypeConverters.toString
@@ -108,6 +114,7 @@ class EmberParams(
             labelCol="label",
             predictionCol="prediction",
             probabilityCol="probability",
+            rawPredictionCol="rawPrediction",
             model=defaults.model,
             runFields={},
             **{name: getattr(defaults, field) for name, field in OWN_FIELDS.items()},
@@ -123,6 +130,17 @@ class EmberParams(
                 f" its params: {', '.join(names)}"
             )
         return self._set(**params)
+
+    def model_source(self) -> str | torch.nn.Module:
+        """What builds the model: its spec, or a copy of the module instance it was given, so
+        that loading weights into it leaves the param's own module as it was."""
+        model = self.getOrDefault(self.model)
+        return copy.deepcopy(model) if isinstance(model, torch.nn.Module) else str(model)
+
+    def check_persistable(self) -> None:
+        """Spark ML persistence writes params as JSON and pickles nothing: a module instance
+        is refused by the spec it would need, which names what to pass instead."""
+        model_spec(self.getOrDefault(self.model))
 
     def run_fields(self) -> dict[str, Any]:
         """The fields of ember.spark.fit these Params give, model and columns aside."""

@@ -13,20 +13,20 @@ import torch
 
 from ember.data.pixels import to_model_inputs
 from ember.errors import ConfigError
-from ember.export import Shape, load_bytes
+from ember.export import ModelSource, Shape, load_bytes
 
-# What a scorer yields per row: a classifier's class index and probabilities, or a
+# What a scorer yields per row: a classifier's class index, probabilities and logits, or a
 # regression's raw output (one value, or an array of the output's values).
-CLASSES = "prediction double, probability array<double>"
+CLASSES = "prediction double, probability array<double>, logits array<double>"
 VALUE, VALUES = "prediction double", "prediction array<double>"
 _cache: dict[str, tuple[torch.nn.Module, Shape]] = {}  # one model per Python worker process
 
 
 def scorer(
-    described: bytes, weights: bytes, factory: str, where: str, result: str = CLASSES
+    described: bytes, weights: bytes, factory: ModelSource, where: str, result: str = CLASSES
 ) -> Callable[[Iterator[pd.Series]], Iterator[pd.DataFrame]]:
     """A pandas_udf body: batches of feature arrays in, `result` out (CLASSES: the class
-    index and probabilities; VALUE or VALUES: the raw output). The model's files travel in
+    index, probabilities and logits; VALUE or VALUES: the raw output). The model's files travel in
     its closure, which Spark ships once per task (and broadcasts when large); a Python
     worker that Spark reuses keeps the model it built."""
 
@@ -42,8 +42,10 @@ def scorer(
     return score
 
 
-def _model(described: bytes, weights: bytes, factory: str, where: str) -> tuple[Any, Shape]:
-    key = hashlib.sha256(described + weights).hexdigest() + factory
+def _model(described: bytes, weights: bytes, factory: ModelSource, where: str) -> tuple[Any, Shape]:
+    # a module instance is this task's own copy (it came in the closure): weights load into it
+    spec = factory if isinstance(factory, str) else type(factory).__qualname__
+    key = hashlib.sha256(described + weights).hexdigest() + spec
     if key not in _cache:
         _cache.clear()
         _cache[key] = load_bytes(described, weights, factory, where)
@@ -80,6 +82,10 @@ def _classes(logits: torch.Tensor) -> pd.DataFrame:
         {
             "prediction": probabilities.argmax(axis=1).astype(np.float64),
             "probability": list(probabilities),
+            # centred per row: softmax and argmax are as they were, and a two-class model's
+            # second value is half its margin, which BinaryClassificationEvaluator ranks by
+            # (as LogisticRegression's [-m, m])
+            "logits": list((logits - logits.mean(dim=1, keepdim=True)).numpy()),
         }
     )
 
