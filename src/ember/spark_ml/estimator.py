@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from pyspark.ml import Estimator
@@ -11,6 +12,8 @@ from ember.errors import ConfigError
 from ember.spark import fit
 from ember.spark_ml.model import EmberModel
 from ember.spark_ml.params import EmberParams
+
+_ONE_FIT_AT_A_TIME = threading.Lock()  # in this driver process: see _fit
 
 
 class EmberEstimator(
@@ -39,6 +42,14 @@ class EmberEstimator(
         return self
 
     def _fit(self, dataset: Any) -> EmberModel:
+        # CrossValidator's and TrainValidationSplit's parallelism fits from several driver
+        # threads at once: each fit's barrier stage wants a slot per worker, and at once they
+        # would name the same runs/<second>-<strategy>-<pid> directory. One at a time, tuning
+        # finishes as with parallelism=1 (its evaluations still run side by side).
+        with _ONE_FIT_AT_A_TIME:
+            return self._fit_alone(dataset)
+
+    def _fit_alone(self, dataset: Any) -> EmberModel:
         from pyspark.sql import functions as F
         from pyspark.sql.types import BooleanType
 
