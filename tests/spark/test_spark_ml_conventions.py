@@ -1,5 +1,14 @@
 """EmberEstimator and EmberModel side by side with Spark's LogisticRegression: each test asserts
-one Spark ML convention of both, so that ember keeps it as Spark's own classifiers do."""
+one Spark ML convention of both, so that ember keeps it as Spark's own classifiers do.
+
+Where ember differs, and why:
+- LogisticRegression is the multinomial family here: ember's classifiers are a softmax over
+  one output per class, and their rawPrediction the centred logits, as that family's margins.
+- A module instance as `model` trains, but a stage holding one is not saved: Spark ML
+  persistence writes params as JSON, and ember pickles nothing.
+- Not kept yet: LogisticRegression's per-param setters (setFeaturesCol, ...; ember's stages
+  take setParams), its model's numClasses and numFeatures, and hasSummary (an EmberModel's
+  `summary` is the run's, None once loaded)."""
 
 from __future__ import annotations
 
