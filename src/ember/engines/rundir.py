@@ -104,6 +104,22 @@ class RunSetup:
         return int(self.resume.meta.get("step", 0)) if self.resume is not None else 0
 
 
+def claim_run_dir(config: RunConfig, base: Path) -> Path:
+    """The run's directory: --out, else `base` (runs/<second>-<strategy>-<pid>) made here, or -2,
+    -3, ... after it when that one exists already: two runs one process starts in a second
+    (threads, Spark ML tuning's parallel fits) never share a directory."""
+    if config.out:
+        return base
+    for count in range(1, 1000):
+        claimed = base if count == 1 else base.with_name(f"{base.name}-{count}")
+        try:
+            claimed.mkdir(parents=True)  # atomic: exactly one run makes it
+            return claimed
+        except FileExistsError:
+            continue
+    raise ConfigError(f"{base.parent} holds 999 run directories named {base.name}[-N]")
+
+
 def prepare_run(
     config: RunConfig, dataset: Dataset | None = None, work: ModelWork | None = None
 ) -> RunSetup:
@@ -125,6 +141,7 @@ def prepare_run(
     if resume is not None:
         resume = with_buffers(resume, initial, parameters)
         initial = resume.tensors["params"].astype(np.float32, copy=False)
+    run_dir = claim_run_dir(config, run_dir)  # once the model is built: a failed start makes none
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     metrics = MetricsLog(run_dir / "metrics.jsonl", tensorboard=config.tensorboard)
     checkpoint = str(resume.path) if resume else None
