@@ -183,7 +183,9 @@ def test_data_names_train_on_spark_too(spark, tmp_path) -> None:
     result = ember.spark.fit(
         data="digits", model="logreg", strategy="async", epochs=3, out=str(tmp_path / "run")
     )
-    assert result.summary["engine"] == "spark" and result.summary["test_accuracy"] > 0.8
+    # 3 epochs of async logreg on 10,000 rows end near 0.85, and a CI run under load once
+    # ended at 0.765: 0.7 (chance is 0.1) says it trained without riding on the schedule
+    assert result.summary["engine"] == "spark" and result.summary["test_accuracy"] > 0.7
     # a local master schedules no GPUs: each task under auto computes on the CPU, and says so
     assert result.summary["devices"] == {"0": "cpu", "1": "cpu"}
     assert "gpu_addresses" not in result.summary
