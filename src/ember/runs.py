@@ -92,7 +92,7 @@ def spark_frame(fields: dict[str, Any], test_data: Any) -> DataFrameInput | None
 
     del fields["data"]
     features, label = fields.pop("features_col", "features"), fields.pop("label_col", "label")
-    return DataFrameInput(data, features, label, test_data)
+    return DataFrameInput(data, features, label, test_data, fields.pop("weight_col", None))
 
 
 def check_run(config: RunConfig, has_model: bool) -> None:

@@ -24,6 +24,7 @@ def fit(
     features_col: str = "features",
     label_col: str = "label",
     test_df: Any = None,
+    weight_col: str | None = None,
     config_file: str | None = None,
     show_progress: bool | None = None,
     mlflow: bool | None = None,
@@ -37,9 +38,11 @@ def fit(
     tenth of `df` held out; either is collected to the driver for the final evaluation, the
     training rows never are. Other fields are those of `ember.fit` (strategy, workers,
     epochs, ...). Without `df`, trains on `data=` like `ember.fit(engine="spark")`. Returns
-    a RunResult (.summary, .model, .run_dir). `mlflow` logs the job to one MLflow run (None:
-    when an MLflow run is active), and progress shows on a terminal (`show_progress` None),
-    as ember.fit's do.
+    a RunResult (.summary, .model, .run_dir). `weight_col` names a column of per-row weights
+    (numbers >= 0): each batch's loss is then the mean of weight x row loss under every
+    strategy, so that a row counts by its weight wherever it falls (docs/training.md).
+    `mlflow` logs the job to one MLflow run (None: when an MLflow run is active), and
+    progress shows on a terminal (`show_progress` None), as ember.fit's do.
 
     It may be called from a script's top-level code (a spark-submit script): the parameter
     servers are fresh interpreters that never import the script, and Spark runs the workers.
@@ -55,7 +58,11 @@ def fit(
     if df is not None and fields.get("data") is not None:
         raise ConfigError("pass either df or data to ember.spark.fit, not both")
     config = run_config(fields, config_file)
-    frame = DataFrameInput(df, features_col, label_col, test_df) if df is not None else None
+    if df is None and weight_col is not None:
+        raise ConfigError("weight_col names a column of df: pass df to ember.spark.fit")
+    frame = None
+    if df is not None:
+        frame = DataFrameInput(df, features_col, label_col, test_df, weight_col)
     return ParsedRun(
         config, objects, frame=frame, show_progress=show_progress, mlflow=mlflow
     ).execute(SparkEngine())

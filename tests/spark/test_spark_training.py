@@ -311,3 +311,29 @@ def test_a_module_object_trains_on_spark_shipped_in_the_tasks_closure(spark, tmp
     assert result.summary["model"] == "object:Sequential"
     assert result.summary["test_accuracy"] >= 0.8
     assert result.model[2].num_batches_tracked.item() > 0
+
+
+@pytest.mark.parametrize(
+    ("weights", "error"),
+    [
+        ([1.0, -0.5, 1.0, 1.0], "has 1 null, NaN, Inf or < 0"),
+        ([1.0, None, 1.0, 1.0], "has 1 null, NaN, Inf or < 0"),
+        ([0.0, 0.0, 0.0, 0.0], "sums to 0"),
+        (None, "must hold numbers, got no such column"),
+    ],
+)
+def test_a_weight_column_a_loss_cannot_use_is_one_error_naming_it(
+    spark, tmp_path, weights, error
+) -> None:
+    rows = [([float(i), 1.0], i % 2, w) for i, w in enumerate(weights or [1.0] * 4)]
+    df = spark.createDataFrame(rows, "features array<double>, label long, w double")
+    with pytest.raises(ember.errors.ConfigError, match=error) as caught:
+        ember.spark.fit(
+            df=df,
+            test_df=df,
+            weight_col="w" if weights else "weights",
+            batch_size=1,
+            out=str(tmp_path / "run"),
+        )
+    assert "weight column 'w" in str(caught.value)
+    assert not (tmp_path / "run").exists()  # refused before the run began

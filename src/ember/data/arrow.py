@@ -12,21 +12,26 @@ from ember.data.idx import normalize_images
 from ember.errors import EmberError
 
 FEATURES, LABEL = "features", "label"  # the column names of a checked training frame
+WEIGHT = "weight"  # and of its rows' weights, where the run has a weight column
 
 
 def partition_arrays(
     batches: Iterable[Any], input_shape: tuple[int, ...], like: Dataset | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """In a task: its partition's Arrow record batches as (rows, *input_shape) inputs and their
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """In a task: its partition's Arrow record batches as (rows, *input_shape) inputs, their
     targets, of the dtypes and target shape of `like`'s test rows (float32 and int64
-    classes without it)."""
+    classes without it), and their float32 weights (None: the frame has no weight column)."""
     import pyarrow as pa
 
     batches = list(batches)
     if not batches:
         x_dtype, y_dtype, y_shape = _kinds(like)
-        return np.empty((0, *input_shape), x_dtype), np.empty((0, *y_shape), y_dtype)
-    return table_arrays(pa.Table.from_batches(batches), input_shape, like)
+        return np.empty((0, *input_shape), x_dtype), np.empty((0, *y_shape), y_dtype), None
+    table = pa.Table.from_batches(batches)
+    x, y = table_arrays(table, input_shape, like)
+    if WEIGHT not in table.column_names:
+        return x, y, None
+    return x, y, np.ascontiguousarray(table.column(WEIGHT).to_numpy(), dtype=np.float32)
 
 
 def _kinds(like: Dataset | None) -> tuple[np.dtype, np.dtype, tuple[int, ...]]:

@@ -12,9 +12,11 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from typing_extensions import Unpack  # typing's own from Python 3.11
 
 Inputs = torch.Tensor | dict[str, torch.Tensor]
-Batch = tuple[Inputs, torch.Tensor]
+# (inputs, targets), and the rows' weights after them where the run has a weight column
+Batch = tuple[Inputs, torch.Tensor, Unpack[tuple[torch.Tensor, ...]]]
 
 
 class ShardBatches(Protocol):
@@ -31,13 +33,23 @@ class ShardBatches(Protocol):
 
 class MemoryBatches:
     """A shard held in memory (a mapped one stays mapped): each epoch a permutation of its
-    rows, cut into batches, the last partial batch dropped."""
+    rows, cut into batches, the last partial batch dropped; with `weights`, each batch's
+    rows' weights third."""
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, batch_size: int, seed: int, rank: int) -> None:
+    def __init__(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        batch_size: int,
+        seed: int,
+        rank: int,
+        weights: np.ndarray | None = None,
+    ) -> None:
         # several inputs are one structured array, a field each, which torch cannot hold
         self.structured = x if x.dtype.names is not None else None
         self.features = as_tensor(x) if self.structured is None else None
         self.targets = as_tensor(y)
+        self.weights = as_tensor(weights) if weights is not None else None
         self.rows, self.batch_size = len(y), batch_size
         self.seed, self.rank = seed, rank
 
@@ -48,7 +60,11 @@ class MemoryBatches:
         for index in range(start, self.rows // size):
             batch = order[index * size : (index + 1) * size]
             # index_select copies whole rows: several times faster than advanced indexing
-            yield self.inputs(batch), self.targets.index_select(0, batch)
+            if self.weights is None:
+                yield self.inputs(batch), self.targets.index_select(0, batch)
+            else:
+                inputs, targets = self.inputs(batch), self.targets.index_select(0, batch)
+                yield inputs, targets, self.weights.index_select(0, batch)
 
     def inputs(self, batch: torch.Tensor) -> Inputs:
         if self.features is not None:

@@ -23,6 +23,8 @@ class Dataset:
     num_classes: int  # output width of the model: classes, or values per row for floats
     input_shape: tuple[int, ...]  # shape of one example, e.g. (1, 28, 28) or (100,)
     held_out: bool = False  # the test rows are a file's last rows: it has no test split
+    # float32, shape (n,): each training row's weight in the loss (a weight column); None: 1
+    w_train: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         where = f"dataset {self.name}"
@@ -50,6 +52,18 @@ class Dataset:
                 raise ConfigError(f"{where}: x_{split} has no rows")
             if y.dtype == np.int64 and not class_targets_fit(y, self.num_classes):
                 raise ConfigError(f"{where}: y_{split} has labels outside [0, {self.num_classes})")
+        if self.w_train is not None:
+            check_weights(self.w_train, len(self.x_train), where)
+
+
+def check_weights(w: np.ndarray, rows: int, where: str) -> None:
+    """Sample weights as the loss takes them: one finite float32 >= 0 per row."""
+    if w.dtype != np.float32 or w.shape != (rows,):
+        raise ConfigError(
+            f"{where}: weights must be float32 of shape ({rows},), got {w.dtype} {w.shape}"
+        )
+    if not np.isfinite(w).all() or (w < 0).any():
+        raise ConfigError(f"{where}: weights must be finite and >= 0")
 
 
 INPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.int64))

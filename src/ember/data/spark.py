@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ember.data.arrow import FEATURES, LABEL, table_arrays, values_like
+from ember.data.arrow import FEATURES, LABEL, WEIGHT, table_arrays, values_like
 from ember.data.dataset import Dataset
 from ember.data.idx import normalize_images
 from ember.errors import ConfigError
@@ -54,12 +54,17 @@ class FrameFacts:
 
 
 def training_frame(
-    df: Any, features_col: str, label_col: str, targets: str = "classes"
+    df: Any,
+    features_col: str,
+    label_col: str,
+    targets: str = "classes",
+    weight_col: str | None = None,
 ) -> tuple[Any, FrameFacts]:
     """Select `features` (array<float>) and `label` from `df` and check every row in one Spark
     job; raise ConfigError naming the column for anything a worker could not train on. The
     label is bigint class indices >= 0 when `targets` is "classes", else finite floats, or
-    arrays of them of one width (a multi-output regression's targets)."""
+    arrays of them of one width (a multi-output regression's targets). A `weight_col` of
+    numbers >= 0 (not all 0) comes along as `weight`, float, checked in a job of its own."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -74,7 +79,33 @@ def training_frame(
     checked = df.select(features.alias(FEATURES), label.alias(LABEL))
     facts = _facts(checked, features_col, label_col, targets, arrays)
     kind = "bigint" if targets == "classes" else "array<float>" if arrays else "float"
-    return checked.select(FEATURES, F.col(LABEL).cast(kind).alias(LABEL)), facts
+    columns = [F.col(FEATURES), F.col(LABEL).cast(kind).alias(LABEL)]
+    if weight_col is None:
+        return checked.select(*columns), facts
+    weight = _checked_weights(df, weight_col)
+    return df.select(features.alias(FEATURES), label.alias(LABEL), weight).select(
+        *columns, WEIGHT
+    ), facts
+
+
+def _checked_weights(df: Any, weight_col: str) -> Any:
+    """Column `weight_col` as float `weight`, once every row holds a finite number >= 0 and
+    some a positive one: else one ConfigError naming the column."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    found = {f.name: f.dataType for f in df.schema.fields}.get(weight_col)
+    if not isinstance(found, T.NumericType):
+        got = found.simpleString() if found else "no such column"
+        raise ConfigError(f"weight column {weight_col!r} must hold numbers, got {got}")
+    w = F.col(weight_col).cast("double")
+    bad = w.isNull() | F.isnan(w) | (F.abs(w) == _INF) | (w < 0)
+    counts = df.select(F.sum(bad.cast("long")), F.sum(F.when(~bad, w))).first() or (0, 0)
+    if counts[0]:
+        raise ConfigError(f"weight column {weight_col!r} has {counts[0]} null, NaN, Inf or < 0")
+    if not counts[1]:
+        raise ConfigError(f"weight column {weight_col!r} sums to 0: no row would train")
+    return w.cast("float").alias(WEIGHT)
 
 
 def label_targets(df: Any, label_col: str, targets: str | None) -> str:
@@ -267,16 +298,18 @@ def dataframe_dataset(
     test_df: Any,
     seed: int,
     targets: str | None = "classes",
+    weight_col: str | None = None,
 ) -> tuple[Any, FrameFacts, Dataset]:
     """The checked training frame, its facts, and a driver-side Dataset holding the test set:
     `test_df`, or a seeded tenth of `df` held out. Only the test rows reach the driver. The
     labels are the loss's `targets` kind (objective.targets_of): int64 classes, or float32
     values for "values" and "binary" (a one-wide output, or one output per value of a label
-    column of arrays)."""
+    column of arrays). The training frame carries `weight_col` as `weight`; the test rows are
+    scored unweighted."""
     kind = label_targets(df, label_col, targets)
     if test_df is None:
         df, test_df = df.randomSplit([0.9, 0.1], seed=seed)
-    frame, facts = training_frame(df, features_col, label_col, kind)
+    frame, facts = training_frame(df, features_col, label_col, kind, weight_col)
     test, test_facts = training_frame(test_df, features_col, label_col, kind)
     if test_facts.width != facts.width:
         raise ConfigError(

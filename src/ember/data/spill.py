@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 
 from ember.config import DataPart, RunConfig
-from ember.data.arrow import partition_arrays
+from ember.data.arrow import WEIGHT, partition_arrays
 from ember.data.dataset import Dataset
 from ember.data.stream import Piece, StreamPlan
 from ember.data.streamhost import AUTO_FRACTION, StreamedDataset, no_targets
+from ember.errors import EmberError
 
 SPILL_PREFIX = "ember-spill-"  # then the pid of the Python worker that wrote it
 
@@ -60,6 +61,7 @@ class Partition:
     rows: int
     x: np.ndarray | None = None
     y: np.ndarray | None = None
+    w: np.ndarray | None = None  # the rows' weights, where the frame has a weight column
     plan: StreamPlan | None = None
     said: str = ""  # why data mode auto streams it: one line for the driver to print
 
@@ -67,7 +69,10 @@ class Partition:
         """The first `rows` of the partition to train on, with `probe`'s test rows."""
         if self.plan is None:
             assert self.x is not None and self.y is not None
-            return replace(probe, name="partition", x_train=self.x[:rows], y_train=self.y[:rows])
+            w = self.w[:rows] if self.w is not None else None
+            return replace(
+                probe, name="partition", x_train=self.x[:rows], y_train=self.y[:rows], w_train=w
+            )
         empty = np.empty((0, *probe.input_shape), np.float32)
         return StreamedDataset(
             "partition",
@@ -92,13 +97,19 @@ def partition_data(
     shape, mode = tuple(probe.input_shape), data.data_mode
     said = _too_big(rows, shape) if mode == "auto" else ""
     if mode == "memory" or (mode == "auto" and not said):
-        x, y = partition_arrays(batches, shape, like=probe)
-        yield Partition(len(x), x, y)
+        x, y, w = partition_arrays(batches, shape, like=probe)
+        yield Partition(len(x), x, y, w)
         return
     folder = spill_folder()
     janitor = start_janitor(folder)
     try:
         pieces = spill_batches(batches, folder / "partition.arrow")
+        if pieces and WEIGHT in _schema_names(pieces[0].path):
+            raise EmberError(
+                "a weight column trains from rows held in memory, and this partition streams"
+                f" from disk ({said or 'data mode stream'}): use --data-mode memory, or more"
+                " workers for smaller partitions"
+            )
         targets = "classes" if probe.y_test.dtype == np.int64 else "values"
         plan = StreamPlan(pieces, shape, probe.num_classes, targets, probe.y_test.shape[1:])
         yield Partition(plan.rows, plan=plan, said=said)
@@ -106,6 +117,13 @@ def partition_data(
         shutil.rmtree(folder, ignore_errors=True)
         janitor.kill()
         janitor.wait(10)
+
+
+def _schema_names(path: str) -> list[str]:
+    import pyarrow as pa
+
+    with pa.ipc.open_file(path) as reader:
+        return list(reader.schema.names)
 
 
 def start_janitor(folder: Path) -> subprocess.Popen[bytes]:

@@ -27,6 +27,7 @@ class DataFrameInput:
     features_col: str = "features"
     label_col: str = "label"
     test_df: Any = None
+    weight_col: str | None = None  # each row's weight in the loss; None: every row weighs 1
 
 
 @dataclass(frozen=True)

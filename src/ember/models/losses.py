@@ -5,6 +5,7 @@ model's output fits the targets."""
 
 from __future__ import annotations
 
+import copy
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,7 @@ from ember.config.objects import NO_OBJECTS, OBJECT_PREFIX, UserObjects
 from ember.errors import ConfigError
 from ember.models.zoo import Probe, forward
 
-LossFunction = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+LossFunction = Callable[..., torch.Tensor]  # (output, target[, weights]) -> a scalar
 NAMED: dict[str, LossFunction] = {
     "cross_entropy": F.cross_entropy,
     "mse": F.mse_loss,
@@ -66,15 +67,87 @@ def make_loss(name: str, objects: UserObjects = NO_OBJECTS) -> LossFunction:
     """The run's loss, taking the model's output and the batch's targets as they come:
     class targets per token (output (batch, tokens, classes)) are flattened for
     cross-entropy, a one-wide output meets one value per row, and integer targets of a
-    loss on values are made floats."""
+    loss on values are made floats.
+
+    Given the rows' `weights` (a weight column), it is the batch's mean of weight x the
+    row's loss, as Horovod's Spark estimator weighs rows: a row's pull on the model is then
+    its weight whichever batch it falls in (a weighted average per batch would let a row's
+    batch-mates change it), and every strategy averages or applies such batch gradients."""
     kind = targets_of(name)
     function = NAMED[name] if kind is not None else resolve_function(name, "loss", objects)
+    kind = kind or torch_targets(function)
+    per_row: LossFunction | None = None
 
-    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    def loss(
+        output: torch.Tensor, target: torch.Tensor, weights: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        nonlocal per_row
         output, target = fit_to_targets(kind, output, target)
-        return function(output, target)
+        if weights is None:
+            return function(output, target)
+        per_row = per_row or unreduced(function, name)
+        values = per_row(output, target)
+        if values.dim() == 0 or values.numel() % len(weights):
+            raise ConfigError(
+                f"loss {name!r} with reduction='none' gave shape {tuple(values.shape)} for a"
+                f" batch of {len(weights)} rows: sample weights need a value per row"
+            )
+        # one value per row: a row of several targets (tokens, values) is their mean
+        rows = values.reshape(len(weights), -1).mean(dim=1)
+        return (rows * weights.to(rows.dtype)).mean()
 
     return loss
+
+
+# torch's own losses, handed as objects, by the targets they take (config/objective.py's kinds)
+TORCH_TARGETS = {
+    "classes": ("cross_entropy", "nll_loss", "CrossEntropyLoss", "NLLLoss"),
+    "values": (
+        *("mse_loss", "l1_loss", "huber_loss", "smooth_l1_loss"),
+        *("MSELoss", "L1Loss", "HuberLoss", "SmoothL1Loss"),
+    ),
+    "binary": (
+        *("binary_cross_entropy", "binary_cross_entropy_with_logits"),
+        *("BCELoss", "BCEWithLogitsLoss"),
+    ),
+}
+
+
+def torch_targets(function: Callable[..., Any]) -> str | None:
+    """The targets kind of one of torch's own losses (F.binary_cross_entropy, nn.BCELoss()),
+    so its output and targets are shaped as the named losses' are; None for anything else,
+    a user's loss taking them as they come."""
+    if isinstance(function, torch.nn.Module):
+        own = type(function).__module__.startswith("torch.nn.")
+        name = type(function).__name__ if own else None
+    else:
+        own = getattr(function, "__module__", None) == "torch.nn.functional"
+        name = getattr(function, "__name__", None) if own else None
+    return next((kind for kind, names in TORCH_TARGETS.items() if name in names), None)
+
+
+def unreduced(function: Callable[..., Any], name: str) -> LossFunction:
+    """`function` giving each row's loss, not their mean: an nn.Module's copy with reduction
+    "none", or the function called with reduction="none" (as torch's losses take it)."""
+    if isinstance(function, torch.nn.Module):
+        if not hasattr(function, "reduction"):
+            raise ConfigError(
+                f"loss {name!r} has no reduction attribute: sample weights need each row's loss"
+            )
+        module = copy.copy(function)
+        setattr(module, "reduction", "none")  # noqa: B010 - a Module's attribute, typed loosely
+        return module
+
+    def each_row(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        try:
+            return function(output, target, reduction="none")
+        except TypeError as exc:
+            raise ConfigError(
+                f"loss {name!r} must take reduction='none' under sample weights (a weight"
+                f" column): the run weighs each row's loss: {exc}"
+            ) from exc
+
+    return each_row
 
 
 def fit_to_targets(

@@ -70,6 +70,7 @@ class EmberEstimator(
             features_col=self.getFeaturesCol(),
             label_col=self.getLabelCol(),
             test_df=test,
+            weight_col=self.getWeightCol() if self.isDefined(self.weightCol) else None,
             mlflow=self.getOrDefault(self.mlflow) if self.isDefined(self.mlflow) else None,
             **self.run_fields(),
         )

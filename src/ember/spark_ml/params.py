@@ -56,12 +56,14 @@ class EmberParams(
     shared.HasProbabilityCol,
     shared.HasRawPredictionCol,
     shared.HasValidationIndicatorCol,
+    shared.HasWeightCol,
 ):
     """featuresCol (an ML vector or a numeric array), labelCol, predictionCol (the class
     index, double; a regression's output), probabilityCol (the class probabilities, an ML
     vector; none for a regression), rawPredictionCol (the model's logits, an ML vector; none
     for a regression), validationIndicatorCol (true marks the rows the run is scored on;
-    unset: a seeded tenth of the rows), the model and the run's fields."""
+    unset: a seeded tenth of the rows), weightCol (each row's weight in the loss, >= 0;
+    unset: all 1, as Spark's own estimators), the model and the run's fields."""
 
     model: Param[str | torch.nn.Module] = Param(
         Params._dummy(),

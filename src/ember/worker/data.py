@@ -33,27 +33,29 @@ class WorkerData:
     def __init__(self, spec: WorkerSpec, dataset: Dataset, ctx: Where) -> None:
         self.x: np.ndarray | None = None  # its training rows, unless they stay on disk
         self.y: np.ndarray | None = None
+        self.w: np.ndarray | None = None  # the rows' weights, where the run has a weight column
         self.shard: ShardBatches
         if isinstance(dataset, StreamedDataset):
             self.shard = stream_batches(dataset, spec.rank, spec.world, *_streamed(spec))
         else:
-            self.x, self.y = shard_rows(spec, dataset)
-            self.shard = _in_memory(spec, self.x, self.y)
+            self.x, self.y, self.w = shard_rows(spec, dataset)
+            self.shard = _in_memory(spec, self.x, self.y, self.w)
         self.x_test, self.y_test = dataset.x_test, dataset.y_test
         self.batch_size = spec.parts.training.batch_size
         self.steps_per_epoch = self.shard.rows // self.batch_size
         self._ctx = ctx
 
     def batches(self, epoch: int) -> Iterator[Batch]:
-        """Epoch `epoch`'s (inputs, targets) minibatches, counted from 0. A restarted worker
-        resumes from the servers' record of its steps, so batches it trained already are
-        skipped and the loop goes on where the rank stopped."""
+        """Epoch `epoch`'s (inputs, targets) minibatches, counted from 0, with the rows'
+        weights third where the run has a weight column. A restarted worker resumes from the
+        servers' record of its steps, so batches it trained already are skipped and the loop
+        goes on where the rank stopped."""
         ctx = self._ctx
         ctx.epoch = epoch
         start = min(max(0, ctx.start_step - epoch * self.steps_per_epoch), self.steps_per_epoch)
-        for inputs, targets in self.shard.epoch(epoch, start):
-            ctx.samples += len(targets)
-            yield inputs, targets
+        for batch in self.shard.epoch(epoch, start):
+            ctx.samples += len(batch[1])
+            yield batch
 
     def in_order(
         self, batch_size: int | None = None, samples: int | None = None
@@ -61,7 +63,8 @@ class WorkerData:
         """This worker's rows as they are stored (a Spark task's: its partition's order), in
         batches of `batch_size` (the run's by default), the last one partial: `samples` rows
         in all, the shard's start again once it runs out (so that every rank takes as many
-        steps, as TorchDistributor's partition loader does), else the shard once."""
+        steps, as TorchDistributor's partition loader does), else the shard once; the rows'
+        weights third where the run has a weight column."""
         if self.x is None or self.y is None:
             raise EmberError("ctx.data.in_order reads rows held in memory; these are streamed")
         size = batch_size or self.batch_size
@@ -69,22 +72,27 @@ class WorkerData:
         for start in range(0, len(rows), size):
             chosen = rows[start : start + size]
             self._ctx.samples += len(chosen)
-            yield torch.from_numpy(self.x[chosen]), torch.from_numpy(self.y[chosen])
+            x, y = torch.from_numpy(self.x[chosen]), torch.from_numpy(self.y[chosen])
+            yield (x, y) if self.w is None else (x, y, torch.from_numpy(self.w[chosen]))
 
 
-def shard_rows(spec: WorkerSpec, dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
-    """This worker's training rows, at least one batch of them: its own rows in place (a
-    mapped shard stays mapped, never copied), else its slice of the whole set."""
-    x, y = dataset.x_train, dataset.y_train
+def shard_rows(
+    spec: WorkerSpec, dataset: Dataset
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """This worker's training rows and their weights (None: the run has none), at least one
+    batch of them: its own rows in place (a mapped shard stays mapped, never copied), else
+    its slice of the whole set."""
+    x, y, w = dataset.x_train, dataset.y_train, dataset.w_train
     if not spec.own_rows:
         rows = shard_indices(len(x), spec.rank, spec.world)
         x, y = x[rows[0] : rows[-1] + 1], y[rows[0] : rows[-1] + 1]
+        w = w[rows[0] : rows[-1] + 1] if w is not None else None
     batch_size = spec.parts.training.batch_size
     if len(y) < batch_size:
         raise ValueError(
             f"worker {spec.rank}: shard of {len(y)} rows is smaller than one batch of {batch_size}"
         )
-    return x, y
+    return x, y, w
 
 
 def shard_batches(spec: WorkerSpec, dataset: Dataset) -> ShardBatches:
@@ -94,11 +102,13 @@ def shard_batches(spec: WorkerSpec, dataset: Dataset) -> ShardBatches:
     return _in_memory(spec, *shard_rows(spec, dataset))
 
 
-def _in_memory(spec: WorkerSpec, x: np.ndarray, y: np.ndarray) -> ShardBatches:
+def _in_memory(
+    spec: WorkerSpec, x: np.ndarray, y: np.ndarray, w: np.ndarray | None
+) -> ShardBatches:
     """Rows held in memory as batches, with the counters a stream keeps."""
     parts = spec.parts
     batch_size, seed = parts.training.batch_size, parts.data.seed
-    return counted(MemoryBatches(x, y, batch_size, seed, spec.rank))
+    return counted(MemoryBatches(x, y, batch_size, seed, spec.rank, w))
 
 
 def _streamed(spec: WorkerSpec) -> tuple[DataPart, int]:

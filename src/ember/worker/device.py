@@ -79,8 +79,8 @@ def on_device(batches: Iterator[Batch], device: torch.device) -> Iterator[Batch]
     """`batches` on a GPU: each copied from pinned host memory without blocking, one step
     ahead, so the copy of the next batch overlaps this step's compute."""
     ahead: Batch | None = None
-    for inputs, targets in batches:
-        moved = (_moved(inputs, device), _moved(targets, device))
+    for inputs, *tensors in batches:  # targets, and weights where the run has them
+        moved: Batch = (_moved(inputs, device), *(_moved(t, device) for t in tensors))
         if ahead is not None:
             yield ahead
         ahead = moved

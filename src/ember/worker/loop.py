@@ -159,14 +159,17 @@ class BuiltinLoop:
         batches = self.ctx.data.batches(epoch)
         return batches if self.device.type == "cpu" else on_device(batches, self.device)
 
-    def step(self, inputs: Inputs, targets: torch.Tensor) -> None:
-        """One training step on a batch: the hot path."""
+    def step(
+        self, inputs: Inputs, targets: torch.Tensor, weights: torch.Tensor | None = None
+    ) -> None:
+        """One training step on a batch (its rows' `weights` where the run has a weight
+        column): the hot path."""
         optimizer = self.optimizer
         optimizer.zero_grad()
         with self.autocast:  # the loss itself in float32, as autocast leaves it
             # called here, not through losses.forward: one frame less under a model that raises
             outputs = self.model(**inputs) if isinstance(inputs, dict) else self.model(inputs)
-        loss = self.loss(outputs.float(), targets)
+        loss = self.loss(outputs.float(), targets, weights)
         if self.scaler is None:
             loss.backward()
         else:  # 16-mixed: backward on the scaled loss, the gradients scaled back

@@ -121,7 +121,7 @@ def train_dataframe(run: ParsedRun) -> RunResult:
         progress.phase("reading the DataFrame")
         targets = targets_of(config.loss)  # the labels' kind: classes, or values
         frame, facts, data = dataframe_dataset(
-            df, features_col, label_col, given.test_df, config.seed, targets
+            df, features_col, label_col, given.test_df, config.seed, targets, given.weight_col
         )
         with Run(_prepare(run, data), progress) as lifecycle:
             if lifecycle.servers is not None:
