@@ -10,6 +10,7 @@ Map:
 - endpoint_is_local -> hosts.py: whether an address stays on this host (loopback, ipc)
 - new_socket        -> sockets.py: socket options and the largest frame a socket accepts
 - seal / unseal     -> frames.py: HMAC-SHA256 + msgpack header frames
+- BulkSealer / BulkOpener -> bulk_cipher.py: AEAD bulk frames, keys from the session key
 - tensors_from_frames / gather -> frames.py: validated zero-copy tensor chunk views
 - shared            -> shared.py: same-host payloads through a shared-memory region
 - SendTicket        -> ticket.py: when a zero-copy reply no longer reads its buffers
