@@ -285,11 +285,13 @@ def _join(args: argparse.Namespace) -> int:
 
     def report(record: Record) -> None:
         if isinstance(record, WorkerStart):
-            print(f"joined as worker {record.rank}", file=sys.stderr, flush=True)
+            where = f"step {record.schedule_step} of the run's schedule"
+            print(f"joined as worker {record.rank} at {where}", file=sys.stderr, flush=True)
         elif isinstance(record, WorkerProgress):
             print(
                 f"worker {record.rank}: epoch {record.epoch}, step {record.step},"
-                f" loss {record.loss:.4f}, {record.samples_per_second:,.0f} samples/s",
+                f" loss {record.loss:.4f}, lr {record.lr or 0:.6g},"
+                f" {record.samples_per_second:,.0f} samples/s",
                 file=sys.stderr,
                 flush=True,
             )

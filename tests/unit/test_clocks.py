@@ -237,3 +237,15 @@ def test_min_clock_and_readiness_match_a_table_that_forgets_nothing(ops, stalene
                     )
         assert len(table.entries) <= 6
         assert all(w in table.entries for w, (_, alive) in model.items() if alive or w < 2)
+
+
+def test_the_runs_step_is_its_own_workers_furthest_and_no_joiners() -> None:
+    table = ClockTable(2, None, timeout=30.0, startup_grace=120.0)
+    assert table.run_step() == 0  # nobody has registered
+    for worker in (0, 1, 7):
+        table.register(worker, 0, server_step=0)
+    table.entries[0].step, table.entries[1].step = 40, 55
+    table.entries[7].step = 900  # a joiner's steps count its own rows, not the run's
+    assert table.run_step() == 55
+    table.entries[1].live = False  # dropped: where it got to still counts
+    assert table.run_step() == 55

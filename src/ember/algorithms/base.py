@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from dataclasses import InitVar, dataclass, field
 from typing import Any, Protocol
@@ -167,6 +168,16 @@ class ScheduledOptimizer:
         self.schedule, self.clip, self.scheduler = schedule, clip_grad_norm, scheduler
         self.rates = [group["lr"] for group in optimizer.param_groups]
         self.steps = 0
+
+    def resume_at(self, steps: int) -> None:
+        """Go on from `steps` of the schedule: a resumed worker's own, or a joiner's run's. A
+        schedule object handed to the run is stepped there too, as it would have been."""
+        self.steps = steps
+        if self.scheduler is not None:
+            with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()"
+                warnings.simplefilter("ignore", UserWarning)
+                for _ in range(steps):
+                    self.scheduler.step()
 
     def step(self) -> None:
         if self.clip is not None:

@@ -71,6 +71,7 @@ class DiLoCo:
         flat.scatter_buffers()
         self.start_params = flat.params_np.copy()
         self.delta = np.empty_like(self.start_params)
+        self.run_step = resumed["run_step"]  # where a joiner's schedule starts
         return resumed["step"]
 
     def after_backward(self, step: int) -> None:

@@ -69,6 +69,7 @@ class SyncEASGD(_EASGDBase):
         self.client.pull(flat.params_np)  # x_i starts at the center
         flat.from_host()
         flat.scatter_buffers()
+        self.run_step = resumed["run_step"]  # where a joiner's schedule starts
         return resumed["step"]
 
     def after_backward(self, step: int) -> None:
@@ -130,6 +131,7 @@ class AsyncEASGD(_EASGDBase):
         self._raise_if_failed()
         flat.from_host()  # the exchanger pulled the center into the flat vector
         flat.scatter_buffers()
+        self.run_step = self._resumed["run_step"]  # where a joiner's schedule starts
         return self._resumed["step"]
 
     def _exchange_loop(self) -> None:

@@ -70,6 +70,7 @@ class ServerSGD:
         self.buffers = BufferChanges(flat) if flat.buffer_size else None
         if ctx.strategy.n_push > 1:
             self.accumulated = torch.zeros_like(flat.grads)
+        self.run_step = resumed["run_step"]  # where a joiner's schedule starts
         return resumed["step"]
 
     def after_backward(self, step: int) -> None:

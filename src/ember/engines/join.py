@@ -3,7 +3,9 @@
 A local run of an asynchronous strategy writes `join.json` into its run directory (readable by
 its owner only, removed when the run ends): the servers' addresses, the run's secret and its
 configuration. `ember join RUN_DIR` reads it and trains one more worker against those servers
-under a random worker id of its own, over the whole training set in its own order. It leaves by
+under a random worker id of its own, over the whole training set in its own order, starting
+from the servers' parameters and, as hivemind's load_state_from_peers, at the run's place in
+its learning-rate schedule (the furthest step the run's own workers have pushed). It leaves by
 telling the servers it is done (after its epochs, or on Ctrl-C or SIGTERM), so nobody waits
 for it.
 """
@@ -17,6 +19,7 @@ import secrets
 import signal
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from ember.config import RunConfig, Strategy
@@ -42,9 +45,10 @@ def write_join_file(run_dir: Path, config: RunConfig, servers: list[str], secret
     return path
 
 
-def read_join_file(path: Path, epochs: int) -> tuple[RunConfig, list[str], bytes]:
-    """The run's configuration (with `epochs`), servers and secret from its join file; a file
-    that is missing, damaged, of the wrong kind or too large is one ConfigError naming it."""
+def read_join_file(path: Path, epochs: int | None) -> tuple[RunConfig, list[str], bytes]:
+    """The run's configuration (with `epochs`; None: the run's own), servers and secret from
+    its join file; a file that is missing, damaged, of the wrong kind or too large is one
+    ConfigError naming it."""
     if not path.exists() and not path.is_symlink():
         raise ConfigError(
             f"{path} does not exist: the run is not running, or its strategy is not one of"
@@ -74,7 +78,8 @@ def read_join_file(path: Path, epochs: int) -> tuple[RunConfig, list[str], bytes
     if not isinstance(fields, dict):
         raise ConfigError(f"{damaged}: 'config' must be an object, got {fields!r:.200}")
     try:
-        config = RunConfig(**{**fields, "epochs": epochs}).validate()
+        given = {"epochs": epochs} if epochs is not None else {}
+        config = RunConfig(**{**fields, **given}).validate()
     except (TypeError, ConfigError) as exc:  # a field RunConfig lacks, or a bad value
         raise ConfigError(f"{damaged}: {exc}") from None
     if not config.mode.joinable:
@@ -92,7 +97,8 @@ def _is_address(value: object) -> bool:
 def join_run(run_dir: Path, epochs: int, report: Report = print) -> WorkerDone:
     """Train one more worker in the run at `run_dir` for `epochs` passes; return its totals."""
     path = run_dir / JOIN_FILE
-    config, servers, secret = read_join_file(path, epochs)
+    config, servers, secret = read_join_file(path, None)
+    run_epochs, config = config.epochs, replace(config, epochs=epochs)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
@@ -107,6 +113,7 @@ def join_run(run_dir: Path, epochs: int, report: Report = print) -> WorkerDone:
         secret,
         run_dir=str(run_dir),
         own_rows=True,  # the whole training set, shuffled by its own id
+        schedule_epochs=run_epochs,  # the run's learning rate, from where the run stands
     )
     from ember.worker.loop import run_worker  # torch: not for the launcher that writes join files
 

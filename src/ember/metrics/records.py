@@ -104,6 +104,8 @@ class WorkerStart(Record):
     incarnation: int  # how many times this rank was restarted before
     first_step: int  # the step it resumes from
     total_steps: int  # the step it trains up to
+    # a joiner's: the run's step its learning-rate schedule starts at (the run's own workers')
+    schedule_step: int | None = _omitted()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -78,6 +78,7 @@ class PSClient:
         self.seq = 0
         self.clock = 0
         self.step = 0  # the caller's local step, sent along as the resume point
+        self.run_step = 0  # where the run's schedule stood at the last registration
         self.tau: int | None = None  # a period to name with every push (diloco's rank 0, auto)
         self.ranges: list[tuple[int, int]] = []
 
@@ -92,7 +93,8 @@ class PSClient:
             self._share_memory(index)
         self.clock = min(j.clock for j in joined)
         self.step = min(j.step for j in joined)
-        return {"clock": self.clock, "step": self.step}
+        self.run_step = max(j.run_step for j in joined)  # shards answer at moments apart
+        return {"clock": self.clock, "step": self.step, "run_step": self.run_step}
 
     @property
     def size(self) -> int:

@@ -106,6 +106,13 @@ class ClockTable:
         live = [e.clock for e in self.entries.values() if e.live]
         return min(live) if live else NO_LIVE_WORKER
 
+    def run_step(self) -> int:
+        """Where the run's schedule stands: the furthest step the run's own workers (not the
+        joiners, whose steps count their own rows) have pushed; a joiner's schedule starts
+        there, as hivemind's load_state_from_peers gives a newcomer its peers' epoch."""
+        own = [e.step for w, e in self.entries.items() if w < self.expected and e.incarnation >= 0]
+        return max(own, default=0)
+
     def register(self, worker: int, incarnation: int, server_step: int) -> WorkerEntry:
         if not (0 <= worker < MAX_ID and 0 <= incarnation < MAX_ID):
             raise ProtocolError(

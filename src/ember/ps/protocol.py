@@ -241,9 +241,11 @@ class Joined:
     clock: int
     step: int
     keys: tuple[int, int]
+    run_step: int = 0  # where the run's schedule stands (ClockTable.run_step)
 
     def header(self) -> dict[str, Any]:
-        return {"op": "ok", "clock": self.clock, "step": self.step, "keys": list(self.keys)}
+        numbers = {"clock": self.clock, "step": self.step, "run_step": self.run_step}
+        return {"op": "ok", **numbers, "keys": list(self.keys)}
 
     @classmethod
     def from_header(cls, header: dict[str, Any]) -> Joined:
@@ -254,6 +256,7 @@ class Joined:
             clock=header_int(header, "clock", 0),
             step=header_int(header, "step", 0),
             keys=(keys[0], keys[1]),
+            run_step=header_int(header, "run_step", 0),
         )
 
 

@@ -216,7 +216,9 @@ class ParameterServer:
         # The request a failover resends carries the register's number, so it still applies.
         entry.last_seq = max(entry.last_seq, seq - 1)
         keys = (self.spec.start, self.spec.stop)
-        self.endpoint.reply(request, Joined(clock=entry.clock, step=entry.step, keys=keys).header())
+        run_step = self.clocks.run_step()
+        joined = Joined(clock=entry.clock, step=entry.step, keys=keys, run_step=run_step)
+        self.endpoint.reply(request, joined.header())
         self.pushes.forget_dead_streams()
         self.pushes.forget_views()  # an older incarnation's
         self.pushes.drain()

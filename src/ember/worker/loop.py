@@ -143,7 +143,7 @@ class BuiltinLoop:
         self.shape = (tuple(dataset.input_shape), dataset.num_classes)  # saved with checkpoints
         local = None  # bsp, ssp and async: the servers run the optimizer
         if parts.strategy.mode.local_optimizer:
-            local = local_optimizer(self.model, training, ctx.total_steps, objects)
+            local = local_optimizer(self.model, training, ctx.schedule_steps, objects)
         self.optimizer = Optimizer(local, self.model)
         self.flat: FlatModel = self.optimizer.flat
         self.algorithm = self.optimizer.algorithm
@@ -214,8 +214,8 @@ class BuiltinLoop:
         if groups:
             return float(groups[0]["lr"])
         training = self.parts.training
-        schedule = Schedule(training.scheduler, self.ctx.total_steps, training.warmup_steps)
-        return training.lr * schedule.factor(step)
+        schedule = Schedule(training.scheduler, self.ctx.schedule_steps, training.warmup_steps)
+        return training.lr * schedule.factor(step + self.optimizer.schedule_offset)
 
     def report_divergence(self, done: int, losses: torch.Tensor) -> None:
         """The first step since `done` steps whose loss in `losses` was not finite, once."""

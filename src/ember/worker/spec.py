@@ -33,6 +33,9 @@ class WorkerSpec:
     initial_file: str | None = None  # or a safetensors file holding them as "params"
     initial_step: int = 0  # and the step they were saved at
     own_rows: bool = False  # the dataset's training rows are this worker's alone (a partition)
+    # a joiner's: the run's epochs, whose learning-rate schedule it follows from where the
+    # run stands (None: the worker's own epochs, from its own first step)
+    schedule_epochs: int | None = None
     store: Any = None  # allreduce: a torch.distributed Store the engine opened, else rendezvous
     # what the run was handed as objects (config.model and the rest their labels): they
     # travel as the engine ships code to its own processes, never over ember's wire

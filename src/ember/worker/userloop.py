@@ -106,6 +106,9 @@ class LoopContext:
         self.device = take(self.placement)  # where the function's model and batches belong
         self.data = WorkerData(spec, dataset, self)
         self.total_steps = self.epochs * self.data.steps_per_epoch
+        self.joiner = spec.schedule_epochs is not None  # it follows the run's schedule, then
+        member_steps = max(1, self.data.shard.rows // spec.world // self.data.batch_size)
+        self.schedule_steps = (spec.schedule_epochs or 0) * member_steps or self.total_steps
         self._send = report
         self.started_at = time.perf_counter()  # when training began: the Optimizer's start
         self._last = (self.started_at, 0)  # time and samples of the previous report
@@ -184,6 +187,7 @@ class LoopContext:
                 incarnation=self.incarnation,
                 first_step=self.start_step,
                 total_steps=self.total_steps,
+                schedule_step=optimizer.schedule_offset + optimizer.steps if self.joiner else None,
             )
         )
 
@@ -273,8 +277,12 @@ class Optimizer:
         self.algorithm: Algorithm = make_algorithm(where_now)
         local = optimizer if strategy.mode.local_optimizer else None
         self.steps = max(self.algorithm.start(flat, local), spec.initial_step)
-        if isinstance(optimizer, ScheduledOptimizer):  # a resumed worker's schedule goes on
-            optimizer.steps = self.steps
+        # A resumed worker's schedule goes on from its step; a joiner's from the run's
+        # (the servers say where the run's own workers stand).
+        # the schedule's step at this worker's step 0: a joiner's is where the run stands
+        self.schedule_offset = getattr(self.algorithm, "run_step", 0) if ctx.joiner else 0
+        if isinstance(optimizer, ScheduledOptimizer):
+            optimizer.resume_at(self.steps + self.schedule_offset)
         # easgd's and diloco's exchange period (the others have none); one that adapts is fed
         # each step's compute seconds, and its loss if it asks
         self.period: Period | None = getattr(self.algorithm, "period", None)
