@@ -124,6 +124,25 @@ def test_params_are_set_or_defaults_as_sparks_are(kind, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_every_param_has_a_chaining_setter_and_a_getter(kind, tmp_path, fitted) -> None:
+    made = estimator(kind, tmp_path)
+    for stage in (made, fitted[kind][1]):  # the estimator, and a model (some params)
+        for param in stage.params:
+            title = param.name[0].upper() + param.name[1:]
+            getter = getattr(stage, f"get{title}", None)
+            if getter is not None and stage.isDefined(param):
+                assert getter() == stage.getOrDefault(param), param.name
+    shared = {"featuresCol": "x", "labelCol": "y", "weightCol": "w", "predictionCol": "p"}
+    for name, value in shared.items():
+        title = name[0].upper() + name[1:]
+        assert getattr(made, f"set{title}")(value) is made  # the setters chain
+        assert getattr(made, f"get{title}")() == value
+    if kind == "EmberEstimator":
+        made.setEpochs(3).setLr(0.5).setStrategy("async")
+        assert (made.getEpochs(), made.getLr(), made.getStrategy()) == (3, 0.5, "async")
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_explain_params_has_one_line_per_param_in_sparks_form(kind, tmp_path) -> None:
     made = estimator(kind, tmp_path)
     lines = made.explainParams().splitlines()

@@ -149,3 +149,32 @@ class EmberParams(
         own = {field: self.getOrDefault(name) for name, field in OWN_FIELDS.items()}
         fields: dict[str, Any] = self.getOrDefault("runFields")
         return {**fields, **own}
+
+
+def _add_accessors(cls: type) -> None:
+    """`setX(value)` for every Param X and `getX()` for each that lacks one, as Spark's own
+    estimators and models have them (LogisticRegression().setLabelCol("y").setMaxIter(5));
+    each setter returns the stage, so they chain."""
+
+    def setter(name: str) -> Any:
+        def set_param(self: Params, value: Any) -> Any:
+            return self._set(**{name: value})
+
+        set_param.__doc__ = f"Sets the value of :py:attr:`{name}`."
+        return set_param
+
+    def getter(name: str) -> Any:
+        def get_param(self: Params) -> Any:
+            return self.getOrDefault(name)
+
+        get_param.__doc__ = f"Gets the value of {name} or its default value."
+        return get_param
+
+    for name in sorted(n for n in dir(cls) if isinstance(getattr(cls, n, None), Param)):
+        title = name[0].upper() + name[1:]
+        for prefix, make in (("set", setter), ("get", getter)):
+            if not hasattr(cls, prefix + title):
+                setattr(cls, prefix + title, make(name))
+
+
+_add_accessors(EmberParams)
