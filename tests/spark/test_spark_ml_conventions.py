@@ -174,6 +174,10 @@ def test_estimator_model_and_pipelines_save_and_load_as_they_were(
     model.save(str(tmp_path / "model"))
     loaded = type(model).load(str(tmp_path / "model"))
     assert_same_params(model, loaded)
+    # the model's shape, and a summary after the fit but not after a load, as Spark's
+    assert (model.numClasses, model.numFeatures) == (loaded.numClasses, loaded.numFeatures)
+    assert (model.numClasses, model.numFeatures) == (2, 4)
+    assert model.hasSummary and not loaded.hasSummary
     columns = ["rawPrediction", "probability", "prediction"]
     expected = model.transform(binary_rows).select(*columns).collect()
     assert loaded.transform(binary_rows).select(*columns).collect() == expected

@@ -4,6 +4,7 @@ its ML persistence (Spark's params metadata beside the run's model.json and mode
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,9 @@ class EmberModel(Model, EmberParams, MLReadable["EmberModel"], MLWritable):
     output as `predictionCol` alone (a double for a one-wide output, else an array), scored
     on the executors a whole Arrow batch at a time; rows never reach the driver.
 
-    `summary` and `run_dir` are the run's (None for a loaded model); `torch_model()` gives
-    the nn.Module."""
+    `summary` and `run_dir` are the run's (None for a loaded model: `hasSummary` says which);
+    `numClasses` and `numFeatures` are the model's, as Spark's; `torch_model()` gives the
+    nn.Module."""
 
     def __init__(
         self,
@@ -70,6 +72,23 @@ class EmberModel(Model, EmberParams, MLReadable["EmberModel"], MLWritable):
         """The trained nn.Module, parameters and buffers, in eval mode."""
         self._require_weights()
         return load_bytes(self._described, self._weights, self.model_source(), MODEL_DIR)[0]
+
+    @property
+    def numClasses(self) -> int:
+        """The model's outputs: its classes (values per row for a regression's)."""
+        self._require_weights()
+        return int(json.loads(self._described)["num_classes"])
+
+    @property
+    def numFeatures(self) -> int:
+        """The values of one row's features, as featuresCol holds them."""
+        self._require_weights()
+        return math.prod(json.loads(self._described)["input_shape"])
+
+    @property
+    def hasSummary(self) -> bool:
+        """Whether the run's summary is here: after a fit, not after a load."""
+        return self.summary is not None
 
     def _require_weights(self) -> None:
         if not self._weights:
