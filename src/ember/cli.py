@@ -58,7 +58,7 @@ def _add_run_flags(parser: argparse.ArgumentParser) -> None:
         if "bool" in str(types[name]):
             parser.add_argument(flag, action="store_true", default=None, help=text)
             continue
-        kind = _tau if name == "tau" else _parse_type(str(types[name]))
+        kind = {"tau": _tau, "workers": _workers}.get(name) or _parse_type(str(types[name]))
         parser.add_argument(
             flag,
             type=kind,
@@ -92,6 +92,11 @@ def _tau(text: str) -> int | str:
         return int(text)
     except ValueError:
         return text
+
+
+def _workers(text: str) -> int | str:
+    """--workers N, or MIN:MAX (a range, which the configuration reads)."""
+    return text if ":" in text else int(text)
 
 
 def _parse_type(annotation: str) -> Any:

@@ -249,3 +249,22 @@ def test_the_runs_step_is_its_own_workers_furthest_and_no_joiners() -> None:
     assert table.run_step() == 55
     table.entries[1].live = False  # dropped: where it got to still counts
     assert table.run_step() == 55
+
+
+def test_a_worker_range_admits_joiners_up_to_its_max_and_counts_who_came_and_went() -> None:
+    table = ClockTable(2, None, timeout=30.0, startup_grace=120.0, members_max=3)
+    for worker in (0, 1, 10):
+        table.register(worker, 0, server_step=0)
+    with pytest.raises(ProtocolError, match="worker range is full, 3 of its at most 3"):
+        table.register(11, 0, server_step=0)
+    table.finish(10)  # the joiner leaves: room for another
+    table.register(11, 0, server_step=0)
+    assert (table.joins, table.leaves) == (2, 1)
+    table.entries[11].last_seen -= 60  # silent past the timeout: dropped, a leave
+    assert table.drop_silent(set()) == [11]
+    assert table.summary()["joins"] == 2 and table.summary()["leaves"] == 2
+    # a fixed run's table takes joiners without a ceiling of members, and counts them too
+    fixed = ClockTable(1, None, timeout=30.0, startup_grace=120.0)
+    for worker in range(1, 6):
+        fixed.register(worker, 0, server_step=0)
+    assert fixed.joins == 5

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ember.config import RunConfig
-from ember.engines.join import JOIN_FILE, join_run, write_join_file
+from ember.engines.join import JOIN_FILE, join_run, read_join_file, write_join_file
 from ember.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(30)
@@ -83,5 +83,14 @@ def test_a_join_file_claiming_a_strategy_that_takes_no_joiner_is_refused(tmp_pat
         join_run(tmp_path, epochs=1)
     assert str(info.value) == (
         f"{tmp_path / JOIN_FILE} claims strategy bsp, which cannot take a joiner;"
-        " a worker joins only a run of async, easgd-async, ssp"
+        " a worker joins only a run of async, easgd-async, ssp, or a worker range's run"
+        " (--workers MIN:MAX) of a strategy with servers"
     )
+
+
+def test_a_worker_range_run_of_a_synchronous_strategy_takes_a_joiner(tmp_path: Path) -> None:
+    ranged = RunConfig(strategy="bsp", workers="2:4").validate()
+    write_join_file(tmp_path, ranged, SERVERS, SECRET)
+    config, servers, secret = read_join_file(tmp_path / JOIN_FILE, None)
+    assert (config.workers, config.workers_max, config.joinable) == (2, 4, True)
+    assert (servers, secret) == (SERVERS, SECRET)

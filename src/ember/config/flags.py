@@ -11,7 +11,9 @@ HELP = {
     "model": "mlp | logreg | lenet | cnn_bn | package.module:factory, a function returning a"
     " torch.nn.Module, imported from the working directory, then PYTHONPATH and site-packages",
     "strategy": "single | bsp | ssp | async | easgd | easgd-async | allreduce | diloco",
-    "workers": "data-parallel worker processes (Spark: barrier tasks), each on its own shard",
+    "workers": "data-parallel worker processes (Spark: barrier tasks), each on its own shard;"
+    " MIN:MAX, a range whose members join and leave while the run goes on",
+    "workers_max": "a worker range's MAX (--workers MIN:MAX says both)",
     "servers": "parameter-server processes; the flat parameter vector is split into this many"
     " key ranges",
     "epochs": "passes over the training set; each worker passes over its 1/workers shard",

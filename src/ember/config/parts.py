@@ -64,6 +64,7 @@ class StrategyPart(Part, StrategyNamed):
 
     strategy: Strategy
     workers: int
+    workers_max: int | None  # a worker range's MAX; None: a fixed run
     tau: int
     tau_policy: str
     alpha: float | None
@@ -185,6 +186,7 @@ class ServerSettings(StrategyNamed):
 
     strategy: Strategy  # a name in to_dict's values, a Strategy again in from_dict's
     workers: int
+    workers_max: int | None  # a worker range's MAX: live members at most
     staleness: int
     optimizer: str
     lr: float

@@ -12,6 +12,7 @@ from typing import Any
 
 from ember.config.choices import one_of
 from ember.config.devices import check_available, check_device, cuda_count
+from ember.config.membership import check_worker_range, worker_range
 from ember.config.network import check_host, port_range
 from ember.config.objective import check_objective
 from ember.config.strategies import STRATEGIES, AlgorithmKind, ConsistencyKind, Strategy
@@ -72,7 +73,9 @@ class RunConfig(StrategyNamed):
     data: str = "mnist"  # mnist | digits | synthetic-lr | path to .npz, .parquet or an IDX folder
     model: str = "mlp"  # mlp | logreg | lenet | package.module:factory
     strategy: str = "easgd-async"  # one of STRATEGIES (a Strategy member is taken as its name)
-    workers: int = 2  # data-parallel worker processes
+    workers: int = 2  # data-parallel worker processes (a range's MIN: --workers MIN:MAX)
+    # a worker range's MAX: members join and leave between workers and this (None: fixed)
+    workers_max: int | None = None
     servers: int = 1  # parameter-server processes (key-range shards)
     epochs: int = 5  # passes over the training set (each worker over its shard)
     batch_size: int = 64  # per-worker minibatch
@@ -137,11 +140,18 @@ class RunConfig(StrategyNamed):
     extra: dict[str, Any] = field(default_factory=dict)  # reserved for engine-specific settings
 
     @property
+    def joinable(self) -> bool:
+        """Whether a worker may join while the run goes on: an asynchronous strategy's run,
+        or any run of a worker range whose strategy has servers."""
+        return self.mode.joinable or (self.workers_max is not None and self.uses_server)
+
+    @property
     def effective_alpha(self) -> float:
         return moving_rate(self.alpha, self.workers)
 
     def validate(self) -> RunConfig:
         """Raise ConfigError naming the first invalid field; return self when all are valid."""
+        self.workers, self.workers_max = worker_range(self.workers, self.workers_max)
         self._check_types()
         _one_of("strategy", self.strategy, STRATEGIES)
         self.strategy = self.mode.value  # the plain name, which YAML can write and repr quotes
@@ -231,6 +241,7 @@ class RunConfig(StrategyNamed):
             )
         if self.mode is Strategy.SINGLE and self.workers != 1:
             raise ConfigError(f"workers must be 1 for strategy 'single', got {self.workers}")
+        check_worker_range(self)
         check_host("bind_address", self.bind_address)
         check_host("advertise_address", self.advertise_address)
         if self.ports is not None:  # each server slot listens, and on Spark the record collector

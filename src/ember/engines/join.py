@@ -82,10 +82,11 @@ def read_join_file(path: Path, epochs: int | None) -> tuple[RunConfig, list[str]
         config = RunConfig(**{**fields, **given}).validate()
     except (TypeError, ConfigError) as exc:  # a field RunConfig lacks, or a bad value
         raise ConfigError(f"{damaged}: {exc}") from None
-    if not config.mode.joinable:
+    if not config.joinable:
         raise ConfigError(
             f"{path} claims strategy {config.strategy}, which cannot take a joiner;"
-            f" a worker joins only a run of {', '.join(JOINABLE)}"
+            f" a worker joins only a run of {', '.join(JOINABLE)}, or a worker range's run"
+            " (--workers MIN:MAX) of a strategy with servers"
         )
     return config, list(servers), bytes.fromhex(secret)
 

@@ -88,7 +88,7 @@ def _train(
         try:
             rows = files.train_rows // config.workers
             addresses = run.start_servers(rows_per_worker=rows)
-            if config.mode.joinable:
+            if config.joinable:
                 write_join_file(setup.run_dir, config, addresses, setup.secret)
             started = time.perf_counter()
             initial_file = None

@@ -233,6 +233,7 @@ class Run:
             final = self.servers.stop()
             extra["server"] = _merge_server_stats(final)
             extra["server"]["failovers_and_restarts"] = self.servers.events
+            extra.update(_membership(final))
         extra["wire"] = _wire_stats(final, self.parts.servers.encrypt and self.servers is not None)
         workers = [self.done[rank].flat() for rank in sorted(self.done)]
         extra.update(_divergence(self.divergences))
@@ -327,6 +328,15 @@ def _wire_stats(stats: list[dict[str, Any]], encrypt: bool) -> dict[str, Any]:
         "shared_memory_payloads": sum(
             int(m.get("payloads", 0)) + int(m.get("replies", 0)) for m in shared
         ),
+    }
+
+
+def _membership(stats: list[dict[str, Any]]) -> dict[str, int]:
+    """Joins and leaves over the run: every shard sees every member, so the largest count
+    (a shard restarted from a checkpoint counts from there)."""
+    counts = [s.get("workers", {}) for s in stats]
+    return {
+        key: max((int(c.get(key, 0)) for c in counts), default=0) for key in ("joins", "leaves")
     }
 
 

@@ -217,6 +217,10 @@ def run_facts(config: RunConfig) -> dict[str, Any]:
         "strategy": config.strategy,
         "engine": config.engine,
         "workers": config.workers,
+        # the worker range (MIN = MAX for a fixed run), and joins and leaves as the servers
+        # counted them (_merge_server_stats)
+        "workers_min": config.workers,
+        "workers_max": config.workers_max or config.workers,
         "servers": config.servers if config.uses_server else 0,
         "epochs": config.epochs,
         "precision": config.precision,

@@ -76,6 +76,7 @@ def serve(message: dict[str, Any], tell: Callable[[str], None]) -> None:
             step=message["step"],
             worker_timeout=config.worker_timeout,
             max_workers=config.max_workers,
+            members_max=config.workers_max,
             role=role,
             backup=message["backup"],
             replica_seconds=config.replica_seconds,

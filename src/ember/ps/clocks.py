@@ -71,8 +71,11 @@ class ClockTable:
         timeout: float,
         startup_grace: float,
         max_workers: int | None = None,
+        members_max: int | None = None,
     ) -> None:
         self.expected, self.timeout, self.startup_grace = expected, timeout, startup_grace
+        self.members_max = members_max  # a worker range's MAX: live members at most
+        self.joins = self.leaves = 0  # joiners registered; members that left or fell silent
         self.max_workers = default_max_workers(expected) if max_workers is None else max_workers
         if not expected <= self.max_workers <= MAX_TABLE_ROWS:
             raise ConfigError(
@@ -127,7 +130,9 @@ class ClockTable:
                 f"worker {worker} incarnation {incarnation} is not newer than {old.incarnation}"
             )
         if old is None:
+            self._admit(worker)
             self._make_room(worker)
+            self.joins += worker >= self.expected
         others = [e.clock for w, e in self.entries.items() if e.live and w != worker]
         if old is None:  # a newcomer starts level with the slowest live worker
             clock, step = (min(others) if others else 0), 0
@@ -149,6 +154,15 @@ class ClockTable:
             }
         )
         return entry
+
+    def _admit(self, worker: int) -> None:
+        """Refuse a newcomer while a worker range's MAX members are live."""
+        live = sum(e.live for e in self.entries.values())
+        if self.members_max is not None and worker >= self.expected and live >= self.members_max:
+            raise ProtocolError(
+                f"worker {worker}: the run's worker range is full, {live} of its at most"
+                f" {self.members_max} members are in; join when one has left"
+            )
 
     def _make_room(self, worker: int) -> None:
         """Before a new id enters a full table, forget the joiner silent the longest; with
@@ -193,6 +207,7 @@ class ClockTable:
         entry.live, entry.finished = False, True  # requests of it still held are void
         if worker >= self.expected:
             del self.entries[worker]
+            self.leaves += 1
 
     def drop_silent(self, waiting: set[int]) -> list[int]:
         """Drop live workers silent for longer than the timeout (a worker whose request the
@@ -209,6 +224,7 @@ class ClockTable:
             if id(entry) not in waiting and silent > limit:
                 entry.live = False
                 dropped.append(worker)
+                self.leaves += entry.incarnation >= 0  # one that never came did not leave
                 self.events.append(
                     {"event": "drop", "worker": worker, "silent_seconds": round(silent, 1)}
                 )
@@ -232,6 +248,8 @@ class ClockTable:
             "live": sum(e.live for e in entries),
             "finished": sum(e.finished for e in entries),
             "dropped": sum(not (e.live or e.finished) for e in entries),
+            "joins": self.joins,
+            "leaves": self.leaves,
         }
 
     def live_sample(self, size: int = 32) -> list[int]:

@@ -59,11 +59,13 @@ class ParameterServer:
         backup: str | None = None,
         replica_seconds: float = 0.25,
         max_workers: int | None = None,
+        members_max: int | None = None,
     ) -> None:
         """A `backup` server only takes copies from its primary until it is promoted; a
         primary with a `backup` address ships it a copy of its state every replica_seconds.
         At most `max_workers` workers are registered at once (default: a few times the
-        expected ones, plus room for joiners)."""
+        expected ones, plus room for joiners); under a worker range, `members_max` at most are
+        live."""
         self.spec, self.rule, self.consistency = shard, rule, consistency
         # Slow process start-up (spawn, imports, data) must not count as silence.
         self.clocks = ClockTable(
@@ -72,6 +74,7 @@ class ParameterServer:
             worker_timeout,
             startup_grace=max(120.0, worker_timeout),
             max_workers=max_workers,
+            members_max=members_max,
         )
         self.shard = Shard(
             shard,
