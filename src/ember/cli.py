@@ -157,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     join.add_argument(
         "--epochs", type=positive_int, default=1, help="passes over the data (default 1)"
     )
+    leave = sub.add_parser(
+        "leave", help="ask a worker of a running worker range's run (--workers MIN:MAX) to leave"
+    )
+    leave.add_argument("run_dir", help="the --out directory of the running `ember train`")
+    leave.add_argument("--worker", type=int, required=True, help="the rank of the worker")
     _add_data_parser(sub)
     _add_lab_parsers(sub)
     return parser
@@ -217,6 +222,14 @@ def main(argv: list[str] | None = None) -> int:
             return int(handler(args))
         if args.command == "join":
             return _join(args)
+        if args.command == "leave":
+            from pathlib import Path
+
+            from ember.engines.leave import ask_to_leave
+
+            pid = ask_to_leave(Path(args.run_dir), args.worker)
+            print(f"asked worker {args.worker} (pid {pid}) to leave the run")
+            return 0
         if args.command == "data":
             from pathlib import Path
 

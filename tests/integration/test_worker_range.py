@@ -12,6 +12,7 @@ import pytest
 
 import ember
 from ember.errors import ConfigError
+from ember.metrics import read_metrics
 from tests.processes import has_worker_records, wait_for
 
 
@@ -19,15 +20,19 @@ def ember_cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "ember", *args]
 
 
-def test_a_bsp_range_run_takes_joiners_into_its_rounds_and_counts_them(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    flags = ["--data", "digits", "--strategy", "bsp", "--workers", "1:3", "--epochs", "30"]
-    run = subprocess.Popen(
-        ember_cli("train", *flags, "--log-every", "10", "--out", str(out)),
+def launch(out: Path, *flags: str) -> subprocess.Popen[str]:
+    """`ember train` on digits with `flags`, records every 10 steps, into `out`."""
+    return subprocess.Popen(
+        ember_cli("train", "--data", "digits", *flags, "--log-every", "10", "--out", str(out)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def test_a_bsp_range_run_takes_joiners_into_its_rounds_and_counts_them(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run = launch(out, "--strategy", "bsp", "--workers", "1:3", "--epochs", "30")
     joiners: list[subprocess.Popen[str]] = []
     try:
         assert wait_for(lambda: has_worker_records(out), 90), "no worker reported progress"
@@ -79,3 +84,50 @@ def test_a_strategy_whose_members_cannot_change_refuses_a_range_up_front(tmp_pat
     with pytest.raises(ConfigError, match="the strategies that take a range: async, bsp"):
         ember.fit(data="digits", strategy="allreduce", workers=(2, 4))
     assert not any(tmp_path.iterdir())  # refused before a run directory was made
+
+
+def test_a_member_asked_to_leave_goes_and_the_others_finish_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run = launch(out, "--strategy", "easgd-async", "--workers", "2:3", "--epochs", "40")
+    try:
+        assert wait_for(lambda: has_worker_records(out), 90), "no worker reported progress"
+        assert (out / "members.json").stat().st_mode & 0o777 == 0o600
+        left = subprocess.run(
+            ember_cli("leave", str(out), "--worker", "1"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert left.returncode == 0, left.stderr
+        assert "asked worker 1 (pid " in left.stdout
+        _, err = run.communicate(timeout=180)
+    finally:
+        run.kill()
+    assert run.returncode == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    records = read_metrics(out / "metrics.jsonl")
+    done = {r["rank"]: r for r in records if r.get("kind") == "done"}
+    assert done[1]["left"] is True and "left" not in done[0]  # 0 trained to the end
+    assert done[1]["steps"] < done[0]["steps"]
+    assert not any(r.get("kind") == "restart" for r in records)  # nobody was restarted
+    assert {r["incarnation"] for r in records if r.get("kind") == "start"} == {0}
+    assert (summary["joins"], summary["leaves"]) == (0, 1)
+    assert summary["test_accuracy"] > 0.9
+    assert not (out / "members.json").exists()  # a finished run has no members to ask
+
+
+def test_leaving_a_run_that_is_not_a_running_range_is_a_clear_error(tmp_path: Path) -> None:
+    done = subprocess.run(
+        ember_cli("leave", str(tmp_path), "--worker", "0"), capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert "the run is not running, or not of a worker range" in done.stderr
+    (tmp_path / "members.json").write_text('{"pids": {"0": 1}}')
+    done = subprocess.run(
+        ember_cli("leave", str(tmp_path), "--worker", "3"), capture_output=True, text=True
+    )
+    assert "has no worker 3 (its workers: 0)" in done.stderr
+    done = subprocess.run(
+        ember_cli("leave", str(tmp_path), "--worker", "0"), capture_output=True, text=True
+    )
+    assert "worker 0 of the run at" in done.stderr and "is not running (pid 1)" in done.stderr

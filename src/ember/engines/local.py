@@ -19,6 +19,7 @@ from ember.data.store import DataFiles
 from ember.data.streamhost import host_run_data
 from ember.engines.forking import FORKSERVER, start_forkserver, stop_forkserver
 from ember.engines.join import JOIN_FILE, write_join_file
+from ember.engines.leave import MEMBERS_FILE, leave_on_sigterm, write_members
 from ember.engines.modelwork import Forked
 from ember.engines.parsed import ParsedRun
 from ember.engines.phases import PeakMemory, Timeline, pids_of
@@ -120,6 +121,7 @@ def _train(
         finally:
             # the workers go before the run ends: the servers' state is final when saved
             (setup.run_dir / JOIN_FILE).unlink(missing_ok=True)  # no longer joinable
+            (setup.run_dir / MEMBERS_FILE).unlink(missing_ok=True)
             if workers is not None:
                 workers.stop()
             pipes.close_all()
@@ -140,6 +142,7 @@ class LocalWorkers:
     def start(self) -> None:
         for rank in range(self.base.world):
             self.processes.append(self._launch(dataclasses.replace(self.base, rank=rank)))
+        self._say_members()
 
     def running(self) -> bool:
         return len(self.finished) < len(self.processes)
@@ -159,6 +162,13 @@ class LocalWorkers:
         reap([self.processes[rank]])
         spec = dataclasses.replace(self.base, rank=rank, incarnation=incarnation)
         self.processes[rank] = self._launch(spec)
+        self._say_members()
+
+    def _say_members(self) -> None:
+        """A worker range's run names its workers' pids for `ember leave` (leave.py)."""
+        if self.base.config.workers_max is not None:
+            pids = dict(enumerate(pids_of(self.processes)))
+            write_members(Path(self.base.run_dir), pids)
 
     def failure(self, exit: Exit, why: str) -> tuple[Record, str]:
         log = Path(self.base.run_dir) / "logs" / f"worker-{exit.rank}.log"
@@ -226,7 +236,9 @@ def _work(spec: WorkerSpec, pipe: Connection, files: DataFiles) -> None:
 
     try:
         dataset = files.shard(spec.rank, spec.world)  # mapped: its rows only, read-only
-        records.send(run_worker(spec, report, dataset))
+        # a range's member leaves on SIGTERM (`ember leave`); a fixed run's dies of it
+        stop = leave_on_sigterm() if spec.config.workers_max is not None else None
+        records.send(run_worker(spec, report, dataset, stop))
     except BaseException as exc:
         text = traceback.format_exc()
         print(text, flush=True)

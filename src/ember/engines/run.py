@@ -234,6 +234,7 @@ class Run:
             extra["server"] = _merge_server_stats(final)
             extra["server"]["failovers_and_restarts"] = self.servers.events
             extra.update(_membership(final))
+            extra["leaves"] += sum(bool(d.left) for d in self.done.values())  # its own
         extra["wire"] = _wire_stats(final, self.parts.servers.encrypt and self.servers is not None)
         workers = [self.done[rank].flat() for rank in sorted(self.done)]
         extra.update(_divergence(self.divergences))

@@ -174,6 +174,7 @@ class WorkerDone(Record):
     data: Mapping[str, Any] = _merged()  # data_mode, rows_read, data_wait_seconds, ...
     device: str = "cpu"  # where it computed: cpu or cuda:N
     gpu: str | None = None  # the GPU address Spark assigned its task, used or not
+    left: bool | None = _omitted()  # it left a worker range's run before its steps were done
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -95,8 +95,7 @@ class LoopContext:
         self.spec, self.parts = spec, spec.parts  # the parts of the run's config it reads
         self.rank, self.world, self.incarnation = spec.rank, spec.world, spec.incarnation
         self.epochs = self.parts.training.epochs  # the run's epochs
-        self.epoch = 0  # of the batches served last, counted from 0
-        self.samples = 0  # rows served by data.batches
+        self.epoch, self.samples = 0, 0  # of the batches served last (from 0); rows served
         self.start_step = spec.initial_step  # where this incarnation began: the servers say
         self.optimizer: Optimizer | None = None
         self.stop: threading.Event | None = None  # set: the engine asks the loop to end
@@ -228,6 +227,7 @@ class LoopContext:
             data=stream_record(self.data.shard),
             device=self.placement.device,
             gpu=self.placement.gpu,
+            left=True if self.stopped and self.step < self.total_steps else None,
         )
 
     def _served(self) -> int:
