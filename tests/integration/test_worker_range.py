@@ -30,6 +30,15 @@ def launch(out: Path, *flags: str) -> subprocess.Popen[str]:
     )
 
 
+def members_told(out: Path) -> int | None:
+    """The members the launcher last told of (a `membership` record), None before any."""
+    if not (out / "metrics.jsonl").exists():
+        return None
+    whole = (out / "metrics.jsonl").read_text().split("\n")[:-1]  # not a line being written
+    told = [json.loads(line) for line in whole if '"event": "membership"' in line]
+    return told[-1]["members"] if told else None
+
+
 def test_a_bsp_range_run_takes_joiners_into_its_rounds_and_counts_them(tmp_path: Path) -> None:
     out = tmp_path / "run"
     run = launch(out, "--strategy", "bsp", "--workers", "1:3", "--epochs", "30")
@@ -57,6 +66,10 @@ def test_a_bsp_range_run_takes_joiners_into_its_rounds_and_counts_them(tmp_path:
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["workers_min"], summary["workers_max"]) == (1, 3)
     assert (summary["joins"], summary["leaves"]) == (2, 2)
+    # the launcher told of the changes as the servers saw them
+    told = [r for r in read_metrics(out / "metrics.jsonl") if r.get("event") == "membership"]
+    assert told and (told[-1]["joins"], told[-1]["leaves"]) == (2, 2)
+    assert "joined, " in err and " left so far)" in err
     registered = {e["worker"] for e in summary["server"]["events"] if e["event"] == "register"}
     assert len(registered) == 3 and 0 in registered
     assert summary["test_accuracy"] > 0.9
@@ -90,7 +103,7 @@ def test_a_member_asked_to_leave_goes_and_the_others_finish_the_run(tmp_path: Pa
     out = tmp_path / "run"
     run = launch(out, "--strategy", "easgd-async", "--workers", "2:3", "--epochs", "40")
     try:
-        assert wait_for(lambda: has_worker_records(out), 90), "no worker reported progress"
+        assert wait_for(lambda: members_told(out) == 2, 90), "the launcher never told of 2"
         assert (out / "members.json").stat().st_mode & 0o777 == 0o600
         left = subprocess.run(
             ember_cli("leave", str(out), "--worker", "1"),
@@ -112,6 +125,7 @@ def test_a_member_asked_to_leave_goes_and_the_others_finish_the_run(tmp_path: Pa
     assert not any(r.get("kind") == "restart" for r in records)  # nobody was restarted
     assert {r["incarnation"] for r in records if r.get("kind") == "start"} == {0}
     assert (summary["joins"], summary["leaves"]) == (0, 1)
+    assert members_told(out) == 1  # the launcher told of the leave as the servers saw it
     assert summary["test_accuracy"] > 0.9
     assert not (out / "members.json").exists()  # a finished run has no members to ask
 

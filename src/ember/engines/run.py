@@ -36,6 +36,7 @@ from ember.wire import warn_if_exposed
 from ember.worker.spec import checkpoint_meta
 
 POLL_SECONDS = 0.25  # the watch loop's poll: how soon a record, an exit or a tick is seen
+MEMBERS_SECONDS = 1.0  # how often a worker range's run asks the servers who is in
 
 
 def exit_how(exitcode: int | None) -> str:
@@ -66,6 +67,8 @@ class Run:
         self.done: dict[int, WorkerDone] = {}  # each rank's last totals
         self.total = 0  # samples all workers train on, once `watching` knows their rows
         self._reported = 0  # how many of the servers' events metrics.jsonl has
+        self._members: dict[str, int] = {}  # a range's membership as last told
+        self._members_at = 0.0  # perf_counter() of the last question
         self.divergences: list[Divergence] = []  # each worker's first non-finite loss
         self.evaluations: list[Evaluation] = []  # worker 0's, in order: a collapse shows there
         self.returned: Returned | None = None  # ember.run: rank 0's return value
@@ -218,6 +221,20 @@ class Run:
         for event in self.servers.events[self._reported :]:
             self._reported += 1
             self.note(ServerEvent(details=event), _describe(event))
+        if self.parts.strategy.workers_max is not None:
+            self._watch_members()
+
+    def _watch_members(self) -> None:
+        """A worker range's membership as it changes: a record and a line each time."""
+        if self.servers is None or time.perf_counter() - self._members_at < MEMBERS_SECONDS:
+            return
+        self._members_at = time.perf_counter()
+        now = self.servers.membership()
+        if now is None or now == self._members:
+            return
+        self._members = now
+        text = f"members: {now['members']} ({now['joins']} joined, {now['leaves']} left so far)"
+        self.note(RunEvent(event="membership", details=now), text)
 
     def finish(self, seconds: float, extra: dict[str, Any]) -> RunResult:
         """The last checkpoint (the servers' state, else worker 0's own), the servers stopped,

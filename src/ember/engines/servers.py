@@ -283,6 +283,15 @@ class ServerGroup:
         step = int(control(self.primaries[:1], self.secret, "stats")[0]["step"])
         return step - max(self._saved_step, 0)
 
+    def membership(self) -> dict[str, int] | None:
+        """Members in now, joins and leaves so far, as shard 0 counts them (every member
+        registers with every shard); None while it cannot answer (a failover under way)."""
+        try:
+            workers = control(self.primaries[:1], self.secret, "stats", timeout=2.0)[0]["workers"]
+        except EmberError:
+            return None
+        return {key: int(workers.get(key, 0)) for key in ("members", "joins", "leaves")}
+
     def snapshot(self) -> dict[str, np.ndarray]:
         return fetch_state(self.primaries, self.secret, self.settings.request_timeout)[0]
 

@@ -248,6 +248,7 @@ class ClockTable:
             "live": sum(e.live for e in entries),
             "finished": sum(e.finished for e in entries),
             "dropped": sum(not (e.live or e.finished) for e in entries),
+            "members": sum(e.live and e.incarnation >= 0 for e in entries),  # in, now
             "joins": self.joins,
             "leaves": self.leaves,
         }
