@@ -27,8 +27,8 @@ num_samples that gives every rank equal steps) run against ember's partition rea
 these differences:
 - The peer's private `_train_on_dataframe(fn, df, num_samples=4, batch_size=2)` becomes
   `ember.run(fn, 4, 2, data=df, ...)`, the function's arguments positional.
-- Its `weight` column is not read: ember's reader serves features and labels (the expected
-  batches here are the peer's without their third field).
+- Its `weight` column is named as ember.run's `weight_col`, which serves each batch's
+  weights third, as the peer's loader does.
 - `test_data=df`: ember.run holds out a seeded tenth of a DataFrame for testing unless it is
   given test rows, and the peer trains on every row.
 - One run serves the three cases (the peer runs one job each): the run's `batch_size=2`, as a
@@ -105,29 +105,29 @@ def test_distributed_file_with_pytorch(spark: Any, tmp_path: Path) -> None:
     _ran_as_allreduce(tmp_path, "spark")
 
 
-CASES = [  # the peer's: num_samples, batch_size, and the batches (features, label) expected
+CASES = [  # the peer's: num_samples, batch_size, and the batches (features, label, weight)
     (
         4,
         2,
         [
-            [[[1.0, 2.0, 3.5], [0.0, 4.5, 5.5]], [0, 3]],
-            [[[6.0, 7.0, 8.5], [-2.5, 0.0, -6.5]], [1, 2]],
+            [[[1.0, 2.0, 3.5], [0.0, 4.5, 5.5]], [0, 3], [10.5, 12.5]],
+            [[[6.0, 7.0, 8.5], [-2.5, 0.0, -6.5]], [1, 2], [1.5, 9.5]],
         ],
     ),
     (
         4,
         3,
         [
-            [[[1.0, 2.0, 3.5], [0.0, 4.5, 5.5], [6.0, 7.0, 8.5]], [0, 3, 1]],
-            [[[-2.5, 0.0, -6.5]], [2]],
+            [[[1.0, 2.0, 3.5], [0.0, 4.5, 5.5], [6.0, 7.0, 8.5]], [0, 3, 1], [10.5, 12.5, 1.5]],
+            [[[-2.5, 0.0, -6.5]], [2], [9.5]],
         ],
     ),
     (
         6,
         3,
         [
-            [[[1.0, 2.0, 3.5], [0.0, 4.5, 5.5], [6.0, 7.0, 8.5]], [0, 3, 1]],
-            [[[-2.5, 0.0, -6.5], [1.0, 2.0, 3.5], [0.0, 4.5, 5.5]], [2, 0, 3]],
+            [[[1.0, 2.0, 3.5], [0.0, 4.5, 5.5], [6.0, 7.0, 8.5]], [0, 3, 1], [10.5, 12.5, 1.5]],
+            [[[-2.5, 0.0, -6.5], [1.0, 2.0, 3.5], [0.0, 4.5, 5.5]], [2, 0, 3], [9.5, 10.5, 12.5]],
         ],
     ),
 ]
@@ -140,7 +140,7 @@ def test_data_loader(spark: Any, tmp_path: Path) -> None:
         # defined here, as the peer's is: shipped by value (this module is no package's)
         ctx = ember.context()
         return [
-            [[x.tolist(), y.tolist()] for x, y in ctx.data.in_order(batch_size, num_samples)]
+            [[t.tolist() for t in batch] for batch in ctx.data.in_order(batch_size, num_samples)]
             for num_samples, batch_size in cases
         ]
 
@@ -158,6 +158,7 @@ def test_data_loader(spark: Any, tmp_path: Path) -> None:
         [(num_samples, batch_size) for num_samples, batch_size, _ in CASES],
         data=spark_df,
         test_data=spark_df,
+        weight_col="weight",
         strategy="allreduce",
         workers=1,
         batch_size=2,
