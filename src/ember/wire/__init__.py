@@ -11,6 +11,8 @@ Map:
 - new_socket        -> sockets.py: socket options and the largest frame a socket accepts
 - seal / unseal     -> frames.py: HMAC-SHA256 + msgpack header frames
 - BulkSealer / BulkOpener -> bulk_cipher.py: AEAD bulk frames, keys from the session key
+- BulkChannel / ServerChannels -> bulk.py: a connection's sealer, opener and buffers (aead)
+- use_wire_cipher   -> curve.py: "curve" or "aead", what encrypts when encryption is on
 - tensors_from_frames / gather -> frames.py: validated zero-copy tensor chunk views
 - shared            -> shared.py: same-host payloads through a shared-memory region
 - SendTicket        -> ticket.py: when a zero-copy reply no longer reads its buffers

@@ -12,6 +12,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ember.errors import EmberError, NotPrimary, ProtocolError, ServerGone, ServerUnavailable
 from ember.wire import curve
+from ember.wire.bulk import BulkChannel, bulk_cipher, chunk_aad
+from ember.wire.bulk_cipher import BulkFrameRefused
 from ember.wire.frames import MAX_REPLY_BYTES, chunk_frames, describe, frame_sizes, seal, unseal
 from ember.wire.handshake import open_session
 from ember.wire.hosts import endpoint_is_local
@@ -46,18 +48,22 @@ class ClientConnection:
         watch: bool = False,
         connect_timeout: float | None = None,
         encrypt: bool | None = None,
+        cipher: str | None = None,
     ) -> None:
         """With `watch`, a reply awaited from a server whose process died raises ServerGone
         within a fraction of a second instead of waiting out the timeout. The handshake waits
         `connect_timeout` (default `timeout`): a server that is not there never disconnects.
         With `encrypt` (default: the process's setting, see curve.py) the transport is CURVE;
-        a server that refuses this connection's keys or transport is a ProtocolError at once."""
+        a server that refuses this connection's keys or transport is a ProtocolError at once.
+        `cipher` ("curve" or "aead", default the process's, see bulk.py) says what encrypts."""
         self.address = address
         self.timeout = timeout
         self.encrypted = curve.encrypting(encrypt)
+        self.bulk_cipher = bulk_cipher(self.encrypted, cipher)
+        self._bulk: BulkChannel | None = None
         self._context = context or zmq.Context.instance()
         self._sock = new_socket(self._context, zmq.DEALER)
-        if self.encrypted:
+        if self.encrypted and self.bulk_cipher is None:
             curve.secure_client(self._sock, secret)
         # Watched during the handshake whatever `watch` says: a refused transport handshake
         # shows only here, and a peer that refuses it never answers.
@@ -72,6 +78,8 @@ class ClientConnection:
             self._sock.connect(address)
             self.timeout = timeout if connect_timeout is None else connect_timeout
             self._key = open_session(address, secret, self._sock.send, self._handshake_reply)
+            if self.bulk_cipher is not None:
+                self._bulk = BulkChannel(self._key, "client", self.bulk_cipher)
             self.timeout = timeout
             if not watch:
                 self._unwatch()
@@ -143,10 +151,14 @@ class ClientConnection:
             if fits(arrays, region):
                 region.write_all(False, arrays)
                 header["shm"], arrays = True, ()
-        self._sock.send(seal(self._key, header), copy=False)
+        sealed = seal(self._key, header)
+        self._sock.send(sealed, copy=False)
         self._in_flight += 1
-        for frame in chunk_frames(arrays):
-            self._sock.send(frame, copy=False)
+        for index, frame in enumerate(chunk_frames(arrays)):
+            if self._bulk is None:
+                self._sock.send(frame, copy=False)
+            else:  # sealed into one scratch frame, which zmq copies
+                self._sock.send(self._bulk.seal(frame, chunk_aad(sealed, index)), copy=True)
 
     def notify(self, header: dict[str, Any], timeout: float) -> bool:
         """Send a header that gets no reply, if the socket takes it within `timeout`; False
@@ -169,7 +181,8 @@ class ClientConnection:
         returned are views of `into`."""
         wait = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + wait
-        header = unseal(self._key, self._next_frame(wait).buffer)
+        header_frame = self._next_frame(wait).buffer
+        header = unseal(self._key, header_frame)
         self._in_flight = max(0, self._in_flight - 1)
         if header["op"] == "error":
             if header.get("not_primary"):
@@ -191,8 +204,10 @@ class ClientConnection:
         target = _landing(header, into)
         frames: list[Any] = []
         offset = 0
-        for size in sizes:
+        for index, size in enumerate(sizes):
             frame = self._next_frame(deadline - time.monotonic())
+            if self._bulk is not None:  # into scratch when it is then copied to `target`
+                frame = self._opened(frame, chunk_aad(header_frame, index), target is not None)
             if len(frame) != size:
                 raise ProtocolError(
                     f"server at {self.address} sent a {len(frame)}-byte frame, its header "
@@ -206,6 +221,21 @@ class ClientConnection:
             frames.append(SharedFrame(view.data))
             offset += size
         return header, frames
+
+    def _opened(self, frame: Any, aad: bytes, scratch: bool) -> Any:
+        """A bulk frame checked and decrypted, never into the caller's arrays (the cipher
+        writes before it checks): a refused one ends the connection."""
+        assert self._bulk is not None
+        try:
+            return self._bulk.open(frame.buffer, aad, self._bulk.inbox if scratch else None)
+        except BulkFrameRefused as exc:
+            self.close()
+            raise ProtocolError(f"server at {self.address}: {exc}; connection closed") from None
+
+    @property
+    def refused_frames(self) -> int:
+        """Bulk frames from the server refused (one at most: the first closes the connection)."""
+        return 0 if self._bulk is None else self._bulk.refused
 
     def _disconnected(self) -> bool:
         """Whether the server dropped the connection (only a watched one tells); a refused
@@ -228,10 +258,10 @@ class ClientConnection:
 
     def _refusal(self, mismatch: bool) -> str:
         if mismatch:
-            mine = "on" if self.encrypted else "off"
+            mine = "off" if not self.encrypted else f"on, {self.bulk_cipher or 'curve'}"
             return (
                 f"server at {self.address} speaks another transport: this side runs"
-                f" --encrypt {mine}, the server the other; start both with the same setting"
+                f" --encrypt {mine}; start both with the same --encrypt and wire cipher"
             )
         return (
             f"server at {self.address} refused the run's secret: its encrypted (CURVE)"

@@ -39,6 +39,8 @@ ZAP_VERSION = b"1.0"
 START_SECONDS = 5.0  # a handler thread that is not listening by then is an error
 
 _encrypt = True  # the process's transport, set once by each entry point of a run
+WIRE_CIPHERS = ("curve", "aead")
+_wire_cipher = "curve"  # what encrypts when _encrypt is on, set with it
 
 
 def use_encryption(flag: bool) -> None:
@@ -51,6 +53,21 @@ def use_encryption(flag: bool) -> None:
 def encrypting(override: bool | None = None) -> bool:
     """`override` when given, else this process's setting."""
     return _encrypt if override is None else bool(override)
+
+
+def use_wire_cipher(name: str) -> None:
+    """Set what encrypts this process's connections when encryption is on: "curve" (libzmq
+    encrypts every frame) or "aead" (CURVE off; ember seals the payload chunks, bulk.py)."""
+    global _wire_cipher
+    _wire_cipher = wire_cipher(name)
+
+
+def wire_cipher(override: str | None = None) -> str:
+    """`override` when given, else this process's wire cipher; checked either way."""
+    name = _wire_cipher if override is None else override
+    if name not in WIRE_CIPHERS:
+        raise ValueError(f"wire cipher must be one of {WIRE_CIPHERS}, not {name!r}")
+    return name
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ import zmq
 
 from ember.errors import ProtocolError
 from ember.wire import curve
+from ember.wire.bulk import ServerChannels, bulk_cipher
+from ember.wire.bulk_cipher import BulkFrameRefused
 from ember.wire.frames import MAX_REPLY_BYTES, chunk_frames, describe, frame_sizes, seal, unseal
 from ember.wire.handshake import ServerHandshake
 from ember.wire.hosts import LOCAL_TRANSPORTS, is_loopback
@@ -39,6 +41,8 @@ class Request:
     header: dict[str, Any]
     frames: list[Any] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)  # declared byte size of each payload frame
+    sealed: bytes = b""  # its header frame's MAC, which the bulk frames' tags bind
+    dropped: bool = False  # refused: its AEAD chunks are still opened, to keep the counters
 
     @property
     def complete(self) -> bool:
@@ -76,17 +80,21 @@ class ServerEndpoint:
         max_unread_bytes: int = UNREAD_BYTES,
         payload_ops: Collection[str] | None = None,
         max_region_bytes: int | None = None,
+        cipher: str | None = None,
     ) -> None:
         """`payload_ops`: the operations whose requests may carry a payload (of up to
         `max_payload_bytes`); a header of another that declares one is refused before any
         chunk is taken. None: every operation may. A peer's shared-memory region holds
-        `max_region_bytes` each way at most (by default `max_payload_bytes`)."""
+        `max_region_bytes` each way at most (by default `max_payload_bytes`). `cipher`:
+        "curve" or "aead" (default: the process's, see bulk.py)."""
         raise_open_file_limit()
         self._context = context or zmq.Context.instance()
         self.encrypted = curve.encrypting(encrypt)
+        self.bulk = ServerChannels(bulk_cipher(self.encrypted, cipher))
+        self._curve = self.encrypted and self.bulk.cipher is None  # the socket's mechanism
         self._sock = new_socket(self._context, zmq.ROUTER)
         self._domain: str | None = None
-        if self.encrypted:
+        if self._curve:
             self._domain = curve.secure_server(self._sock, secret, self._context)
         try:
             self._sock.bind(bind)
@@ -105,7 +113,7 @@ class ServerEndpoint:
         self._streams: dict[bytes, Request] = {}  # peer -> request whose payload is arriving
         region = max_payload_bytes if max_region_bytes is None else max_region_bytes
         self._regions = ServerRegions(region)  # same-host peers' shared memory
-        self._connections = PeerConnections(self._sock, self.encrypted)
+        self._connections = PeerConnections(self._sock, self._curve)
         self._broken: deque[Chunk] = deque()  # streams whose connection closed, to report
         self._closing: dict[bytes, float] = {}  # peer -> when its session goes
         self._backlog = ReplyBacklog(max_unread_bytes)
@@ -134,7 +142,7 @@ class ServerEndpoint:
         # the close is processed its routing id is free, and a new peer may present it.
         self._drop_closed()
         peer, fd = frames[0].bytes, _source_fd(frames[-1])
-        handed = sum(framed(len(frame), self.encrypted) for frame in frames[1:])
+        handed = sum(framed(len(frame), self._curve) for frame in frames[1:])
         try:
             live = self._connections.arrived(fd, peer, handed)
             if not live and self._session_fds.get(peer) != fd:  # a closing session's is kept
@@ -157,20 +165,23 @@ class ServerEndpoint:
                 self._sessions[peer] = key
                 self._session_fds[peer] = fd
                 self._connections.authenticate(peer)
+                self.bulk.opened(peer, key)
             return None
         self._regions.opened(peer)
         stream = self._streams.get(peer)
         if stream is not None:
             index = len(stream.frames)
+            if self.bulk.cipher is not None:  # the tag first: a cut frame is a forged one
+                frame = self._opened(peer, frame, stream, index)
             if len(frame) != stream.sizes[index]:
                 raise ProtocolError(
                     f"payload frame {index} has {len(frame)} bytes, header declares "
                     f"{stream.sizes[index]}"
                 )
-            stream.frames.append(frame)
+            stream.frames.append(b"" if stream.dropped else frame)
             if stream.complete:
                 del self._streams[peer]
-            return Chunk(stream, index)
+            return None if stream.dropped else Chunk(stream, index)
         header = unseal(key, frame.buffer)
         if header["op"] == "bind":  # an older client naming its port: SRCFD says it now
             return None
@@ -189,7 +200,7 @@ class ServerEndpoint:
             )
         if sizes and peer in self._closing:
             raise ProtocolError("connection closed: its payload is not taken")
-        request = Request(peer, header, [], sizes)
+        request = Request(peer, header, [], sizes, self.bulk.binding(frame.buffer))
         if sizes and header.get("shm"):
             try:
                 self._regions.queue_payload(request)
@@ -198,6 +209,17 @@ class ServerEndpoint:
         elif sizes:
             self._streams[peer] = request
         return request
+
+    def _opened(self, peer: bytes, frame: Any, stream: Request, index: int) -> Any:
+        """A bulk frame checked and decrypted; a refused one ends the peer's connection and
+        session at once, so nothing more of it is taken."""
+        try:
+            return self.bulk.open(peer, frame.buffer, stream.sealed, index)
+        except BulkFrameRefused:
+            self._connections.cut(peer, "forged")
+            self._sessions.pop(peer, None)
+            self._session_fds.pop(peer, None)
+            raise
 
     def _payload_limit(self, op: str) -> int:
         if self._payload_ops is None or op in self._payload_ops:
@@ -257,6 +279,7 @@ class ServerEndpoint:
                 del self._closing[peer]
                 self._sessions.pop(peer, None)
                 self._session_fds.pop(peer, None)
+                self.bulk.drop(peer)
         self._connections.police()
 
     def forget_stream(self, peer: bytes) -> None:
@@ -288,13 +311,19 @@ class ServerEndpoint:
             return False
         if header.get("op") == "error" and self._streams.get(request.peer) is request:
             # A refused request gets no more of its payload kept: what follows its header
-            # is the peer's next request, and chunks still on the wire fail as headers.
+            # is the peer's next request, and chunks still on the wire fail as headers;
+            # AEAD chunks are opened and dropped, as the next one must carry the next counter.
             self.forget_stream(request.peer)
+            if self.bulk.cipher is not None and not request.complete:
+                request.dropped, request.frames[:] = True, [b""] * len(request.frames)
+                self._streams[request.peer] = request
         if table:
             header = {**header, "tensors": table}
             if self._regions.start_reply(request, header, frame_sizes(table, MAX_REPLY_BYTES)):
                 return True  # the header follows the payload's last byte into shared memory
-        self._sock.send_multipart([request.peer, seal(key, header)], copy=False)
+        sealed = seal(key, header)
+        self.bulk.reply_started(request.peer, sealed)
+        self._sock.send_multipart([request.peer, sealed], copy=False)
         return True
 
     def reply_chunk(self, request: Request, frame: Any) -> SendTicket:
@@ -306,10 +335,13 @@ class ServerEndpoint:
                 sealed = seal(self._sessions[request.peer], header)
                 self._sock.send_multipart([request.peer, sealed])
             return COPIED
+        boxed = self.bulk.seal(request.peer, memoryview(frame))  # None: unsealed, as it is
+        if boxed is not None and not boxed:
+            return COPIED  # the peer's keys went with its connection: nothing goes in clear
         self._sock.send(request.peer, zmq.SNDMORE)
-        tracker = self._sock.send(frame, 0, copy=False, track=True)
+        tracker = self._sock.send(frame if boxed is None else boxed, 0, copy=False, track=True)
         self._backlog.sent(request.peer, memoryview(frame).nbytes, tracker)
-        return SendTicket(tracker)
+        return SendTicket(tracker) if boxed is None else COPIED
 
     def reply_view(self, request: Request) -> np.ndarray | None:
         """After reply_header: where a reply through shared memory lands, as float32, so the
@@ -360,7 +392,8 @@ def _source_fd(frame: Any) -> int:
 
 def _reason(exc: ProtocolError) -> str:
     text = str(exc)
-    for reason in ("unauthenticated", "HMAC", "msgpack", "size", "map", "slow reader"):
+    reasons = ("bulk frame", "unauthenticated", "HMAC", "msgpack", "size", "map", "slow reader")
+    for reason in reasons:
         if reason in text:
             return reason.lower().replace(" ", "_")
     return "malformed"

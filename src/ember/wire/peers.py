@@ -117,7 +117,7 @@ class PeerConnections:
         self._fd_by_peer: dict[bytes, int] = {}
         self._scanned = 0.0
         self._gone: list[bytes] = []  # peers whose connections are known to be gone
-        self.shed: dict[str, int] = {"size": 0, "count": 0, "time": 0, "unseen": 0}
+        self.shed: dict[str, int] = {"size": 0, "count": 0, "time": 0, "unseen": 0, "forged": 0}
 
     def closed(self) -> list[bytes]:
         """Read the monitor's news; the peers whose connections closed since the last call.
@@ -224,6 +224,12 @@ class PeerConnections:
         )
         for _, fd in waiting[:count]:
             self._end(fd, "count")
+
+    def cut(self, peer: bytes, reason: str) -> None:
+        """Shut down `peer`'s connection now (it sent a frame that failed its checks)."""
+        fd = self._fd_by_peer.get(peer)
+        if fd is not None:
+            self._end(fd, reason)
 
     def _end(self, fd: int, reason: str) -> None:
         connection = self._by_fd.get(fd)
