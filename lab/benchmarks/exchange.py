@@ -9,6 +9,8 @@ Each system moves the same bytes per round trip: N float32 to a peer process and
 - ember socket: the same with EMBER_SHARED_MEMORY=0 and `--encrypt off`, every payload over the
   plain TCP socket, as between hosts on a trusted network.
 - ember socket curve: the socket path encrypted with CURVE, as between hosts by default.
+- ember socket aead: the socket path with the "aead" wire cipher: HMAC-sealed headers and
+  AES-256-GCM (or ChaCha20-Poly1305) payload frames that ember seals, no CURVE.
 - raw pyzmq: a ROUTER child echoes a same-size reply; DEALER client; ember's frame size,
   copy=False both ways, received into preallocated arrays; no auth, no header, no update.
 - gloo: two child processes, rank 0 sends N floats then receives N, rank 1 the reverse.
@@ -49,7 +51,7 @@ WARMUP = 2  # untimed round trips before each timed batch
 TIMEOUT_MS = 120_000  # a peer that does not answer within this is an error, not a hang
 TARGET = 0.8  # ember / max(raw, gloo) should reach this at every size
 SOCKET_TARGET = 1.0  # ember socket / gloo: ember's TCP path against the best TCP peer
-SYSTEMS = ("ember", "ember socket", "ember socket curve", "raw pyzmq", "gloo")
+SYSTEMS = ("ember", "ember socket", "ember socket curve", "ember socket aead", "raw pyzmq", "gloo")
 BASELINES = ("raw pyzmq", "gloo")
 
 
@@ -102,11 +104,19 @@ def _receive_address(receiver: Any, what: str) -> Any:
 
 
 # ---- ember --------------------------------------------------------------------------------------
-def _ember_server(size: int, secret: bytes, encrypt: bool, address_pipe: Any) -> None:
-    set_threads()
-    from ember.probe import ParameterServer, SGDRule, ShardSpec, make_consistency, use_encryption
+def _use_wire(wire: str) -> None:
+    """This process's transport: "off", or encrypted by "curve" or "aead"."""
+    from ember.probe import curve, use_encryption
 
-    use_encryption(encrypt)
+    use_encryption(wire != "off")
+    curve.use_wire_cipher("curve" if wire == "off" else wire)
+
+
+def _ember_server(size: int, secret: bytes, wire: str, address_pipe: Any) -> None:
+    set_threads()
+    from ember.probe import ParameterServer, SGDRule, ShardSpec, make_consistency
+
+    _use_wire(wire)
 
     # The client idles while the other systems are timed: keep it in the clock table meanwhile.
     server = ParameterServer(
@@ -124,15 +134,15 @@ def _ember_server(size: int, secret: bytes, encrypt: bool, address_pipe: Any) ->
 class EmberPeer:
     """A ParameterServer child and a registered PSClient pushing gradients and pulling params."""
 
-    def __init__(self, size: int, shared_memory: bool = True, encrypt: bool = True) -> None:
-        from ember.probe import PSClient, shared, use_encryption
+    def __init__(self, size: int, shared_memory: bool = True, wire: str = "curve") -> None:
+        from ember.probe import PSClient, shared
 
         self.secret = os.urandom(32)
         receiver, sender = SPAWN.Pipe(duplex=False)
-        self.process = start(_ember_server, size, self.secret, encrypt, sender)
+        self.process = start(_ember_server, size, self.secret, wire, sender)
         self.address = _receive_address(receiver, "the ember parameter server")
-        self.encrypt = encrypt
-        use_encryption(encrypt)  # the client's connections take the process's setting
+        self.wire = wire
+        _use_wire(wire)  # the client's connections take the process's setting
         self.client = PSClient([self.address], self.secret, worker=0, timeout=TIMEOUT_MS / 1000)
         chosen = os.environ.get(shared.DISABLE_VARIABLE)
         os.environ[shared.DISABLE_VARIABLE] = "1" if shared_memory else "0"
@@ -154,10 +164,10 @@ class EmberPeer:
         self.client.push(self.grad, reply_into=self.params, pull=True)
 
     def close(self) -> None:
-        from ember.probe import control, use_encryption
+        from ember.probe import control
 
         self.client.close()
-        use_encryption(self.encrypt)  # the stop request's connection speaks its server's transport
+        _use_wire(self.wire)  # the stop request's connection speaks its server's transport
         control([self.address], self.secret, "stop")
         finish([self.process])
 
@@ -289,8 +299,9 @@ class GlooPeer:
 
 PEERS: dict[str, Callable[[int], Any]] = {
     "ember": EmberPeer,
-    "ember socket": lambda size: EmberPeer(size, shared_memory=False, encrypt=False),
-    "ember socket curve": lambda size: EmberPeer(size, shared_memory=False, encrypt=True),
+    "ember socket": lambda size: EmberPeer(size, shared_memory=False, wire="off"),
+    "ember socket curve": lambda size: EmberPeer(size, shared_memory=False, wire="curve"),
+    "ember socket aead": lambda size: EmberPeer(size, shared_memory=False, wire="aead"),
     "raw pyzmq": RawZmqPeer,
     "gloo": GlooPeer,
 }
@@ -314,6 +325,7 @@ def measure_size(size: int, repeat: int, iterations: int) -> dict[str, Any]:
         for peer in started.values():
             peer.close()
     best = [max(values) for values in zip(*(gbps[name] for name in BASELINES), strict=True)]
+    plain = gbps["ember socket"]
     return {
         "floats": size,
         "iterations": iterations,
@@ -323,9 +335,12 @@ def measure_size(size: int, repeat: int, iterations: int) -> dict[str, Any]:
         "socket_vs_gloo": spread(
             [e / g for e, g in zip(gbps["ember socket"], gbps["gloo"], strict=True)]
         ),
-        "curve_vs_plain": spread(
-            [c / p for c, p in zip(gbps["ember socket curve"], gbps["ember socket"], strict=True)]
-        ),
+        **{
+            f"{name}_vs_plain": spread(
+                [c / p for c, p in zip(gbps[f"ember socket {name}"], plain, strict=True)]
+            )
+            for name in ("curve", "aead")
+        },
     }
 
 
@@ -340,6 +355,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         "ember socket / gloo",
         f">= {SOCKET_TARGET}",
         "socket curve / plain",
+        "socket aead / plain",
     ]
     rows = []
     for label, result in results.items():
@@ -355,6 +371,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
                 fmt(result["socket_vs_gloo"]),
                 check(result["socket_vs_gloo"], SOCKET_TARGET),
                 fmt(result["curve_vs_plain"]),
+                fmt(result["aead_vs_plain"]),
             ]
         )
     return markdown_table(headers, rows)
@@ -381,7 +398,9 @@ def main() -> None:
             f"{label}: ember {fmt(results[label]['gbps']['ember'])} GB/s, ratio "
             f"{fmt(results[label]['ember_vs_best'])}; over the socket "
             f"{fmt(results[label]['socket_vs_best'])}, socket / gloo "
-            f"{fmt(results[label]['socket_vs_gloo'])}",
+            f"{fmt(results[label]['socket_vs_gloo'])}; socket curve / plain "
+            f"{fmt(results[label]['curve_vs_plain'])}, aead / plain "
+            f"{fmt(results[label]['aead_vs_plain'])}",
             flush=True,
         )
     print()
