@@ -55,7 +55,7 @@ class ClientConnection:
         `connect_timeout` (default `timeout`): a server that is not there never disconnects.
         With `encrypt` (default: the process's setting, see curve.py) the transport is CURVE;
         a server that refuses this connection's keys or transport is a ProtocolError at once.
-        `cipher` ("curve" or "aead", default the process's, see bulk.py) says what encrypts."""
+        `cipher` ("curve" or "aead", default curve.use_wire_cipher's) says what encrypts."""
         self.address = address
         self.timeout = timeout
         self.encrypted = curve.encrypting(encrypt)

@@ -86,7 +86,7 @@ class ServerEndpoint:
         `max_payload_bytes`); a header of another that declares one is refused before any
         chunk is taken. None: every operation may. A peer's shared-memory region holds
         `max_region_bytes` each way at most (by default `max_payload_bytes`). `cipher`:
-        "curve" or "aead" (default: the process's, see bulk.py)."""
+        "curve" or "aead" (default: curve.use_wire_cipher's)."""
         raise_open_file_limit()
         self._context = context or zmq.Context.instance()
         self.encrypted = curve.encrypting(encrypt)
