@@ -6,6 +6,10 @@ across connections and across the keys' ratchets."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -220,3 +224,57 @@ def test_a_push_refused_at_its_header_keeps_the_connection_in_step(
         assert _stats(server) == (0, 0)
     assert connection.refused_frames == 0
     np.testing.assert_array_equal(out, -1.0)
+
+
+def _captured_on_loopback(exchange: Callable[[], None]) -> bytes:
+    """Every packet on the loopback interface while `exchange` runs (needs CAP_NET_RAW)."""
+    try:
+        sniffer = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.ntohs(0x0003))
+    except (PermissionError, AttributeError, OSError) as exc:
+        pytest.skip(f"no packet capture here: {exc}")
+    sniffer.bind(("lo", 0))
+    sniffer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20)
+    sniffer.settimeout(0.2)
+    packets: list[bytes] = []
+    stop = threading.Event()
+
+    def capture() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                packets.append(sniffer.recv(1 << 17))
+
+    thread = threading.Thread(target=capture, daemon=True)
+    thread.start()
+    try:
+        exchange()
+    finally:
+        time.sleep(0.3)
+        stop.set()
+        thread.join(5)
+        sniffer.close()
+    return b"".join(packets)
+
+
+@pytest.mark.parametrize("encrypt", [True, False])
+def test_no_parameter_byte_crosses_the_wire_in_clear_with_aead_frames(
+    encrypt: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parameters and gradients of one recognisable pattern go both ways over TCP; with
+    encryption off the capture shows the pattern, so the check is one that can fail."""
+    monkeypatch.setenv(shared.DISABLE_VARIABLE, "0")
+    marker = np.frombuffer(b"EMBER-PARAMETERS", dtype=np.float32)  # 4 floats, 16 bytes
+    params = np.tile(marker, 50_000)
+    with transport(encrypt), running_servers(params.copy(), SGDRule(lr=0.0)) as (server,):
+
+        def exchange() -> None:
+            client = PSClient([server.address], SECRET, worker=0, timeout=10)
+            client.register()
+            out = np.empty_like(params)
+            client.push(params)
+            client.pull(out)
+            client.close()
+            np.testing.assert_array_equal(out, params)
+
+        seen = _captured_on_loopback(exchange)
+    assert len(seen) > 2 * params.nbytes  # the exchange was captured
+    assert (b"EMBER-PARAMETERS" * 2 in seen) is not encrypt
