@@ -7,10 +7,15 @@ across connections and across the keys' ratchets."""
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -278,3 +283,23 @@ def test_no_parameter_byte_crosses_the_wire_in_clear_with_aead_frames(
         seen = _captured_on_loopback(exchange)
     assert len(seen) > 2 * params.nbytes  # the exchange was captured
     assert (b"EMBER-PARAMETERS" * 2 in seen) is not encrypt
+
+
+@pytest.mark.parametrize("strategy", ["easgd-async", "bsp"])
+def test_a_run_with_the_aead_wire_cipher_trains_with_its_payloads_sealed(
+    tmp_path: Path, strategy: str
+) -> None:
+    out = tmp_path / "run"
+    flags = ["--data", "digits", "--strategy", strategy, "--epochs", "2", "--wire-cipher", "aead"]
+    done = subprocess.run(
+        [sys.executable, "-m", "ember", "train", *flags, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "EMBER_SHARED_MEMORY": "0"},  # every payload on the socket
+    )
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["wire"] == {"encrypted": True, "cipher": "aead", "shared_memory_payloads": 0}
+    assert summary["server"]["rejected"].get("bulk_frame", 0) == 0
+    assert summary["test_accuracy"] > 0.85

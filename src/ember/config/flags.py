@@ -118,6 +118,9 @@ HELP = {
     "encrypt": "ZeroMQ CURVE on every connection: only the run's processes get in and nothing"
     " travels in clear; off: plain TCP, for a trusted network (it warns when a server is"
     " reachable beyond this host)",
+    "wire_cipher": "what encrypts the connections under --encrypt: curve (ZeroMQ CURVE, every"
+    " frame) or aead (the HMAC handshake, then AES-GCM or ChaCha20 on the payloads alone;"
+    " headers readable, see docs/hardening.md)",
     "log_every": "steps between a worker's records (loss, samples/s, T_comp, T_comm) in"
     " metrics.jsonl",
     "eval_every": "steps between worker 0's test-set evaluations; 0: only at each epoch's end",

@@ -97,6 +97,7 @@ class ServersPart(Part):
     max_workers: int | None
     request_timeout: float
     encrypt: bool
+    wire_cipher: str
     checkpoint_seconds: float
     checkpoint_steps: int
     keep_checkpoints: int
@@ -201,6 +202,7 @@ class ServerSettings(StrategyNamed):
     max_workers: int | None
     replica_seconds: float
     encrypt: bool
+    wire_cipher: str
     optimizer_args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -27,6 +27,7 @@ RESUME_MAY_CHANGE = (
     "max_workers",
     "request_timeout",
     "encrypt",
+    "wire_cipher",
     "log_every",
     "eval_every",
     "eval_deferred",

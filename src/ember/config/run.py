@@ -131,6 +131,7 @@ class RunConfig(StrategyNamed):
     max_workers: int | None = None  # workers a shard registers at once; None: 4 x workers + 1024
     request_timeout: float = 60.0  # a server that does not answer within this is an error
     encrypt: bool = True  # CURVE on every connection; off: plain TCP, for a trusted network
+    wire_cipher: str = "curve"  # what encrypts: curve (every frame) | aead (payloads, bulk.py)
     log_every: int = 50  # steps between metrics records
     eval_every: int = 0  # steps between worker 0's test evaluations (0: at each epoch's end)
     eval_deferred: bool = False  # copy the parameters at each evaluation, evaluate after training
@@ -201,6 +202,7 @@ class RunConfig(StrategyNamed):
         check_objective(self.loss, self.metrics)
         check_optimizer_args(self.optimizer_args, self.optimizer, not self.mode.local_optimizer)
         _one_of("data_mode", self.data_mode, DATA_MODES)
+        _one_of("wire_cipher", self.wire_cipher, ("curve", "aead"))
         _at_least("shuffle_buffer", self.shuffle_buffer, 1)
         if self.weight_decay < 0:
             raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay!r}")

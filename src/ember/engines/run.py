@@ -253,6 +253,8 @@ class Run:
             extra.update(_membership(final))
             extra["leaves"] += sum(bool(d.left) for d in self.done.values())  # its own
         extra["wire"] = _wire_stats(final, self.parts.servers.encrypt and self.servers is not None)
+        if extra["wire"]["encrypted"]:
+            extra["wire"]["cipher"] = self.parts.servers.wire_cipher
         workers = [self.done[rank].flat() for rank in sorted(self.done)]
         extra.update(_divergence(self.divergences))
         if self.timeline is not None:  # the engine's own figures, its processes all known

@@ -125,7 +125,8 @@ def prepare_run(
 ) -> RunSetup:
     """Load data (unless given, e.g. a DataFrame's test rows) and model, resolve --resume, and
     open the run directory (never clobbering one)."""
-    use_encryption(config.encrypt)  # the launcher's connections to its servers and collector
+    # the launcher's connections to its servers and collector
+    use_encryption(config.encrypt, config.wire_cipher)
     dataset = dataset if dataset is not None else load_data(config)
     work = work if work is not None else InProcess()
     run_dir = config.run_dir()

@@ -50,7 +50,8 @@ def main() -> None:
 
 def serve(message: dict[str, Any], tell: Callable[[str], None]) -> None:
     config = ServerSettings.from_dict(message["settings"])  # the run's servers' part alone
-    use_encryption(config.encrypt)  # every socket of this process, before the first opens
+    # every socket of this process, before the first opens
+    use_encryption(config.encrypt, config.wire_cipher)
     shard, role = ShardSpec(**message["shard"]), message["role"]
     # rebuilt here: ps never imports the algorithms
     rule = make_update_rule(config, message.get("steps_per_worker", 0))

@@ -43,11 +43,14 @@ WIRE_CIPHERS = ("curve", "aead")
 _wire_cipher = "curve"  # what encrypts when _encrypt is on, set with it
 
 
-def use_encryption(flag: bool) -> None:
-    """Set whether this process's endpoints and connections use CURVE (the default) unless
-    they are told otherwise; every process of a run sets the run's `encrypt`."""
+def use_encryption(flag: bool, cipher: str | None = None) -> None:
+    """Set whether this process's endpoints and connections are encrypted (the default)
+    unless they are told otherwise, and with `cipher` what encrypts them (use_wire_cipher);
+    every process of a run sets the run's `encrypt` and `wire_cipher`."""
     global _encrypt
     _encrypt = bool(flag)
+    if cipher is not None:
+        use_wire_cipher(cipher)
 
 
 def encrypting(override: bool | None = None) -> bool:

@@ -67,7 +67,8 @@ def run_worker(
     until it returns or `stop` is set; leave the servers cleanly either way, send rank 0's
     return value under ember.run (encoded, or why it cannot be) and return the totals."""
     parts = spec.parts
-    use_encryption(parts.servers.encrypt)  # this process's connections speak the run's transport
+    # this process's connections speak the run's transport
+    use_encryption(parts.servers.encrypt, parts.servers.wire_cipher)
     torch.set_num_threads(parts.training.threads)
     function, args = spec.train_fn or builtin_loop, spec.train_args
     with worker_context(spec, report, dataset, stop) as ctx:

@@ -65,7 +65,9 @@ def train_partition(
     world = len(context.getTaskInfos())
     if world != spec.world:
         raise EmberError(f"the barrier stage has {world} tasks for {spec.world} workers")
-    use_encryption(spec.parts.servers.encrypt)  # before the probe's and the record sender's sockets
+    servers = spec.parts.servers
+    # before the probe's and the record sender's sockets
+    use_encryption(servers.encrypt, servers.wire_cipher)
     # a spill is removed when the task ends, however it ends
     with partition_data(batches, probe, spec.parts.data, rows) as partition:
         yield from _train(context, spec, probe, rows, collector, local, partition)
