@@ -99,15 +99,20 @@ def test_messages_of_any_size_round_trip_in_chunk_frames(
     assert received == message
 
 
-def test_seal_and_open_in_place() -> None:
+def test_sealing_or_opening_in_place_is_refused_before_a_nonce_is_spent() -> None:
+    # cryptography 51 refuses overlapping buffers (48 took them): refused here whichever
     sealer, opener = pair()
     payload = bytes(range(200))
     buffer = bytearray(PREFIX_BYTES) + bytearray(payload) + bytearray(TAG_BYTES)
     view = memoryview(buffer)
-    assert sealer.seal_into(view[PREFIX_BYTES:-TAG_BYTES], view, aad(0)) == len(buffer)
-    assert bytes(view[PREFIX_BYTES:-TAG_BYTES]) != payload  # the payload is now ciphertext
-    assert opener.open_into(view, view[PREFIX_BYTES:-TAG_BYTES], aad(0)) == len(payload)
-    assert bytes(view[PREFIX_BYTES:-TAG_BYTES]) == payload
+    with pytest.raises(ValueError, match="plaintext and out must not overlap"):
+        sealer.seal_into(view[PREFIX_BYTES:-TAG_BYTES], view, aad(0))
+    assert bytes(view[PREFIX_BYTES:-TAG_BYTES]) == payload  # untouched
+    frame = bytearray(sealer.seal(payload, aad(0)))  # counter 0: the refusal spent nothing
+    with pytest.raises(ValueError, match="frame and out must not overlap"):
+        opener.open_into(frame, memoryview(frame)[PREFIX_BYTES:-TAG_BYTES], aad(0))
+    out = bytearray(len(payload))
+    assert opener.open_into(frame, out, aad(0)) == len(payload) and out == payload
 
 
 @settings(max_examples=150, deadline=None)

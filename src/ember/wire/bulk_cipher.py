@@ -39,6 +39,7 @@ from pathlib import Path
 from platform import machine
 from typing import NoReturn
 
+import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 from cryptography.hazmat.primitives.hashes import SHA256
@@ -158,13 +159,20 @@ class _Ratchet:
         self._bytes += size
 
 
+def _overlap(a: memoryview, b: memoryview) -> bool:
+    """Whether two byte buffers share memory (a bounds check: exact for contiguous ones)."""
+    if not (len(a) and len(b)):
+        return False
+    return bool(np.may_share_memory(np.frombuffer(a, np.uint8), np.frombuffer(b, np.uint8)))
+
+
 class BulkSealer(_Ratchet):
     """Seals the frames one end sends. Not thread-safe: one sender per connection."""
 
     def seal_into(self, plaintext: Bytes, out: bytearray | memoryview, aad: Bytes = b"") -> int:
         """Write the frame for `plaintext` into the start of `out` and return its length,
-        len(plaintext) + OVERHEAD. `plaintext` may be out[PREFIX_BYTES:PREFIX_BYTES + n]
-        (sealed in place) or apart from `out`, never overlapping it otherwise."""
+        len(plaintext) + OVERHEAD. `plaintext` must not overlap `out`: cryptography 51 refuses
+        to seal in place, which 48 allowed, so it is refused here whichever is installed."""
         data = memoryview(plaintext).cast("B")
         dest = memoryview(out).cast("B")
         size, most = len(data), min(MAX_PAYLOAD, self._byte_limit)
@@ -172,6 +180,8 @@ class BulkSealer(_Ratchet):
             raise ValueError(f"a bulk frame carries at most {most} bytes, not {size}")
         if dest.readonly or len(dest) < size + OVERHEAD:
             raise ValueError(f"out must be writable and hold {size + OVERHEAD} bytes")
+        if _overlap(data, dest):
+            raise ValueError("plaintext and out must not overlap")
         nonce = self._nonce_for(size)
         self._spend(size)  # before encrypting: a call that fails half-way never reuses a nonce
         dest[:PREFIX_BYTES] = nonce
@@ -199,8 +209,8 @@ class BulkOpener(_Ratchet):
         """Check `frame`, decrypt its payload into the start of `out`, return the payload's
         length. The cipher writes the plaintext before it checks the tag, so `out` must be
         scratch the caller reads only once this returns: a refused frame's bytes are zeroed,
-        but until then they are unauthenticated. `out` may be the payload's own place in a
-        writable frame, frame[PREFIX_BYTES:-TAG_BYTES] (opened in place)."""
+        but until then they are unauthenticated. `out` must not overlap `frame` (seal_into
+        says why)."""
         if self._closed_by:
             self._refuse(f"opener closed by an earlier refusal ({self._closed_by})")
         data = memoryview(frame).cast("B")
@@ -212,6 +222,8 @@ class BulkOpener(_Ratchet):
         dest = memoryview(out).cast("B")
         if dest.readonly or len(dest) < size:
             raise ValueError(f"out must be writable and hold {size} bytes")
+        if _overlap(data, dest):
+            raise ValueError("frame and out must not overlap")
         try:
             nonce = self._nonce_for(size)
         except ProtocolError as exc:
