@@ -32,9 +32,11 @@ class Op(str, Enum):
     STOP = "stop"
     REPLICATE = "replicate"
     PROMOTE = "promote"
+    PIECE = "piece"  # the data cursor's (pieces.py)
 
 
 WORKER_OPS = frozenset({Op.REGISTER, Op.PUSH, Op.PULL, Op.DONE})  # only a primary serves them
+PRIMARY_OPS = WORKER_OPS | {Op.PIECE}
 OPS = {op.value: op for op in Op}  # a dict: an Enum's own lookup costs a microsecond a request
 EXCHANGES = frozenset({Op.PUSH, Op.PULL})
 MAX_WORKER_ID = (1 << 63) - 1  # the clock table's int64 column

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -9,8 +10,10 @@ import numpy as np
 
 from ember.errors import ProtocolError
 from ember.ps.clocks import ClockTable
-from ember.ps.consistency import Consistency
+from ember.ps.consistency import Asynchronous, Consistency
+from ember.ps.pieces import Dealt, Geometry, PieceQueue, Take
 from ember.ps.protocol import (
+    PRIMARY_OPS,
     WORKER_OPS,
     Done,
     Exchange,
@@ -116,7 +119,11 @@ class ParameterServer:
             Op.STOP: self._stop,
             Op.REPLICATE: self.replication.accept_copy,
             Op.PROMOTE: self.replication.promote,
+            Op.PIECE: self._piece,
         }
+        self.pieces: PieceQueue | None = None  # a worker range's data cursor, on first use
+        self._lease_seconds = worker_timeout
+        self._expired_at = 0.0
 
     # ---- what tests and tools read of the shard ------------------------------------------------
     @property
@@ -157,6 +164,7 @@ class ParameterServer:
                     self.endpoint.reply(request, {"op": "error", "message": message})
             if self.role is Role.PRIMARY:  # a backup hears from nobody; its copies say who is live
                 self.pushes.drop_silent_workers()
+                self._expire_pieces()
             if self.replication.copy_due and not self.pushes.mid_update:
                 self.replication.send_copy()
         self.replication.close()
@@ -167,7 +175,7 @@ class ParameterServer:
         handler = self._handlers.get(op)
         if handler is None:
             raise ProtocolError(f"unknown op {op!r}")
-        if op in WORKER_OPS and self.role is not Role.PRIMARY:
+        if op in PRIMARY_OPS and self.role is not Role.PRIMARY:
             self.counters["not_primary"] += 1
             message = f"shard {self.spec.index} at {self.address} is a backup"
             self.endpoint.reply(request, {"op": "error", "not_primary": True, "message": message})
@@ -218,6 +226,8 @@ class ParameterServer:
         # server restarted from a checkpoint, which holds no numbers, takes the worker's own.
         # The request a failover resends carries the register's number, so it still applies.
         entry.last_seq = max(entry.last_seq, seq - 1)
+        if self.pieces is not None:  # an earlier incarnation died with what it held
+            self.pieces.lost(worker, older_than=incarnation)
         keys = (self.spec.start, self.spec.stop)
         run_step = self.clocks.run_step()
         joined = Joined(clock=entry.clock, step=entry.step, keys=keys, run_step=run_step)
@@ -232,12 +242,56 @@ class ParameterServer:
         worker = message.worker
         entry = self.clocks.entries.get(worker)
         if entry is not None and entry.incarnation == message.incarnation:
+            if self.pieces is not None:
+                self.pieces.leave(worker, message.incarnation)
             self.clocks.finish(worker)
             self.pushes.views.release(worker)
         self.endpoint.identities.release(request.peer)  # the connection may join as another
         self.endpoint.reply(request, {"op": "ok"})
         self.pushes.fold.maybe_commit_round()  # the leaver may have been the last a round awaited
         self.pushes.drain()
+
+    def _piece(self, request: Request) -> None:
+        """A member's word on its pieces of the data (pieces.py); the queue is made by the
+        first, and every later request must name the same cut of the rows."""
+        message = Take.from_header(request.header)
+        if self.pieces is None:
+            # only a run whose members never wait on each other may have one wait for pieces
+            waits = isinstance(self.consistency, Asynchronous)
+            self.pieces = PieceQueue(message.geometry, self._lease_seconds, waits)
+        queue = self.pieces
+        if message.geometry != queue.geometry:
+            self.rejected["cut"] += 1
+            raise ProtocolError(
+                f"worker {message.worker} cuts the data as {_cut(message.geometry)}; the run's "
+                f"pieces are {_cut(queue.geometry)} (is it reading other data?)"
+            )
+        worker, incarnation = message.worker, message.incarnation
+        queue.renew(worker, incarnation)
+        if message.finished is not None:
+            queue.finish(worker, incarnation, message.finished)
+        if message.returned is not None:
+            queue.give_back(worker, incarnation, message.returned)
+        if message.started is not None:
+            queue.start(worker, incarnation, message.started)
+        dealt = queue.take(worker, incarnation, message.epoch) if message.take else None
+        reply = Dealt(
+            seq=message.seq,
+            piece=dealt if isinstance(dealt, tuple) else None,
+            wait=dealt == "wait",
+        )
+        self.endpoint.reply(request, reply.header())
+
+    def _expire_pieces(self) -> None:
+        """Twice a second: pieces of members the clock table dropped as silent, or whose
+        lease ran out, go back to the queue."""
+        if self.pieces is None or time.monotonic() - self._expired_at < 0.5:
+            return
+        self._expired_at = time.monotonic()
+        for worker, entry in self.clocks.entries.items():
+            if not entry.live and not entry.finished and entry.incarnation >= 0:
+                self.pieces.lost(worker, older_than=entry.incarnation + 1)
+        self.pieces.expire()
 
     def _snapshot(self, request: Request) -> None:
         """The shard's tensors, then its clock table as the last payload tensor (see
@@ -269,4 +323,9 @@ class ParameterServer:
             "live_workers": self.clocks.live_sample(),  # the lowest ids only: bounded
             "shared_memory": self.endpoint.shared_memory,
             "encrypted": self.endpoint.encrypted,
+            **({"pieces": self.pieces.stats()} if self.pieces is not None else {}),
         }
+
+
+def _cut(geometry: Geometry) -> str:
+    return f"{geometry.rows} rows in pieces of {geometry.piece_rows}, {geometry.epochs} epochs"

@@ -1,0 +1,322 @@
+"""The data cursor of a worker range's run: each epoch's rows cut into pieces (one batch each,
+the last taking the rows left over) and handed to members from a queue the servers keep, as
+Spark hands out tasks. A member leases a piece, says it started it when it serves the rows,
+and says it finished it when it asks for the next; a member that leaves gives back what it
+had not started; one that died has its pieces handed out again (and the rows it had served
+counted as trained twice). Which rows a piece holds is the worker's to compute from the
+run's seed (worker/pieces.py): only piece numbers cross the wire.
+
+Bounded whatever a peer says: pieces per epoch and epochs are capped, one epoch opens only
+once the one before has handed out every piece, and leases are one per piece.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ember.errors import ProtocolError
+from ember.ps.protocol import MAX_WORKER_ID, FieldError, header_bool, header_int
+
+MAX_PIECES = 1 << 20  # pieces of one epoch
+MAX_EPOCHS = 1 << 16
+Key = tuple[int, int]  # (epoch, piece)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How a run's rows are cut: `rows` rows an epoch, `piece_rows` a piece, `epochs` epochs."""
+
+    rows: int
+    piece_rows: int
+    epochs: int
+
+    @property
+    def pieces(self) -> int:
+        return max(1, self.rows // self.piece_rows)
+
+    def rows_of(self, piece: int) -> int:
+        """The piece's rows: piece_rows, the last piece those left over too."""
+        last = piece == self.pieces - 1
+        return self.rows - piece * self.piece_rows if last else self.piece_rows
+
+
+@dataclass
+class Lease:
+    worker: int
+    incarnation: int
+    started: bool = False  # its rows were served
+    renewed: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _Epoch:
+    """One open epoch: pieces never handed out start at `fresh`; `returned` ones go first."""
+
+    done: np.ndarray  # bool per piece
+    fresh: int = 0
+    returned: deque[int] = field(default_factory=deque)
+
+    def pending(self) -> bool:
+        return bool(self.returned) or self.fresh < len(self.done)
+
+
+class PieceQueue:
+    """The pieces of every epoch, who holds which, and what was trained."""
+
+    def __init__(self, geometry: Geometry, lease_seconds: float, waits: bool) -> None:
+        """`waits`: a member asking in the last epoch while pieces are still held elsewhere
+        is told to wait (asynchronous runs), not that the run is over, so that a dead
+        member's pieces still find a taker; a synchronous run's members never wait, as a
+        round would then wait on them."""
+        self.geometry, self.lease_seconds, self.waits = geometry, lease_seconds, waits
+        self.open: dict[int, _Epoch] = {}
+        self.frontier = -1  # the newest epoch opened
+        self.leases: dict[Key, Lease] = {}
+        self.served_before: set[Key] = set()  # given back after their rows were served
+        self.epoch_rows = [0] * geometry.epochs  # rows trained, each once
+        self.rows_trained_twice = 0
+        self.reissued = 0  # pieces handed out again after a member died or fell silent
+        self._open_next()
+
+    # ---- a member's requests -------------------------------------------------------------------
+    def take(self, worker: int, incarnation: int, epoch: int) -> Key | str | None:
+        """A piece for a member in `epoch`: one given back from an epoch up to it first,
+        else a fresh one; "wait" (see __init__), or None: nothing left up to that epoch."""
+        while self.frontier < min(epoch, self.geometry.epochs - 1):
+            if self.open.get(self.frontier) is not None and self.open[self.frontier].pending():
+                break
+            self._open_next()
+        for number in sorted(e for e in self.open if e <= epoch):
+            opened = self.open[number]
+            if opened.returned:
+                return self._lease((number, opened.returned.popleft()), worker, incarnation)
+            if opened.fresh < len(opened.done):
+                opened.fresh += 1
+                return self._lease((number, opened.fresh - 1), worker, incarnation)
+        last = epoch >= self.geometry.epochs - 1
+        others = any(lease.worker != worker for lease in self.leases.values())
+        return "wait" if self.waits and last and others else None
+
+    def start(self, worker: int, incarnation: int, key: Key) -> None:
+        lease = self._held(worker, incarnation, key)
+        if lease is not None:
+            lease.started, lease.renewed = True, time.monotonic()
+
+    def finish(self, worker: int, incarnation: int, key: Key) -> None:
+        """The holder trained the piece; a piece it lost meanwhile (its lease ran out) counts
+        too where nobody has taken it again."""
+        lease = self._held(worker, incarnation, key)
+        opened = self.open.get(key[0])
+        if lease is None and opened is not None and key in self.served_before:
+            opened.returned.remove(key[1])  # it was served, then given back: it is done after all
+            self.served_before.discard(key)
+        elif lease is None:
+            return
+        else:
+            del self.leases[key]
+        self._done(key)
+
+    def give_back(self, worker: int, incarnation: int, key: Key) -> None:
+        """The holder will not train a piece it has not started."""
+        lease = self._held(worker, incarnation, key)
+        if lease is not None and not lease.started:
+            self._requeue(key, served=False)
+
+    def renew(self, worker: int, incarnation: int) -> None:
+        now = time.monotonic()
+        for lease in self.leases.values():
+            if lease.worker == worker and lease.incarnation == incarnation:
+                lease.renewed = now
+
+    # ---- what becomes of a holder's pieces -----------------------------------------------------
+    def leave(self, worker: int, incarnation: int) -> None:
+        """The member left cleanly: what it served it trained; the rest goes back."""
+        for key, lease in self._of(worker, lambda i: i == incarnation):
+            if lease.started:
+                del self.leases[key]
+                self._done(key)
+            else:
+                self._requeue(key, served=False)
+
+    def lost(self, worker: int, older_than: int | None = None) -> None:
+        """The member died (its incarnations before `older_than`, else every one): its
+        pieces go back, and those it served count as trained twice once handed out again."""
+        for key, lease in self._of(worker, lambda i: older_than is None or i < older_than):
+            self._requeue(key, served=lease.started)
+
+    def expire(self, now: float | None = None) -> None:
+        """Pieces whose holder has been silent past the lease go back as a dead one's."""
+        now = time.monotonic() if now is None else now
+        for key, lease in list(self.leases.items()):
+            if now - lease.renewed > self.lease_seconds:
+                self._requeue(key, served=lease.started)
+
+    # ---- what the run reads --------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        return {
+            "pieces_per_epoch": self.geometry.pieces,
+            "epoch_rows": list(self.epoch_rows),
+            "rows_trained_twice": self.rows_trained_twice,
+            "reissued": self.reissued,
+            "held": len(self.leases),
+        }
+
+    # ---- inside --------------------------------------------------------------------------------
+    def _open_next(self) -> None:
+        before = self.open.get(self.frontier)
+        if before is not None and before.done.all():  # a finished epoch keeps only its count
+            del self.open[self.frontier]
+        if self.frontier + 1 < self.geometry.epochs:
+            self.frontier += 1
+            self.open[self.frontier] = _Epoch(np.zeros(self.geometry.pieces, bool))
+
+    def _lease(self, key: Key, worker: int, incarnation: int) -> Key:
+        if key in self.served_before:
+            self.served_before.discard(key)
+            self.rows_trained_twice += self.geometry.rows_of(key[1])
+        self.leases[key] = Lease(worker, incarnation)
+        return key
+
+    def _held(self, worker: int, incarnation: int, key: Key) -> Lease | None:
+        lease = self.leases.get(key)
+        if lease is None or (lease.worker, lease.incarnation) != (worker, incarnation):
+            return None
+        return lease
+
+    def _of(self, worker: int, incarnations: Any) -> list[tuple[Key, Lease]]:
+        return [
+            (key, lease)
+            for key, lease in self.leases.items()
+            if lease.worker == worker and incarnations(lease.incarnation)
+        ]
+
+    def _requeue(self, key: Key, served: bool) -> None:
+        del self.leases[key]
+        self.open[key[0]].returned.appendleft(key[1])
+        if served:
+            self.served_before.add(key)
+            self.reissued += 1
+
+    def _done(self, key: Key) -> None:
+        epoch, piece = key
+        opened = self.open[epoch]
+        if opened.done[piece]:
+            return
+        opened.done[piece] = True
+        self.epoch_rows[epoch] += self.geometry.rows_of(piece)
+        if epoch != self.frontier and opened.done.all():  # a finished epoch keeps its count
+            del self.open[epoch]
+
+
+# ---- the messages ----------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Take:
+    """A member's word on its pieces: it `started` one, `finished` one, gives one back
+    (`returned`), and with `take` asks for a piece of `epoch`; answered with Dealt. Every
+    request names the run's cut, so that a member reading other data is refused."""
+
+    worker: int
+    incarnation: int
+    seq: int
+    epoch: int
+    geometry: Geometry
+    take: bool = True
+    started: Key | None = None
+    finished: Key | None = None
+    returned: Key | None = None
+
+    def header(self) -> dict[str, Any]:
+        g = self.geometry
+        fields: dict[str, Any] = {
+            "op": "piece",
+            "worker": self.worker,
+            "incarnation": self.incarnation,
+            "seq": self.seq,
+            "epoch": self.epoch,
+            "cut": [g.rows, g.piece_rows, g.epochs],
+            "take": self.take,
+        }
+        for name in ("started", "finished", "returned"):
+            key = getattr(self, name)
+            if key is not None:
+                fields[name] = list(key)
+        return fields
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Take:
+        cut = header.get("cut")
+        if not (isinstance(cut, list) and len(cut) == 3 and all(_count(v) for v in cut)):
+            message = f"a piece request's cut must be [rows, piece_rows, epochs], got {cut!r}"
+            raise FieldError("cut", message)
+        geometry = Geometry(*cut)
+        if geometry.pieces > MAX_PIECES or geometry.epochs > MAX_EPOCHS:
+            message = f"{cut} cuts more than {MAX_PIECES} pieces or {MAX_EPOCHS} epochs"
+            raise FieldError("cut", message)
+        epoch = header_int(header, "epoch", 0, MAX_EPOCHS)
+        keys = {name: _key(header, name, geometry) for name in ("started", "finished", "returned")}
+        return cls(
+            worker=header_int(header, "worker", 0, MAX_WORKER_ID),
+            incarnation=header_int(header, "incarnation", 0),
+            seq=header_int(header, "seq"),
+            epoch=epoch,
+            geometry=geometry,
+            take=header_bool(header, "take"),
+            **keys,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dealt:
+    """The reply to Take: the `piece` leased, or `wait` and ask again, or neither: nothing is
+    left up to the epoch asked for."""
+
+    seq: int
+    piece: Key | None = None
+    wait: bool = False
+
+    def header(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {"op": "ok", "seq": self.seq}
+        if self.piece is not None:
+            fields["piece"] = list(self.piece)
+        if self.wait:
+            fields["wait"] = True
+        return fields
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any]) -> Dealt:
+        piece = header.get("piece")
+        if piece is not None and not (
+            isinstance(piece, list) and len(piece) == 2 and all(_count(v, 0) for v in piece)
+        ):
+            raise ProtocolError(f"a piece reply names no piece: {piece!r}")
+        return cls(
+            seq=header_int(header, "seq"),
+            piece=None if piece is None else (piece[0], piece[1]),
+            wait=header_bool(header, "wait"),
+        )
+
+
+def _count(value: object, minimum: int = 1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and minimum <= value < 1 << 53
+
+
+def _key(header: dict[str, Any], name: str, geometry: Geometry) -> Key | None:
+    value = header.get(name)
+    if value is None:
+        return None
+    if not (
+        isinstance(value, list)
+        and len(value) == 2
+        and _count(value[0], 0)
+        and _count(value[1], 0)
+        and value[0] < geometry.epochs
+        and value[1] < geometry.pieces
+    ):
+        message = f"header field {name!r} must be [epoch, piece] of the cut, got {value!r}"
+        raise FieldError(name, message)
+    return (value[0], value[1])

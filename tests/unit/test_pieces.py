@@ -1,0 +1,170 @@
+"""The data cursor of a worker range's run (ps/pieces.py): every row once per epoch when no
+member dies, the served rows of a dead member's pieces counted twice, and bounded input."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ember.errors import ProtocolError
+from ember.ps.pieces import Dealt, Geometry, PieceQueue, Take
+
+CUT = Geometry(rows=100, piece_rows=10, epochs=2)
+
+
+def drain(queue: PieceQueue, members: list[int], epoch: int) -> list[tuple[int, int]]:
+    """Members take, start and finish pieces of `epoch` in turn until none is left."""
+    trained = []
+    active = list(members)
+    while active:
+        for worker in list(active):
+            key = queue.take(worker, 0, epoch)
+            if not isinstance(key, tuple):
+                active.remove(worker)
+                continue
+            queue.start(worker, 0, key)
+            queue.finish(worker, 0, key)
+            trained.append(key)
+    return trained
+
+
+def test_every_row_is_dealt_once_an_epoch_when_nobody_dies() -> None:
+    queue = PieceQueue(CUT, lease_seconds=30, waits=False)
+    for epoch in range(2):
+        trained = drain(queue, [0, 1, 2], epoch)
+        assert sorted(trained) == [(epoch, piece) for piece in range(10)]
+    assert queue.epoch_rows == [100, 100]
+    assert queue.rows_trained_twice == 0 and queue.reissued == 0 and not queue.leases
+
+
+def test_the_last_piece_takes_the_rows_left_over() -> None:
+    cut = Geometry(rows=105, piece_rows=10, epochs=1)
+    assert cut.pieces == 10 and cut.rows_of(9) == 15 and cut.rows_of(0) == 10
+    queue = PieceQueue(cut, 30, waits=False)
+    drain(queue, [0], 0)
+    assert queue.epoch_rows == [105]
+
+
+def test_a_dead_members_served_piece_is_dealt_again_and_counted_twice() -> None:
+    queue = PieceQueue(CUT, 30, waits=False)
+    served = queue.take(0, 0, 0)
+    ahead = queue.take(0, 0, 0)  # dealt ahead, never served
+    assert isinstance(served, tuple) and isinstance(ahead, tuple)
+    queue.start(0, 0, served)
+    queue.lost(0, older_than=1)  # its incarnation 1 registered: incarnation 0 died
+    again = drain(queue, [1], 0)
+    assert served in again and ahead in again and len(again) == 10
+    assert queue.rows_trained_twice == 10  # the served piece's rows, not the one dealt ahead
+    assert queue.reissued == 1 and queue.epoch_rows == [100, 0]
+
+
+def test_a_member_that_leaves_keeps_what_it_served_and_gives_back_the_rest() -> None:
+    queue = PieceQueue(CUT, 30, waits=False)
+    served, ahead = queue.take(0, 0, 0), queue.take(0, 0, 0)
+    assert isinstance(served, tuple) and isinstance(ahead, tuple)
+    queue.start(0, 0, served)
+    queue.leave(0, 0)
+    assert queue.epoch_rows[0] == 10 and not queue.leases
+    assert ahead in drain(queue, [1], 0)
+    assert queue.rows_trained_twice == 0 and queue.epoch_rows[0] == 100
+
+
+def test_a_lease_that_runs_out_goes_back_and_a_late_finish_still_counts_once() -> None:
+    queue = PieceQueue(CUT, lease_seconds=5, waits=False)
+    key = queue.take(0, 0, 0)
+    assert isinstance(key, tuple)
+    queue.start(0, 0, key)
+    queue.expire(now=queue.leases[key].renewed + 6)
+    assert not queue.leases
+    queue.finish(0, 0, key)  # it was slow, not dead: nobody took it again meanwhile
+    assert queue.epoch_rows[0] == 10 and queue.rows_trained_twice == 0
+    assert key not in drain(queue, [1], 0)
+
+
+def test_an_asynchronous_member_waits_for_pieces_held_elsewhere_in_the_last_epoch() -> None:
+    for waits, expected in ((True, "wait"), (False, None)):
+        queue = PieceQueue(Geometry(20, 10, 1), 30, waits=waits)
+        first, second = queue.take(0, 0, 0), queue.take(1, 0, 0)
+        assert isinstance(first, tuple) and isinstance(second, tuple)
+        queue.start(1, 0, second)
+        queue.finish(0, 0, first)
+        assert queue.take(0, 0, 0) == expected  # member 1 may still die with its piece
+        queue.lost(1)
+        assert queue.take(0, 0, 0) == second
+
+
+def test_an_epoch_opens_only_once_the_one_before_is_dealt_out() -> None:
+    queue = PieceQueue(Geometry(20, 10, 3), 30, waits=False)
+    assert queue.take(0, 0, 2) == (0, 0)  # a joiner asking ahead gets the oldest rows first
+    assert queue.take(0, 0, 2) == (0, 1)
+    assert queue.take(0, 0, 2) == (1, 0)
+    assert set(queue.open) == {0, 1}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from("tslx")), max_size=80))
+def test_every_row_is_trained_at_least_once_and_the_twice_count_is_exact(
+    moves: list[tuple[int, str]],
+) -> None:
+    """Any order of takes, serves (s), leaves (l) and deaths (x) by three members, then the
+    survivors finish: every piece is trained, and the rows counted twice are exactly the
+    rows of pieces served by more than one holder."""
+    queue = PieceQueue(Geometry(50, 10, 2), 30, waits=False)
+    incarnation = [0, 0, 0]
+    held: dict[int, list[tuple[int, int]]] = {0: [], 1: [], 2: []}
+    served: dict[tuple[int, int], int] = {}
+    for worker, move in moves:
+        inc = incarnation[worker]
+        if move == "t":
+            key = queue.take(worker, inc, 1)
+            if isinstance(key, tuple):
+                held[worker].append(key)
+        elif move == "s" and held[worker]:
+            key = held[worker].pop(0)
+            queue.start(worker, inc, key)
+            served[key] = served.get(key, 0) + 1
+            queue.finish(worker, inc, key)
+        elif move in "lx":
+            started = [k for k, lease in queue.leases.items() if lease.worker == worker]
+            assert all(not queue.leases[k].started for k in started)
+            (queue.leave(worker, inc) if move == "l" else queue.lost(worker, inc + 1))
+            held[worker], incarnation[worker] = [], inc + (move == "x")
+    for worker in range(3):  # the survivors give back what they hold, then drain
+        queue.leave(worker, incarnation[worker])
+    for epoch in range(2):
+        for key in drain(queue, [0], epoch):
+            served[key] = served.get(key, 0) + 1
+    assert queue.epoch_rows == [50, 50]
+    assert set(served) == {(e, p) for e in range(2) for p in range(5)}
+    assert queue.rows_trained_twice == 0  # pieces were finished as soon as served
+
+
+def test_a_served_piece_of_a_dead_member_counts_its_rows_twice_exactly() -> None:
+    queue = PieceQueue(Geometry(40, 10, 1), 30, waits=False)
+    keys = [queue.take(w, 0, 0) for w in (0, 1, 2)]
+    for worker, key in zip((0, 1, 2), keys, strict=True):
+        assert isinstance(key, tuple)
+        queue.start(worker, 0, key)
+    queue.lost(0)
+    queue.lost(1)
+    queue.finish(2, 0, keys[2])  # type: ignore[arg-type]
+    drain(queue, [2], 0)
+    assert queue.rows_trained_twice == 20 and queue.epoch_rows == [40]
+
+
+def test_the_messages_round_trip_and_refuse_what_is_out_of_the_cut() -> None:
+    take = Take(worker=3, incarnation=1, seq=7, epoch=1, geometry=CUT, started=(1, 4))
+    assert Take.from_header(take.header()) == take
+    dealt = Dealt(seq=7, piece=(1, 5))
+    assert Dealt.from_header(dealt.header()) == dealt
+    assert Dealt.from_header(Dealt(seq=8, wait=True).header()).wait
+    for field, value in (
+        ("cut", [100, 0, 2]),
+        ("cut", [1 << 40, 1, 2]),  # more pieces than the queue holds
+        ("started", [2, 0]),  # an epoch past the cut
+        ("finished", [0, 10]),  # a piece past it
+        ("returned", "0,1"),
+    ):
+        with pytest.raises(ProtocolError, match=field):
+            Take.from_header({**take.header(), field: value})
