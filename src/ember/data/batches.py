@@ -58,13 +58,15 @@ class MemoryBatches:
         order = torch.from_numpy(rng.permutation(self.rows))
         size = self.batch_size
         for index in range(start, self.rows // size):
-            batch = order[index * size : (index + 1) * size]
-            # index_select copies whole rows: several times faster than advanced indexing
-            if self.weights is None:
-                yield self.inputs(batch), self.targets.index_select(0, batch)
-            else:
-                inputs, targets = self.inputs(batch), self.targets.index_select(0, batch)
-                yield inputs, targets, self.weights.index_select(0, batch)
+            yield self.rows_of(order[index * size : (index + 1) * size])
+
+    def rows_of(self, batch: torch.Tensor) -> Batch:
+        """The rows numbered in `batch` as one batch, their weights third where there are."""
+        # index_select copies whole rows: several times faster than advanced indexing
+        if self.weights is None:
+            return self.inputs(batch), self.targets.index_select(0, batch)
+        inputs, targets = self.inputs(batch), self.targets.index_select(0, batch)
+        return inputs, targets, self.weights.index_select(0, batch)
 
     def inputs(self, batch: torch.Tensor) -> Inputs:
         if self.features is not None:

@@ -99,7 +99,9 @@ def join_run(run_dir: Path, epochs: int, report: Report = print) -> WorkerDone:
     """Train one more worker in the run at `run_dir` for `epochs` passes; return its totals."""
     path = run_dir / JOIN_FILE
     config, servers, secret = read_join_file(path, None)
-    run_epochs, config = config.epochs, replace(config, epochs=epochs)
+    run_epochs = config.epochs
+    if config.workers_max is None:  # a range's joiner takes the run's pieces, epoch by epoch
+        config = replace(config, epochs=epochs)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

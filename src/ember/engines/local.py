@@ -235,7 +235,8 @@ def _work(spec: WorkerSpec, pipe: Connection, files: DataFiles) -> None:
         records.send(record)
 
     try:
-        dataset = files.shard(spec.rank, spec.world)  # mapped: its rows only, read-only
+        # mapped read-only: its rows only, or a range member the whole set, dealt in pieces
+        dataset = files.shard(*((0, 1) if spec.dealt else (spec.rank, spec.world)))
         # a range's member leaves on SIGTERM (`ember leave`); a fixed run's dies of it
         stop = leave_on_sigterm() if spec.config.workers_max is not None else None
         records.send(run_worker(spec, report, dataset, stop))

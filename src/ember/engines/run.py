@@ -351,13 +351,20 @@ def _wire_stats(stats: list[dict[str, Any]], encrypt: bool) -> dict[str, Any]:
     }
 
 
-def _membership(stats: list[dict[str, Any]]) -> dict[str, int]:
+def _membership(stats: list[dict[str, Any]]) -> dict[str, Any]:
     """Joins and leaves over the run: every shard sees every member, so the largest count
-    (a shard restarted from a checkpoint counts from there)."""
+    (a shard restarted from a checkpoint counts from there); under a worker range, the rows
+    shard 0 dealt: each epoch's, and those trained twice (ps/pieces.py)."""
     counts = [s.get("workers", {}) for s in stats]
-    return {
+    totals: dict[str, Any] = {
         key: max((int(c.get(key, 0)) for c in counts), default=0) for key in ("joins", "leaves")
     }
+    pieces = next((s["pieces"] for s in stats if isinstance(s.get("pieces"), dict)), None)
+    if pieces is not None:
+        totals["epoch_rows"] = pieces.get("epoch_rows", [])
+        totals["rows_trained_twice"] = int(pieces.get("rows_trained_twice", 0))
+        totals["pieces_reissued"] = int(pieces.get("reissued", 0))
+    return totals
 
 
 def _merge_server_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:

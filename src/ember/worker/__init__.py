@@ -10,6 +10,7 @@ run's servers or gloo group; worker 0 also evaluates. Where each piece lives:
 - `userloop.py`   ember.context() (rank, world, shard, report) and ember.Optimizer, whose step()
                   does the run's exchange
 - `data.py`       WorkerData: the worker's shard, as every training function reads it (ctx.data)
+- `pieces.py`     a worker range's rows, dealt piece by piece by the servers' data cursor
 - `device.py`     the device a worker takes, its forward precision, batches moved one step ahead
 - `evaluation.py` when worker 0 evaluates, and a model's loss and metrics on a held-out set
 - `returns.py`    rank 0's return value, encoded as msgpack to cross the process boundary
@@ -17,7 +18,7 @@ run's servers or gloo group; worker 0 also evaluates. Where each piece lives:
 
 The names below load on first use, so importing `ember.worker.spec` does not import torch.
 
-imports: algorithms, checkpoint, config, data, errors, metrics, models, wire
+imports: algorithms, checkpoint, config, data, errors, metrics, models, ps, wire
 """
 
 from __future__ import annotations

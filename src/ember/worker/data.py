@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Protocol
 
 import numpy as np
@@ -13,6 +13,7 @@ from ember.data import Dataset, shard_indices
 from ember.data.batches import Batch, MemoryBatches, ShardBatches
 from ember.data.streamhost import StreamedDataset, counted, stream_batches
 from ember.errors import EmberError
+from ember.worker.pieces import PieceSource
 from ember.worker.spec import WorkerSpec
 
 
@@ -35,7 +36,15 @@ class WorkerData:
         self.y: np.ndarray | None = None
         self.w: np.ndarray | None = None  # the rows' weights, where the run has a weight column
         self.shard: ShardBatches
-        if isinstance(dataset, StreamedDataset):
+        self.pieces: PieceSource | None = None  # a worker range's: rows dealt by the servers
+        if spec.dealt:
+            if isinstance(dataset, StreamedDataset):
+                raise EmberError("a worker range's run reads rows held in memory, not streamed")
+            self.x, self.y, self.w = dataset.x_train, dataset.y_train, dataset.w_train
+            memory = MemoryBatches(self.x, self.y, *_seeded(spec), self.w)
+            self.pieces = _piece_source(spec, memory)
+            self.shard = counted(memory)
+        elif isinstance(dataset, StreamedDataset):
             self.shard = stream_batches(dataset, spec.rank, spec.world, *_streamed(spec))
         else:
             self.x, self.y, self.w = shard_rows(spec, dataset)
@@ -43,15 +52,23 @@ class WorkerData:
         self.x_test, self.y_test = dataset.x_test, dataset.y_test
         self.batch_size = spec.parts.training.batch_size
         self.steps_per_epoch = self.shard.rows // self.batch_size
+        if self.pieces is not None:  # a member's share, as far as the run's MIN members go
+            self.steps_per_epoch = max(1, self.pieces.steps_per_epoch // spec.world)
         self._ctx = ctx
 
-    def batches(self, epoch: int) -> Iterator[Batch]:
+    def batches(self, epoch: int) -> Generator[Batch, None, None]:
         """Epoch `epoch`'s (inputs, targets) minibatches, counted from 0, with the rows'
         weights third where the run has a weight column. A restarted worker resumes from the
         servers' record of its steps, so batches it trained already are skipped and the loop
         goes on where the rank stopped."""
         ctx = self._ctx
         ctx.epoch = epoch
+        if self.pieces is not None:
+            for (dealt_epoch, _), batch in self.pieces.epoch(epoch):
+                ctx.epoch = dealt_epoch  # a piece given back from an earlier epoch says so
+                ctx.samples += len(batch[1])
+                yield batch
+            return
         start = min(max(0, ctx.start_step - epoch * self.steps_per_epoch), self.steps_per_epoch)
         for batch in self.shard.epoch(epoch, start):
             ctx.samples += len(batch[1])
@@ -106,9 +123,27 @@ def _in_memory(
     spec: WorkerSpec, x: np.ndarray, y: np.ndarray, w: np.ndarray | None
 ) -> ShardBatches:
     """Rows held in memory as batches, with the counters a stream keeps."""
-    parts = spec.parts
-    batch_size, seed = parts.training.batch_size, parts.data.seed
-    return counted(MemoryBatches(x, y, batch_size, seed, spec.rank, w))
+    return counted(MemoryBatches(x, y, *_seeded(spec), w))
+
+
+def _seeded(spec: WorkerSpec) -> tuple[int, int, int]:
+    """Batch size, seed and rank: what fixes the order of a worker's batches."""
+    return spec.parts.training.batch_size, spec.parts.data.seed, spec.rank
+
+
+def _piece_source(spec: WorkerSpec, rows: MemoryBatches) -> PieceSource:
+    servers = spec.parts.servers
+    return PieceSource(
+        rows,
+        spec.parts.training.epochs,
+        spec.parts.data.seed,
+        spec.servers[0],
+        spec.secret,
+        (spec.rank, spec.incarnation),
+        servers.request_timeout,
+        # the last pieces are held elsewhere until their holder finishes, or its lease runs out
+        wait_limit=4 * servers.worker_timeout + servers.request_timeout,
+    )
 
 
 def _streamed(spec: WorkerSpec) -> tuple[DataPart, int]:

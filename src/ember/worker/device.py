@@ -5,7 +5,7 @@ CUDA unless the worker's device is a GPU."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -75,7 +75,7 @@ def loss_scaler(precision: str, module: torch.nn.Module, device: torch.device) -
     return LossScaler(module, device) if precision == "16-mixed" else None
 
 
-def on_device(batches: Iterator[Batch], device: torch.device) -> Iterator[Batch]:
+def on_device(batches: Iterator[Batch], device: torch.device) -> Generator[Batch, None, None]:
     """`batches` on a GPU: each copied from pinned host memory without blocking, one step
     ahead, so the copy of the next batch overlaps this step's compute."""
     ahead: Batch | None = None

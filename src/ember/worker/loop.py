@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,6 +101,9 @@ def builtin_loop() -> None:
     for the configured epochs, or until the engine asks it to stop."""
     ctx = context()
     loop = BuiltinLoop(ctx)
+    if ctx.data.pieces is not None:
+        dealt_loop(ctx, loop)
+        return
     engine, optimizer = ctx.parts.engine, loop.optimizer
     first_step, total_steps = optimizer.steps, ctx.total_steps
     steps_per_epoch = ctx.data.steps_per_epoch
@@ -121,6 +124,27 @@ def builtin_loop() -> None:
         if loop.checkpoint_due(step + 1):
             loop.checkpoint(step + 1)
     loop.finish(last_step)
+
+
+def dealt_loop(ctx: LoopContext, loop: BuiltinLoop) -> None:
+    """The built-in loop of a worker range's member: each epoch's pieces as the servers deal
+    them, until none is left or the member is told to leave (it asks for no piece then)."""
+    log_every, step = ctx.parts.engine.log_every, loop.optimizer.steps
+    for epoch in range(ctx.epochs):
+        batches, trained = loop.epoch_batches(epoch), 0
+        while not ctx.stopped and (batch := next(batches, None)) is not None:
+            loop.step(*batch)
+            step, trained = step + 1, trained + 1
+            if loop.logged_steps == log_every:
+                loop.log(step - 1, epoch)
+        batches.close()  # what it served is finished; a piece dealt ahead goes back
+        if ctx.stopped:
+            break
+        if ctx.rank == 0 and trained:
+            loop.evaluate(step - 1, epoch, epoch_end=True)
+    if loop.logged_steps:
+        loop.log(step - 1, ctx.epoch)
+    loop.finish(step)
 
 
 class BuiltinLoop:
@@ -155,7 +179,7 @@ class BuiltinLoop:
         self.saved_step = self.optimizer.steps  # of the last local checkpoint
         self.last_log = self.last_checkpoint = ctx.started_at  # perf_counter() times
 
-    def epoch_batches(self, epoch: int) -> Iterator[Batch]:
+    def epoch_batches(self, epoch: int) -> Generator[Batch, None, None]:
         """Epoch `epoch`'s batches from where this worker stands, on the worker's device."""
         batches = self.ctx.data.batches(epoch)
         return batches if self.device.type == "cpu" else on_device(batches, self.device)
@@ -232,7 +256,7 @@ class BuiltinLoop:
             )
         )
 
-    def evaluate(self, step: int, epoch: int) -> None:
+    def evaluate(self, step: int, epoch: int, epoch_end: bool | None = None) -> None:
         """Worker 0 evaluates on the held-out set the model its strategy trains: its local
         parameters, or easgd's center as of its latest exchange (none yet: its own). With
         eval_deferred it only copies them, for evaluate_snapshots after training: the loop
@@ -242,7 +266,7 @@ class BuiltinLoop:
         point = {
             "epoch": epoch + 1,
             "step": step + 1,
-            "epoch_end": ends_epoch(step, self.steps_per_epoch),
+            "epoch_end": ends_epoch(step, self.steps_per_epoch) if epoch_end is None else epoch_end,
             # training so far, for time and samples to a target: the loop's seconds
             # without evaluation and checkpoints, and every worker's samples alike
             "seconds": self.ctx.training_seconds(aside_started),

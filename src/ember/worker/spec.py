@@ -49,6 +49,12 @@ class WorkerSpec:
     # on the local engine, where a worker's rank picks its GPU
     gpus: tuple[str, ...] | None = None
 
+    @property
+    def dealt(self) -> bool:
+        """Whether the worker's rows are dealt piece by piece by the servers (a worker
+        range's run with servers, ps/pieces.py), not a shard cut for its rank."""
+        return self.config.workers_max is not None and self.parts.strategy.uses_server
+
     @cached_property
     def parts(self) -> RunParts:
         """The run's configuration in the parts the worker's layers read, parsed once."""

@@ -1,6 +1,5 @@
-"""What every worker's training function runs against, ember.run's and ember train's built-in
-one alike: the worker context (`ember.context()`: rank, world, its shard, report) and
-`ember.Optimizer`, which drives the run's algorithm from the function's steps."""
+"""What every worker's training function runs against, ember.run's and ember train's alike:
+the worker context (`ember.context()`: rank, world, its shard, report) and `ember.Optimizer`."""
 
 from __future__ import annotations
 
@@ -120,14 +119,15 @@ class LoopContext:
     @property
     def start_epoch(self) -> int:
         """The epoch this incarnation begins in (0, or a restarted rank's): a loop over
-        range(ctx.start_epoch, ctx.epochs) goes on where the rank stopped."""
-        return self.start_step // self.data.steps_per_epoch
+        range(ctx.start_epoch, ctx.epochs) goes on where the rank stopped; 0 under a worker
+        range, whose servers deal only the rows left."""
+        return 0 if self.data.pieces else self.start_step // self.data.steps_per_epoch
 
     @property
     def should_stop(self) -> bool:
         """Whether this rank has taken the run's steps (epochs times its shard's batches), or
         the engine asked it to leave the run."""
-        return self.step >= self.total_steps or self.stopped
+        return (self.data.pieces is None and self.step >= self.total_steps) or self.stopped
 
     @property
     def stopped(self) -> bool:

@@ -1,0 +1,126 @@
+"""Ray Train's replica-replacement scenarios on a worker range's run: 2 workers, 100 rows, a
+worker failing after 20 rows, at an epoch boundary, twice on one rank, on both ranks. A
+collector records every row each worker trains; the rows are dealt by the servers in pieces
+(ps/pieces.py), so every row is trained once per epoch where no step was in flight and at
+least once otherwise, and summary.json's counts agree with the collector."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import ember
+from ember.metrics import read_metrics
+
+ROWS, EPOCHS, BATCH = 100, 2, 10
+# a step's time, so that a restarted worker (about a second to start) still finds rows dealt
+STEP_SECONDS = 0.15
+
+
+def rows_with_ids() -> tuple[np.ndarray, np.ndarray]:
+    """Row i's first feature is i, so that a batch says which rows it holds."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, 4)).astype(np.float32)
+    x[:, 0] = np.arange(ROWS)
+    return x, (x[:, 1] > 0).astype(np.int64)
+
+
+def make_net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 2)
+
+
+def train(out: str, failures: dict[int, list[Any]]) -> None:
+    """Train on the rows dealt, appending each batch's (epoch, row) to this incarnation's
+    collector file before its step; `failures[rank][incarnation]` says when that one dies:
+    after that many rows, or "boundary" after its first epoch."""
+    ctx = ember.context()
+    plan = failures.get(ctx.rank, [])
+    dies = plan[ctx.incarnation] if ctx.incarnation < len(plan) else None
+    net = make_net()
+    optimizer = ember.Optimizer(torch.optim.SGD(net.parameters(), lr=0.05), net)
+    (Path(out) / f"ready-{ctx.rank}").touch()  # both in before either trains: each gets rows
+    deadline = time.monotonic() + 60
+    while len(list(Path(out).glob("ready-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    trained = 0
+    with open(Path(out) / f"rows-{ctx.rank}-{ctx.incarnation}.txt", "a") as collector:
+        for epoch in range(ctx.start_epoch, ctx.epochs):
+            for x, y in ctx.data.batches(epoch):
+                rows = " ".join(f"{ctx.epoch}:{int(r)}" for r in x[:, 0].tolist())
+                collector.write(rows + "\n")
+                collector.flush()
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(net(x), y).backward()
+                optimizer.step()
+                time.sleep(STEP_SECONDS)
+                trained += len(y)
+                if dies == trained:
+                    os._exit(3)  # a crash: nothing said to anyone
+            if dies == "boundary":
+                os._exit(3)
+
+
+def collected(out: Path) -> dict[int, Counter[int]]:
+    """How many times each row was trained, per epoch, over every worker's collector."""
+    per_epoch: dict[int, Counter[int]] = {e: Counter() for e in range(EPOCHS)}
+    for path in out.glob("rows-*.txt"):
+        for line in path.read_text().split():
+            epoch, row = line.split(":")
+            per_epoch[int(epoch)][int(row)] += 1
+    return per_epoch
+
+
+@pytest.mark.parametrize(
+    ("failures", "in_flight"),
+    [
+        ({1: [20]}, True),  # a worker fails after 20 rows
+        ({1: ["boundary"]}, False),  # at an epoch boundary: no step in flight
+        ({1: [20, 20]}, True),  # twice on one rank
+        ({0: [20], 1: [30]}, True),  # both ranks
+    ],
+    ids=["after-20-rows", "epoch-boundary", "twice-on-one-rank", "both-ranks"],
+)
+def test_every_row_is_trained_once_an_epoch_or_at_least_once_when_a_step_was_in_flight(
+    tmp_path: Path, failures: dict[int, list[Any]], in_flight: bool
+) -> None:
+    collector = tmp_path / "collector"
+    collector.mkdir()
+    x, y = rows_with_ids()
+    ember.run(
+        train,
+        str(collector),
+        failures,
+        model=make_net,
+        data=(x, y),
+        test_data=(x[:20], y[:20]),
+        strategy="async",
+        workers=(2, 3),
+        epochs=EPOCHS,
+        batch_size=BATCH,
+        out=str(tmp_path / "run"),
+    )
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    counts = collected(collector)
+    deaths = sum(len(plan) for plan in failures.values())
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    restarts = [r for r in records if r.get("kind") == "restart"]
+    assert len(restarts) == deaths  # each dead worker was replaced, as Ray replaces a replica
+    twice = 0
+    for epoch in range(EPOCHS):
+        assert set(counts[epoch]) == set(range(ROWS)), f"epoch {epoch} missed rows"
+        twice += sum(n - 1 for n in counts[epoch].values())
+    assert summary["epoch_rows"] == [ROWS] * EPOCHS  # each row once, as the servers count
+    assert summary["rows_trained_twice"] == twice
+    if in_flight:  # the dead worker's last batch was trained again by whoever took it
+        assert twice == BATCH * deaths
+    else:
+        assert twice == 0
