@@ -60,11 +60,6 @@ def check_worker_range(config: Ranged) -> None:
             f" {low}:{high} ({why}); the strategies that take a range:"
             f" {', '.join(RANGE_STRATEGIES)}"
         )
-    if config.engine == "spark":
-        raise ConfigError(
-            f"a worker range ({low}:{high}) runs on the local engine: engine 'spark' trains"
-            " a fixed barrier stage of --workers tasks"
-        )
     if config.max_workers is not None and config.max_workers < high:
         raise ConfigError(
             f"max_workers ({config.max_workers}) must hold the range's {high} members at least"

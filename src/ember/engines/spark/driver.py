@@ -28,6 +28,7 @@ from ember.engines.spark.jobs import (
     start_warm_up,
     wait_for_warm_up,
 )
+from ember.engines.spark.members import check_member_data, member_job
 from ember.engines.spark.records import RecordCollector
 from ember.engines.spark.rendezvous import exposure, state_params
 from ember.engines.spark.session import (
@@ -56,7 +57,9 @@ def train_spark(run: ParsedRun) -> RunResult:
     config, show_progress, dataset, loop = run.config, run.progress_shown, run.dataset, run.loop
     check_supported(config)
     check_before_start(config)
-    files = parquet_files_to_stream(config, print) if dataset is None and loop is None else []
+    check_member_data(config, has_arrays=dataset is not None)
+    streams = dataset is None and loop is None and config.workers_max is None
+    files = parquet_files_to_stream(config, print) if streams else []
     if files:  # rows bigger than the driver's share: Spark reads them, the tasks spill them
         with session(config, show_progress) as (spark, _):
             frames = [spark.read.parquet(str(file)) for file in files]
@@ -90,6 +93,9 @@ def train_spark(run: ParsedRun) -> RunResult:
                 lifecycle.servers.where = run_placement(config, spark)
                 lifecycle.start_servers(rows_per_worker=split[0] // config.workers)
             warm_up = start_warm_up(spark, config.workers)
+            if config.workers_max is not None:  # members read the data where they run
+                facts = FrameFacts.local(split[0], config.workers, 1, data.num_classes - 1)
+                return _train(lifecycle, spark, None, facts, (session_seconds, began), warm_up)
             progress.phase("handing the data to Spark")
             pixels = train_pixels(data)
             if pixels is not None:
@@ -112,6 +118,7 @@ def train_dataframe(run: ParsedRun) -> RunResult:
     config, given = run.config, run.frame
     if given is None:
         raise ValueError("train_dataframe trains on a DataFrame: the run names none")
+    check_member_data(config, has_arrays=True)
     df, features_col, label_col = given.df, given.features_col, given.label_col
     check_supported(config)
     check_cluster(config, df.sparkSession)
@@ -134,20 +141,21 @@ def train_dataframe(run: ParsedRun) -> RunResult:
 def _train(
     run: Run,
     spark: Any,
-    frame: Any,
+    frame: Any,  # None: a range's members, which read the data themselves
     facts: FrameFacts,
     clock: tuple[float, float],  # seconds the session took to start, and when the run began
     warm_up: Job,
 ) -> RunResult:
     setup, config, data, (session_seconds, began) = run.setup, run.config, run.setup.dataset, clock
     rows, repartition = facts.rows_per_worker(config.workers, config.batch_size)
-    repartition = repartition or coalesced(frame)
-    unused = facts.rows - rows * config.workers
-    partitions = len(facts.partition_rows)
-    details = {"partitions": partitions, "repartitioned": repartition, "unused_rows": unused}
-    setup.metrics.write(RunEvent(event="partitions", details=details))
-    if repartition:
-        frame = frame.repartition(config.workers)
+    if frame is not None:  # a barrier stage's partitions; a range's members deal the rows
+        repartition = repartition or coalesced(frame)
+        unused = facts.rows - rows * config.workers
+        partitions = len(facts.partition_rows)
+        details = {"partitions": partitions, "repartitioned": repartition, "unused_rows": unused}
+        setup.metrics.write(RunEvent(event="partitions", details=details))
+        if repartition:
+            frame = frame.repartition(config.workers)
     workers: SparkWorkers | None = None
     cluster = not is_local(master_of(spark))
     if run.servers is not None:
@@ -184,9 +192,13 @@ def _train(
             prepared = time.perf_counter()
             rows_known = None if repartition else rows
             task = partial(train_partition, spec, probe, rows_known, collector.address, not cluster)
-            # The shuffle after the barrier stage makes it a map stage, which Spark retries as
-            # a whole when a task fails; a failed barrier result stage would end the job.
-            training = frame.mapInArrow(task, RECORDS, barrier=True).repartition(1)
+            if frame is None:
+                training = member_job(spark, spec, probe, collector.address)
+            else:
+                # The shuffle after the barrier stage makes it a map stage, which Spark
+                # retries as a whole when a task fails; a failed barrier result stage would
+                # end the job.
+                training = frame.mapInArrow(task, RECORDS, barrier=True).repartition(1)
             run.progress.phase("starting training tasks")
             workers = SparkWorkers(
                 spark, lambda: training, collector, config, run.servers, setup.secret

@@ -75,7 +75,10 @@ def check_master(
     """check_cluster for a master URL and a lookup of its settings (key, default) -> value.
     A local master's task slots follow from its URL; a cluster's are counted on the running
     `context`'s executors, and not at all before a session exists (context None)."""
-    if str(setting("spark.dynamicAllocation.enabled", "false")).strip().lower() == "true":
+    dynamic = str(setting("spark.dynamicAllocation.enabled", "false")).strip().lower() == "true"
+    if config.workers_max is not None:  # a range's members are ordinary tasks: any slots do
+        return
+    if dynamic:
         raise ConfigError(
             "spark.dynamicAllocation.enabled is true, but barrier stages (all workers at once)"
             " do not support dynamic allocation; set it to false"
