@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,6 +22,7 @@ import torch
 
 import ember
 from ember.metrics import read_metrics
+from tests.processes import has_worker_records, wait_for
 
 ROWS, EPOCHS, BATCH = 100, 2, 10
 # a step's time, so that a restarted worker (about a second to start) still finds rows dealt
@@ -124,3 +128,34 @@ def test_every_row_is_trained_once_an_epoch_or_at_least_once_when_a_step_was_in_
         assert twice == BATCH * deaths
     else:
         assert twice == 0
+
+
+def test_a_range_resumed_from_its_last_checkpoint_goes_on_mid_epoch(tmp_path: Path) -> None:
+    """SIGTERM writes a last checkpoint with the data cursor; --resume deals only the pieces
+    that were not done, so each epoch's rows add up to the set once over both runs."""
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "ember", "train", "--data", "digits", "--strategy", "async"]
+    argv += ["--workers", "2:3", "--epochs", "6", "--log-every", "10", "--out", str(out)]
+    launcher = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert wait_for(lambda: has_worker_records(out), 90), "no worker reported progress"
+        launcher.send_signal(signal.SIGTERM)
+        launcher.communicate(timeout=60)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 128 + signal.SIGTERM
+    newest = (out / "checkpoints" / "last").read_text().strip()  # the newest one's name
+    last = json.loads((out / "checkpoints" / newest / "manifest.json").read_text())
+    cursor = last["meta"]["pieces"]
+    assert sum(cursor["epoch_rows"]) > 0 and cursor["frontier"] < 6, cursor
+    resumed = subprocess.run(
+        [*argv, "--resume", "auto"], capture_output=True, text=True, timeout=300
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    rows = summary["epoch_rows"][-1]
+    assert summary["epoch_rows"] == [rows] * 6  # what the first run trained is not again
+    assert summary["rows_trained_twice"] == 0
+    done = [r for r in read_metrics(out / "metrics.jsonl") if r.get("kind") == "done"]
+    trained_after = sum(r["samples"] for r in done)
+    assert trained_after == 6 * rows - sum(cursor["epoch_rows"])  # mid-epoch, not from 0

@@ -3,12 +3,15 @@ member dies, the served rows of a dead member's pieces counted twice, and bounde
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ember.errors import ProtocolError
-from ember.ps.pieces import Dealt, Geometry, PieceQueue, Take
+from ember.ps.piece_protocol import Dealt, Take
+from ember.ps.pieces import Geometry, PieceQueue, parse_cursor
 
 CUT = Geometry(rows=100, piece_rows=10, epochs=2)
 
@@ -168,3 +171,41 @@ def test_the_messages_round_trip_and_refuse_what_is_out_of_the_cut() -> None:
     ):
         with pytest.raises(ProtocolError, match=field):
             Take.from_header({**take.header(), field: value})
+
+
+def test_a_checkpointed_cursor_resumes_mid_epoch_with_what_was_done() -> None:
+    queue = PieceQueue(Geometry(60, 10, 2), 30, waits=False)
+    done = [queue.take(0, 0, 0) for _ in range(4)]
+    for key in done[:3]:
+        assert isinstance(key, tuple)
+        queue.start(0, 0, key)
+        queue.finish(0, 0, key)  # the fourth is held when the checkpoint is taken
+    saved = json.loads(json.dumps(queue.cursor()))  # as a checkpoint's metadata holds it
+    resumed = PieceQueue(Geometry(60, 10, 2), 30, waits=False)
+    resumed.restore(parse_cursor(saved))
+    rest = drain(resumed, [5], 0)
+    assert sorted(rest) == [(0, 3), (0, 4), (0, 5)]  # the held one is dealt again
+    assert resumed.epoch_rows == [60, 0]
+    assert drain(resumed, [5], 1) == [(1, p) for p in range(6)]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("cut", [60, 0, 2], "no valid cut"),
+        ("frontier", 5, "no valid frontier"),
+        ("epoch_rows", [1], "row count for each epoch"),
+        ("done", {"0": "not base64!"}, "epoch '0'"),
+        ("done", {"0": "AAAA"}, "not of its cut"),  # 3 bytes for 6 pieces
+        ("rows_trained_twice", -1, "a count that is not one"),
+    ],
+)
+def test_a_bad_cursor_in_a_checkpoint_is_one_error_saying_what(
+    field: str, value: object, says: str
+) -> None:
+    queue = PieceQueue(Geometry(60, 10, 2), 30, waits=False)
+    saved = {**queue.cursor(), field: value}
+    with pytest.raises(ValueError, match=says):
+        parse_cursor(saved)
+    with pytest.raises(ValueError, match="must be a map"):
+        parse_cursor([saved])

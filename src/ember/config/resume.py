@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ember.config.membership import worker_range
 from ember.config.run import FIELD_NAMES, RunConfig
 from ember.errors import CheckpointError, ConfigError
 
@@ -60,6 +61,9 @@ def resumed_values(
         raise CheckpointError(
             f"checkpoint {where}: its manifest's config is invalid: {exc}"
         ) from None
+    if "workers" in explicit:  # a range as given (`2:3`) against the saved MIN and MAX
+        low, high = worker_range(explicit["workers"], explicit.get("workers_max"))
+        explicit = {**explicit, "workers": low, **({"workers_max": high} if high else {})}
     notes: list[tuple[str, Any, Any]] = []
     fixed: list[tuple[str, Any, Any]] = []
     for name, given in explicit.items():

@@ -234,6 +234,10 @@ class Run:
             return
         self._members = now
         text = f"members: {now['members']} ({now['joins']} joined, {now['leaves']} left so far)"
+        below = self.parts.strategy.workers
+        if 0 < now["members"] < below:
+            seconds = self.parts.servers.worker_timeout
+            text += f"; below MIN {below}: the members wait up to {seconds:g} s for others"
         self.note(RunEvent(event="membership", details=now), text)
 
     def finish(self, seconds: float, extra: dict[str, Any]) -> RunResult:

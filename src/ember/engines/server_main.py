@@ -23,6 +23,7 @@ from ember.config import ServerSettings
 from ember.engines.addresses import bind_first
 from ember.engines.process import _die_with_parent
 from ember.ps import ParameterServer, ShardSpec, make_consistency
+from ember.ps.pieces import parse_cursor
 from ember.wire import use_encryption
 
 
@@ -63,6 +64,9 @@ def serve(message: dict[str, Any], tell: Callable[[str], None]) -> None:
             if k in rule.state_names
         }
 
+    saved = message.get("pieces")
+    cursor = parse_cursor(saved) if saved is not None else None
+
     def listen(bind: str) -> ParameterServer:
         return ParameterServer(
             shard,
@@ -81,6 +85,7 @@ def serve(message: dict[str, Any], tell: Callable[[str], None]) -> None:
             role=role,
             backup=message["backup"],
             replica_seconds=config.replica_seconds,
+            cursor=cursor,
         )
 
     name = f"parameter server {shard.index} ({role})"

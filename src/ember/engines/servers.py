@@ -149,6 +149,7 @@ class ServerGroup:
                 "state": str(state),
                 "workers": workers,
                 "step": step,
+                "pieces": meta.get("pieces"),  # a worker range's data cursor
                 "steps_per_worker": self.steps_per_worker,
                 "log": str(self._log(slot)),
             }
@@ -253,6 +254,8 @@ class ServerGroup:
         if step == self._saved_step:
             return None
         full_meta = {**meta, "server_step": step, "workers": state_meta["workers"]}
+        if "pieces" in state_meta:
+            full_meta["pieces"] = state_meta["pieces"]
         path = save_checkpoint(
             root, free_step(root, step), tensors, full_meta, keep=self.settings.keep_checkpoints
         )

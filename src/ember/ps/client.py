@@ -341,7 +341,10 @@ def fetch_state(
             seen = workers.setdefault(worker, dict(entry))
             seen["clock"] = min(seen["clock"], entry["clock"])
             seen["step"] = min(seen["step"], entry["step"])
-    return full, {"step": min(s.step for s in snapshots), "workers": workers}
+    meta: dict[str, Any] = {"step": min(s.step for s in snapshots), "workers": workers}
+    if "pieces" in parts[0][0]:  # a worker range's data cursor, shard 0's (ps/pieces.py)
+        meta["pieces"] = parts[0][0]["pieces"]
+    return full, meta
 
 
 def control(

@@ -4,7 +4,7 @@ Spark hands out tasks. A member leases a piece, says it started it when it serve
 and says it finished it when it asks for the next; a member that leaves gives back what it
 had not started; one that died has its pieces handed out again (and the rows it had served
 counted as trained twice). Which rows a piece holds is the worker's to compute from the
-run's seed (worker/pieces.py): only piece numbers cross the wire.
+run's seed (worker/pieces.py): only piece numbers cross the wire (piece_protocol.py).
 
 Bounded whatever a peer says: pieces per epoch and epochs are capped, one epoch opens only
 once the one before has handed out every piece, and leases are one per piece.
@@ -12,15 +12,13 @@ once the one before has handed out every piece, and leases are one per piece.
 
 from __future__ import annotations
 
+import base64
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
-from ember.errors import ProtocolError
-from ember.ps.protocol import MAX_WORKER_ID, FieldError, header_bool, header_int
 
 MAX_PIECES = 1 << 20  # pieces of one epoch
 MAX_EPOCHS = 1 << 16
@@ -84,15 +82,20 @@ class PieceQueue:
         self._open_next()
 
     # ---- a member's requests -------------------------------------------------------------------
-    def take(self, worker: int, incarnation: int, epoch: int) -> Key | str | None:
+    def take(
+        self, worker: int, incarnation: int, epoch: int, hold: bool = False
+    ) -> Key | str | None:
         """A piece for a member in `epoch`: one given back from an epoch up to it first,
-        else a fresh one; "wait" (see __init__), or None: nothing left up to that epoch."""
+        else a fresh one; "wait" (see __init__, or a piece is there but `hold`: the run has
+        fewer members than its MIN), or None: nothing left up to that epoch."""
         while self.frontier < min(epoch, self.geometry.epochs - 1):
             if self.open.get(self.frontier) is not None and self.open[self.frontier].pending():
                 break
             self._open_next()
         for number in sorted(e for e in self.open if e <= epoch):
             opened = self.open[number]
+            if hold and opened.pending():
+                return "wait"
             if opened.returned:
                 return self._lease((number, opened.returned.popleft()), worker, incarnation)
             if opened.fresh < len(opened.done):
@@ -166,6 +169,32 @@ class PieceQueue:
             "held": len(self.leases),
         }
 
+    def cursor(self) -> dict[str, Any]:
+        """What a checkpoint keeps, for a resume to go on mid-epoch: the cut, the counts and
+        which pieces of each open epoch are done (bits, base64). Pieces held or given back
+        are not done: a resumed run deals them again."""
+        done = {
+            str(e): base64.b64encode(np.packbits(o.done).tobytes()).decode()
+            for e, o in self.open.items()
+        }
+        g = self.geometry
+        return {
+            "cut": [g.rows, g.piece_rows, g.epochs],
+            "frontier": self.frontier,
+            "done": done,
+            **{k: v for k, v in self.stats().items() if k in RESTORED},
+        }
+
+    def restore(self, cursor: Cursor) -> None:
+        """Go on from a checkpoint's cursor (parse_cursor's) of the same cut."""
+        self.open.clear()
+        self.frontier = cursor.frontier
+        for epoch, done in cursor.done.items():
+            pending = deque(int(p) for p in np.flatnonzero(~done))
+            self.open[epoch] = _Epoch(done, fresh=len(done), returned=pending)
+        self.epoch_rows = list(cursor.epoch_rows)
+        self.rows_trained_twice, self.reissued = cursor.rows_trained_twice, cursor.reissued
+
     # ---- inside --------------------------------------------------------------------------------
     def _open_next(self) -> None:
         before = self.open.get(self.frontier)
@@ -213,110 +242,55 @@ class PieceQueue:
             del self.open[epoch]
 
 
-# ---- the messages ----------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class Take:
-    """A member's word on its pieces: it `started` one, `finished` one, gives one back
-    (`returned`), and with `take` asks for a piece of `epoch`; answered with Dealt. Every
-    request names the run's cut, so that a member reading other data is refused."""
+RESTORED = ("epoch_rows", "rows_trained_twice", "reissued")
 
-    worker: int
-    incarnation: int
-    seq: int
-    epoch: int
+
+@dataclass(frozen=True)
+class Cursor:
+    """A checkpoint's cursor, checked: see PieceQueue.cursor."""
+
     geometry: Geometry
-    take: bool = True
-    started: Key | None = None
-    finished: Key | None = None
-    returned: Key | None = None
-
-    def header(self) -> dict[str, Any]:
-        g = self.geometry
-        fields: dict[str, Any] = {
-            "op": "piece",
-            "worker": self.worker,
-            "incarnation": self.incarnation,
-            "seq": self.seq,
-            "epoch": self.epoch,
-            "cut": [g.rows, g.piece_rows, g.epochs],
-            "take": self.take,
-        }
-        for name in ("started", "finished", "returned"):
-            key = getattr(self, name)
-            if key is not None:
-                fields[name] = list(key)
-        return fields
-
-    @classmethod
-    def from_header(cls, header: dict[str, Any]) -> Take:
-        cut = header.get("cut")
-        if not (isinstance(cut, list) and len(cut) == 3 and all(_count(v) for v in cut)):
-            message = f"a piece request's cut must be [rows, piece_rows, epochs], got {cut!r}"
-            raise FieldError("cut", message)
-        geometry = Geometry(*cut)
-        if geometry.pieces > MAX_PIECES or geometry.epochs > MAX_EPOCHS:
-            message = f"{cut} cuts more than {MAX_PIECES} pieces or {MAX_EPOCHS} epochs"
-            raise FieldError("cut", message)
-        epoch = header_int(header, "epoch", 0, MAX_EPOCHS)
-        keys = {name: _key(header, name, geometry) for name in ("started", "finished", "returned")}
-        return cls(
-            worker=header_int(header, "worker", 0, MAX_WORKER_ID),
-            incarnation=header_int(header, "incarnation", 0),
-            seq=header_int(header, "seq"),
-            epoch=epoch,
-            geometry=geometry,
-            take=header_bool(header, "take"),
-            **keys,
-        )
+    frontier: int
+    done: dict[int, np.ndarray]
+    epoch_rows: tuple[int, ...]
+    rows_trained_twice: int
+    reissued: int
 
 
-@dataclass(frozen=True, kw_only=True)
-class Dealt:
-    """The reply to Take: the `piece` leased, or `wait` and ask again, or neither: nothing is
-    left up to the epoch asked for."""
+def parse_cursor(saved: object) -> Cursor:
+    """A cursor as a checkpoint's metadata holds it, every field checked: a bad one is one
+    error saying which."""
+    if not isinstance(saved, dict):
+        raise ValueError(f"the checkpoint's data cursor must be a map, got {type(saved).__name__}")
+    cut, done = saved.get("cut"), saved.get("done")
+    if not (isinstance(cut, list) and len(cut) == 3 and all(count(v) for v in cut)):
+        raise ValueError(f"the checkpoint's data cursor has no valid cut: {cut!r}")
+    geometry = Geometry(*cut)
+    if geometry.pieces > MAX_PIECES or geometry.epochs > MAX_EPOCHS:
+        raise ValueError(f"the checkpoint's data cursor cuts too many pieces: {cut!r}")
+    frontier, rows = saved.get("frontier"), saved.get("epoch_rows")
+    if not (count(frontier, -1) and frontier < geometry.epochs):  # type: ignore[operator]
+        raise ValueError(f"the checkpoint's data cursor has no valid frontier: {frontier!r}")
+    if not (isinstance(rows, list) and len(rows) == geometry.epochs):
+        raise ValueError("the checkpoint's data cursor has no row count for each epoch")
+    if not (isinstance(done, dict) and len(done) <= geometry.epochs):
+        raise ValueError("the checkpoint's data cursor has no valid done pieces")
+    opened: dict[int, np.ndarray] = {}
+    for key, bits in done.items():
+        try:
+            epoch = int(key)
+            packed = np.frombuffer(base64.b64decode(bits, validate=True), np.uint8)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"the checkpoint's data cursor, epoch {key!r}: {exc}") from None
+        if not 0 <= epoch <= frontier or len(packed) != (geometry.pieces + 7) // 8:  # type: ignore[operator]
+            raise ValueError(f"the checkpoint's data cursor, epoch {key!r}: not of its cut")
+        opened[epoch] = np.unpackbits(packed)[: geometry.pieces].astype(bool)
+    counts = [saved.get(name) for name in ("rows_trained_twice", "reissued")]
+    if not all(count(v, 0) for v in (*rows, *counts)):
+        raise ValueError("the checkpoint's data cursor holds a count that is not one")
+    return Cursor(geometry, frontier, opened, tuple(rows), counts[0], counts[1])  # type: ignore[arg-type]
 
-    seq: int
-    piece: Key | None = None
-    wait: bool = False
 
-    def header(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {"op": "ok", "seq": self.seq}
-        if self.piece is not None:
-            fields["piece"] = list(self.piece)
-        if self.wait:
-            fields["wait"] = True
-        return fields
-
-    @classmethod
-    def from_header(cls, header: dict[str, Any]) -> Dealt:
-        piece = header.get("piece")
-        if piece is not None and not (
-            isinstance(piece, list) and len(piece) == 2 and all(_count(v, 0) for v in piece)
-        ):
-            raise ProtocolError(f"a piece reply names no piece: {piece!r}")
-        return cls(
-            seq=header_int(header, "seq"),
-            piece=None if piece is None else (piece[0], piece[1]),
-            wait=header_bool(header, "wait"),
-        )
-
-
-def _count(value: object, minimum: int = 1) -> bool:
+def count(value: object, minimum: int = 1) -> bool:
+    """Whether `value` is an integer (not a bool) from `minimum` up to 2**53."""
     return isinstance(value, int) and not isinstance(value, bool) and minimum <= value < 1 << 53
-
-
-def _key(header: dict[str, Any], name: str, geometry: Geometry) -> Key | None:
-    value = header.get(name)
-    if value is None:
-        return None
-    if not (
-        isinstance(value, list)
-        and len(value) == 2
-        and _count(value[0], 0)
-        and _count(value[1], 0)
-        and value[0] < geometry.epochs
-        and value[1] < geometry.pieces
-    ):
-        message = f"header field {name!r} must be [epoch, piece] of the cut, got {value!r}"
-        raise FieldError(name, message)
-    return (value[0], value[1])

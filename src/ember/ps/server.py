@@ -11,7 +11,8 @@ import numpy as np
 from ember.errors import ProtocolError
 from ember.ps.clocks import ClockTable
 from ember.ps.consistency import Asynchronous, Consistency
-from ember.ps.pieces import Dealt, Geometry, PieceQueue, Take
+from ember.ps.piece_protocol import Dealt, Take
+from ember.ps.pieces import Cursor, Geometry, PieceQueue
 from ember.ps.protocol import (
     PRIMARY_OPS,
     WORKER_OPS,
@@ -34,6 +35,9 @@ __all__ = ["Op", "ParameterServer", "Role", "ShardSpec", "UpdateRule", "shard_ra
 
 MAX_ERROR_CHARS = 1000
 MIN_REGION_BYTES = 1 << 16  # what a tiny shard's region may hold each way all the same
+# a snapshot's data cursor, in its header: bits of the open epochs' pieces, base64 (a larger
+# one, 190,000 pieces an epoch or more, is not checkpointed: a resume deals its epoch anew)
+MAX_CURSOR_CHARS = 32 << 10
 
 
 class ParameterServer:
@@ -63,6 +67,7 @@ class ParameterServer:
         replica_seconds: float = 0.25,
         max_workers: int | None = None,
         members_max: int | None = None,
+        cursor: Cursor | None = None,
     ) -> None:
         """A `backup` server only takes copies from its primary until it is promoted; a
         primary with a `backup` address ships it a copy of its state every replica_seconds.
@@ -122,8 +127,10 @@ class ParameterServer:
             Op.PIECE: self._piece,
         }
         self.pieces: PieceQueue | None = None  # a worker range's data cursor, on first use
+        self._saved_cursor = cursor  # a resumed run's, taken by a queue of the same cut
         self._lease_seconds = worker_timeout
         self._expired_at = 0.0
+        self._below_since: float | None = None  # since when fewer than MIN members are in
 
     # ---- what tests and tools read of the shard ------------------------------------------------
     @property
@@ -259,6 +266,12 @@ class ParameterServer:
             # only a run whose members never wait on each other may have one wait for pieces
             waits = isinstance(self.consistency, Asynchronous)
             self.pieces = PieceQueue(message.geometry, self._lease_seconds, waits)
+            saved = self._saved_cursor
+            if saved is not None and saved.geometry == message.geometry:
+                self.pieces.restore(saved)
+            elif saved is not None:  # other data, or another batch size: every piece anew
+                event = {"event": "cursor not resumed", "saved": _cut(saved.geometry)}
+                self.clocks.events.append(event)
         queue = self.pieces
         if message.geometry != queue.geometry:
             self.rejected["cut"] += 1
@@ -274,13 +287,26 @@ class ParameterServer:
             queue.give_back(worker, incarnation, message.returned)
         if message.started is not None:
             queue.start(worker, incarnation, message.started)
-        dealt = queue.take(worker, incarnation, message.epoch) if message.take else None
+        hold = message.take and self._below_min()
+        dealt = queue.take(worker, incarnation, message.epoch, hold) if message.take else None
         reply = Dealt(
             seq=message.seq,
             piece=dealt if isinstance(dealt, tuple) else None,
             wait=dealt == "wait",
         )
         self.endpoint.reply(request, reply.header())
+
+    def _below_min(self) -> bool:
+        """Whether members ask for rows while fewer than the range's MIN are in: they wait
+        for others (a restart, a joiner) up to the worker timeout, then go on with whoever
+        is there, so that a range never fails for lack of members."""
+        live = sum(e.live and e.incarnation >= 0 for e in self.clocks.entries.values())
+        if live >= self.clocks.expected:
+            self._below_since = None
+            return False
+        now = time.monotonic()
+        self._below_since = self._below_since or now
+        return now - self._below_since < self._lease_seconds
 
     def _expire_pieces(self) -> None:
         """Twice a second: pieces of members the clock table dropped as silent, or whose
@@ -298,6 +324,9 @@ class ParameterServer:
         clockrows.COLUMNS): a table of any size fits a payload, not a header."""
         tensors = self.shard.saved()
         header = Snapshot(names=tuple(tensors), step=self.shard.step).header()
+        cursor = self.pieces.cursor() if self.pieces is not None else None
+        if cursor is not None and sum(map(len, cursor["done"].values())) <= MAX_CURSOR_CHARS:
+            header["pieces"] = cursor
         arrays = [*tensors.values(), self.clocks.rows(resume_only=True)]
         ticket = self.endpoint.reply(request, header, arrays, track=True)
         if ticket is not None:

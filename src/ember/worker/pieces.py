@@ -19,7 +19,8 @@ import torch
 
 from ember.data.batches import Batch, MemoryBatches
 from ember.errors import EmberError
-from ember.ps.pieces import Dealt, Geometry, Key, Take
+from ember.ps.piece_protocol import Dealt, Take
+from ember.ps.pieces import Geometry, Key
 from ember.wire import ClientConnection
 
 WAIT_SECONDS = 0.1  # between asking again while the last pieces are held elsewhere

@@ -1,0 +1,93 @@
+"""The data cursor on a real ParameterServer (the `piece` op): members below the range's MIN
+wait for others up to the worker timeout, a restarted member's dead incarnation hands its
+pieces on, and a request that cuts other data is refused and counted."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from ember.algorithms.rules import SGDRule
+from ember.errors import ProtocolError
+from ember.ps import PSClient, control
+from ember.ps.piece_protocol import Dealt, Take
+from ember.ps.pieces import Geometry
+from ember.wire import ClientConnection
+from tests.conftest import SECRET, running_servers
+
+pytestmark = pytest.mark.timeout(60)
+
+CUT = Geometry(rows=40, piece_rows=10, epochs=1)
+
+
+def ask(connection: ClientConnection, worker: int, seq: int, **fields: object) -> Dealt:
+    take = Take(worker=worker, incarnation=fields.pop("incarnation", 0), seq=seq, epoch=0,  # type: ignore[arg-type]
+                geometry=fields.pop("geometry", CUT), **fields)  # type: ignore[arg-type]  # fmt: skip
+    connection.send(take.header())
+    return Dealt.from_header(connection.recv()[0])
+
+
+def register(address: str, worker: int, incarnation: int = 0) -> PSClient:
+    client = PSClient([address], SECRET, worker=worker, incarnation=incarnation, timeout=5)
+    client.register()
+    return client
+
+
+def test_below_min_a_member_waits_for_others_then_goes_on_with_whoever_is_in() -> None:
+    params = np.zeros(8, np.float32)
+    with running_servers(params, SGDRule(lr=0.1), expected_workers=2, worker_timeout=1.0) as (
+        server,
+    ):
+        first = register(server.address, 0)
+        pieces = ClientConnection(server.address, SECRET, timeout=5)
+        assert ask(pieces, 0, 1, take=True).wait  # 1 member of MIN 2: it waits
+        second = register(server.address, 1)
+        dealt = ask(pieces, 0, 2, take=True)
+        assert dealt.piece == (0, 0)  # both in: rows are dealt
+        assert dealt.piece is not None
+        second.done()  # short of MIN again: member 0 waits for another...
+        reply = ask(pieces, 0, 3, take=True, started=dealt.piece, finished=dealt.piece)
+        assert reply.wait
+        waited, seq = time.monotonic(), 4
+        while (reply := ask(pieces, 0, seq, take=True)).wait and time.monotonic() - waited < 5:
+            seq += 1
+            time.sleep(0.05)
+        # ...but a range never fails for lack of members: after the worker timeout it goes on
+        assert reply.piece == (0, 1), "still waiting past the worker timeout"
+        assert 0.5 < time.monotonic() - waited < 5
+        first.close(), second.close(), pieces.close()
+
+
+def test_a_restarted_members_dead_incarnation_hands_its_served_piece_on() -> None:
+    params = np.zeros(8, np.float32)
+    with running_servers(params, SGDRule(lr=0.1), expected_workers=1) as (server,):
+        dead = register(server.address, 0)
+        pieces = ClientConnection(server.address, SECRET, timeout=5)
+        assert ask(pieces, 0, 1, take=True).piece == (0, 0)
+        ask(pieces, 0, 2, take=True, started=(0, 0))  # served, and (0, 1) dealt ahead
+        restarted = register(server.address, 0, incarnation=1)
+        again = [ask(pieces, 0, 3 + i, take=True, incarnation=1).piece for i in range(2)]
+        assert again == [(0, 1), (0, 0)]  # given back to the front, the served one counted
+        stats = control([server.address], SECRET, "stats")[0]["pieces"]
+        assert stats["rows_trained_twice"] == 10 and stats["reissued"] == 1
+        dead.close(), restarted.close(), pieces.close()
+
+
+def test_a_member_that_cuts_other_data_is_refused_and_counted() -> None:
+    params = np.zeros(8, np.float32)
+    with running_servers(params, SGDRule(lr=0.1), expected_workers=1) as (server,):
+        client = register(server.address, 0)
+        pieces = ClientConnection(server.address, SECRET, timeout=5)
+        assert ask(pieces, 0, 1, take=True).piece == (0, 0)
+        other = Geometry(rows=50, piece_rows=10, epochs=1)
+        with pytest.raises(ProtocolError, match="cuts the data as 50 rows"):
+            ask(pieces, 0, 2, take=True, geometry=other)
+        with pytest.raises(ProtocolError, match="epoch"):
+            pieces.send({**Take(worker=0, incarnation=0, seq=3, epoch=0, geometry=CUT).header(),
+                         "epoch": -1})  # fmt: skip
+            pieces.recv()
+        rejected = control([server.address], SECRET, "stats")[0]["rejected"]
+        assert rejected["cut"] == 1 and rejected["epoch"] == 1
+        client.close(), pieces.close()
