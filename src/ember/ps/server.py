@@ -281,6 +281,9 @@ class ParameterServer:
             )
         worker, incarnation = message.worker, message.incarnation
         queue.renew(worker, incarnation)
+        entry = self.clocks.entries.get(worker)
+        if entry is not None and entry.live and entry.incarnation == incarnation:
+            entry.last_seen = time.monotonic()  # one waiting for rows is not silent
         if message.finished is not None:
             queue.finish(worker, incarnation, message.finished)
         if message.returned is not None:
@@ -297,11 +300,13 @@ class ParameterServer:
         self.endpoint.reply(request, reply.header())
 
     def _below_min(self) -> bool:
-        """Whether members ask for rows while fewer than the range's MIN are in: they wait
-        for others (a restart, a joiner) up to the worker timeout, then go on with whoever
-        is there, so that a range never fails for lack of members."""
-        live = sum(e.live and e.incarnation >= 0 for e in self.clocks.entries.values())
-        if live >= self.clocks.expected:
+        """Whether members ask for rows while fewer than the range's MIN are in, some lost
+        (dropped as silent, not left): they wait for others (a restart, a joiner) up to the
+        worker timeout, then go on with whoever is there, so that a range never fails for
+        lack of members. One that left was asked to, or ran out of rows: nobody waits."""
+        entries = self.clocks.entries.values()
+        present = sum((e.live or e.finished) and e.incarnation >= 0 for e in entries)
+        if present >= self.clocks.expected:
             self._below_since = None
             return False
         now = time.monotonic()
