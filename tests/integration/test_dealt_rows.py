@@ -124,6 +124,7 @@ def test_every_row_is_trained_once_an_epoch_or_at_least_once_when_a_step_was_in_
         twice += sum(n - 1 for n in counts[epoch].values())
     assert summary["epoch_rows"] == [ROWS] * EPOCHS  # each row once, as the servers count
     assert summary["rows_trained_twice"] == twice
+    assert summary["samples"] == ROWS * EPOCHS + twice  # every incarnation's rows
     if in_flight:  # the dead worker's last batch was trained again by whoever took it
         assert twice == BATCH * deaths
     else:

@@ -240,6 +240,19 @@ class Run:
             text += f"; below MIN {below}: the members wait up to {seconds:g} s for others"
         self.note(RunEvent(event="membership", details=now), text)
 
+    def _let_members_finish(self) -> None:
+        """A range's members that the engine did not start (`ember join`) may still train
+        the last pieces when its own are done: the servers serve them until they are out,
+        up to the worker timeout (a silent one is dropped by then)."""
+        if self.parts.strategy.workers_max is None or self.servers is None:
+            return
+        deadline = time.perf_counter() + self.parts.servers.worker_timeout
+        while time.perf_counter() < deadline:
+            now = self.servers.membership()
+            if now is None or now["members"] == 0:
+                return
+            time.sleep(0.2)
+
     def finish(self, seconds: float, extra: dict[str, Any]) -> RunResult:
         """The last checkpoint (the servers' state, else worker 0's own), the servers stopped,
         and the final evaluation of what the workers trained in `seconds`."""
@@ -249,6 +262,7 @@ class Run:
         if self.timeline is not None:
             self.timeline.mark("checkpoint")
         if self.servers is not None:
+            self._let_members_finish()
             params = self.servers.snapshot()["params"]
             self.servers.checkpoint(checkpoints, self._meta())
             final = self.servers.stop()

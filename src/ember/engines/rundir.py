@@ -180,7 +180,7 @@ def finish_run(
     """Write the final model (model.safetensors, model.json), evaluate that module on the
     held-out set and write summary.json; `history`, worker 0's evaluations in order, says
     whether the final model collapsed from what they saw."""
-    from ember.metrics import collapse, summarize_workers
+    from ember.metrics import collapse, count_dealt_rows, summarize_workers
 
     config, dataset = setup.config, setup.dataset
     scores = setup.work.evaluate(config, dataset, params, setup.run_dir)
@@ -204,6 +204,7 @@ def finish_run(
         **extra,
         "config": config.to_dict(),
     }
+    count_dealt_rows(summary)
     write_json(setup.run_dir / "summary.json", summary)
     setup.metrics.write(RunSummary(scores=scores))
     setup.metrics.close()

@@ -13,7 +13,7 @@ from ember._version import __version__
 from ember.config import RunConfig
 from ember.data import Dataset
 from ember.engines.rundir import RunResult, RunSetup, run_facts
-from ember.metrics import summarize_workers, write_json
+from ember.metrics import count_dealt_rows, summarize_workers, write_json
 from ember.metrics.records import Returned, RunEvent
 
 
@@ -72,6 +72,7 @@ def finish_loop(
         **extra,
         "config": config.to_dict(),
     }
+    count_dealt_rows(summary)
     write_json(setup.run_dir / "summary.json", summary)
     setup.metrics.write(RunEvent(event="finished", details={"returned": returned is not None}))
     setup.metrics.close()

@@ -143,6 +143,15 @@ def summarize_workers(results: list[dict[str, Any]], wall_seconds: float) -> dic
     }
 
 
+def count_dealt_rows(summary: dict[str, Any]) -> None:
+    """A worker range's samples are the rows its servers dealt and saw trained (joiners and
+    dead incarnations too, whose last records the launcher may never get)."""
+    if "epoch_rows" in summary:
+        rows = sum(summary["epoch_rows"]) + summary.get("rows_trained_twice", 0)
+        seconds = summary["train_seconds"]
+        summary.update(samples=rows, samples_per_second=rows / seconds if seconds > 0 else 0.0)
+
+
 def _device_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Where each worker computed, the GPUs several workers shared (ranks by device), and
     each Spark task's assigned GPU where it had one."""
