@@ -83,7 +83,9 @@ class StrategyPart(Part, StrategyNamed):
 
     @property
     def effective_alpha(self) -> float:
-        return moving_rate(self.alpha, self.workers)
+        """A range's members pull with the rate of its MAX: with every member in, the
+        center still moves by at most beta a round."""
+        return moving_rate(self.alpha, self.workers_max or self.workers)
 
 
 @dataclass(frozen=True)
