@@ -20,8 +20,8 @@ Three figures, each on ember's mlp for every strategy, through `ember train`, `e
 Figures are medians (min-max) of `--repeat` runs. Runs go to a temporary directory unless
 `--out DIR` is given; every process started is killed and reaped at the end, on error too.
 
-    python lab/benchmarks/elastic.py [--repeat 3] [--epochs 1] [--stall-seconds 25]
-                                     [--fault-seconds 50] [--every 15] [--faults 6] [--window 3]
+    python lab/benchmarks/elastic.py [--repeat 3] [--epochs 1] [--stall-seconds 50]
+                                     [--fault-seconds 80] [--every 15] [--faults 6] [--window 3]
                                      [--out DIR] [--report F.json] [--quick]
 
 --quick is a smoke test: `digits`, 2 epochs, small batches so the runs last long enough for one
@@ -70,8 +70,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure (default 3)")
     parser.add_argument("--epochs", type=int, default=1, help="epochs of a throughput run")
-    parser.add_argument("--stall-seconds", type=float, default=25.0, help="a stall run's length")
-    parser.add_argument("--fault-seconds", type=float, default=50.0, help="a clean fault run's")
+    parser.add_argument("--stall-seconds", type=float, default=50.0, help="a stall run's length")
+    parser.add_argument("--fault-seconds", type=float, default=80.0, help="a clean fault run's")
     parser.add_argument("--every", type=float, default=15.0, help="seconds between faults")
     parser.add_argument("--faults", type=int, default=6, help="faults at most, a run")
     parser.add_argument("--window", type=float, default=3.0, help="seconds each side of a change")
