@@ -4,6 +4,7 @@ pieces on, and a request that cuts other data is refused and counted."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -11,9 +12,10 @@ import pytest
 
 from ember.algorithms.rules import SGDRule
 from ember.errors import ProtocolError
-from ember.ps import PSClient, control
+from ember.ps import PSClient, ShardSpec, control, make_consistency
 from ember.ps.piece_protocol import Dealt, Take
 from ember.ps.pieces import Geometry
+from ember.ps.server import ParameterServer
 from ember.wire import ClientConnection
 from tests.conftest import SECRET, running_servers
 
@@ -105,3 +107,41 @@ def test_a_member_that_cuts_other_data_is_refused_and_counted() -> None:
         rejected = control([server.address], SECRET, "stats")[0]["rejected"]
         assert rejected["cut"] == 1 and rejected["epoch"] == 1
         client.close(), pieces.close()
+
+
+def test_a_promoted_backup_deals_on_from_its_primarys_cursor() -> None:
+    """The cursor travels with each copy to the backup: after a failover the new primary
+    deals what the old one had not, and a piece finished across the failover once."""
+    params = np.zeros(8, np.float32)
+    spec, rule = ShardSpec(0, 1, 0, params.size), SGDRule(lr=0.1)
+    policy = make_consistency("async", 0)
+    backup = ParameterServer(spec, params, rule, policy, SECRET, role="backup")
+    primary = ParameterServer(
+        spec, params, rule, policy, SECRET, backup=backup.address, replica_seconds=0.05
+    )
+    threads = [threading.Thread(target=s.serve, daemon=True) for s in (backup, primary)]
+    for thread in threads:
+        thread.start()
+    try:
+        client = register(primary.address, 0)
+        pieces = ClientConnection(primary.address, SECRET, timeout=5)
+        first = ask(pieces, 0, 1, take=True).piece
+        second = ask(pieces, 0, 2, take=True, started=first, finished=first).piece
+        assert (first, second) == ((0, 0), (0, 1))
+        ask(pieces, 0, 3, take=False, started=second)  # (0, 1) served, not yet finished
+        time.sleep(0.5)  # a few copies
+        control([primary.address], SECRET, "stop")
+        threads[1].join(5)
+        control([backup.address], SECRET, "promote")
+        register(backup.address, 0).close()
+        moved = ClientConnection(backup.address, SECRET, timeout=5)
+        ask(moved, 0, 4, take=False, finished=second)  # finished against the new primary
+        dealt = [ask(moved, 0, 5 + i, take=True).piece for i in range(3)]
+        assert dealt == [(0, 2), (0, 3), None]  # (0, 0) and (0, 1) are not dealt again
+        stats = control([backup.address], SECRET, "stats")[0]["pieces"]
+        assert stats["epoch_rows"] == [20] and stats["rows_trained_twice"] == 0
+        client.close(), pieces.close(), moved.close()
+    finally:
+        for server in (backup, primary):
+            if server.address and threads[(backup, primary).index(server)].is_alive():
+                control([server.address], SECRET, "stop", timeout=5)

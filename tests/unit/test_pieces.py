@@ -209,3 +209,15 @@ def test_a_bad_cursor_in_a_checkpoint_is_one_error_saying_what(
         parse_cursor(saved)
     with pytest.raises(ValueError, match="must be a map"):
         parse_cursor([saved])
+
+
+def test_a_piece_finished_after_a_failover_restored_it_pending_is_not_dealt_again() -> None:
+    queue = PieceQueue(Geometry(30, 10, 1), 30, waits=False)
+    held = queue.take(0, 0, 0)
+    assert isinstance(held, tuple)
+    queue.start(0, 0, held)
+    promoted = PieceQueue(Geometry(30, 10, 1), 30, waits=False)  # the backup's, from a copy
+    promoted.restore(parse_cursor(queue.cursor()))
+    promoted.finish(0, 0, held)  # its holder finishes it against the new primary
+    assert held not in drain(promoted, [1], 0)
+    assert promoted.epoch_rows == [30] and promoted.rows_trained_twice == 0

@@ -111,12 +111,12 @@ class PieceQueue:
             lease.started, lease.renewed = True, time.monotonic()
 
     def finish(self, worker: int, incarnation: int, key: Key) -> None:
-        """The holder trained the piece; a piece it lost meanwhile (its lease ran out) counts
-        too where nobody has taken it again."""
+        """The holder trained the piece; a piece it lost meanwhile (its lease ran out, or a
+        promoted backup's cursor had it pending) counts too where nobody has taken it again."""
         lease = self._held(worker, incarnation, key)
         opened = self.open.get(key[0])
-        if lease is None and opened is not None and key in self.served_before:
-            opened.returned.remove(key[1])  # it was served, then given back: it is done after all
+        if lease is None and opened is not None and key[1] in opened.returned:
+            opened.returned.remove(key[1])  # given back or restored, then done after all
             self.served_before.discard(key)
         elif lease is None:
             return

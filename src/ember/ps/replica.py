@@ -12,6 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -118,8 +119,12 @@ class Replication:
         role: Role,
         backup: str | None,
         interval: float,
+        cursor: Callable[[], dict[str, Any] | None] = lambda: None,
     ) -> None:
+        """`cursor`: the primary's data cursor (pieces.py) to copy with its state, if any."""
         self.shard, self.endpoint, self.replies = shard, endpoint, replies
+        self.cursor = cursor
+        self.cursor_copy: dict[str, Any] | None = None  # a backup's: the last copy's cursor
         self.role, self.interval, self._secret = role, interval, secret
         self.replicator = self._replicator(backup)
         self.copy_arriving: Request | None = None  # a copy from the primary, header accepted
@@ -144,6 +149,9 @@ class Replication:
         assert self.replicator is not None
         copy = self.shard.snapshot()
         header = Copy(names=tuple(copy.tensors), step=copy.step, round=copy.round).header()
+        cursor = self.cursor()
+        if cursor is not None:
+            header["pieces"] = cursor
         self.replicator.offer(header, [*copy.tensors.values(), copy.rows])
         self._copied_at = time.monotonic()
 
@@ -192,6 +200,8 @@ class Replication:
             raise ProtocolError(f"malformed copy of shard {spec.index}: {exc}") from None
         self.replies.release_for_writing()  # a snapshot in flight may still read the old state
         shard.restore(dict(zip(names, tensors, strict=True)), copy.step, copy.round, rows)
+        pieces = header.get("pieces")  # checked when a promotion first deals from it
+        self.cursor_copy = pieces if isinstance(pieces, dict) else None
         shard.counters["copies_applied"] += 1
         self.endpoint.reply(request, {"op": "ok", "step": shard.step})
 

@@ -12,7 +12,7 @@ from ember.errors import ProtocolError
 from ember.ps.clocks import ClockTable
 from ember.ps.consistency import Asynchronous, Consistency
 from ember.ps.piece_protocol import Dealt, Take
-from ember.ps.pieces import Cursor, Geometry, PieceQueue
+from ember.ps.pieces import Cursor, Geometry, PieceQueue, parse_cursor
 from ember.ps.protocol import (
     PRIMARY_OPS,
     WORKER_OPS,
@@ -115,6 +115,7 @@ class ParameterServer:
             role=Role(role),
             backup=backup,
             interval=replica_seconds,
+            cursor=self._bounded_cursor,
         )
         self._running = True
         self._handlers: dict[str, Callable[[Request], None]] = {
@@ -266,7 +267,7 @@ class ParameterServer:
             # only a run whose members never wait on each other may have one wait for pieces
             waits = isinstance(self.consistency, Asynchronous)
             self.pieces = PieceQueue(message.geometry, self._lease_seconds, waits)
-            saved = self._saved_cursor
+            saved = self._promoted_cursor()
             if saved is not None and saved.geometry == message.geometry:
                 self.pieces.restore(saved)
             elif saved is not None:  # other data, or another batch size: every piece anew
@@ -299,6 +300,26 @@ class ParameterServer:
         )
         self.endpoint.reply(request, reply.header())
 
+    def _bounded_cursor(self) -> dict[str, Any] | None:
+        """The data cursor for a checkpoint or a backup's copy, if there is one that fits a
+        header."""
+        cursor = self.pieces.cursor() if self.pieces is not None else None
+        if cursor is None or sum(map(len, cursor["done"].values())) > MAX_CURSOR_CHARS:
+            return None
+        return cursor
+
+    def _promoted_cursor(self) -> Cursor | None:
+        """The cursor a promoted backup deals from: its primary's last copy's, checked; a bad
+        one is counted and dropped (every piece of its epochs is dealt anew)."""
+        copied = self.replication.cursor_copy
+        if copied is None:
+            return self._saved_cursor
+        try:
+            return parse_cursor(copied)
+        except ValueError:
+            self.rejected["cursor"] += 1
+            return self._saved_cursor
+
     def _below_min(self) -> bool:
         """Whether members ask for rows while fewer than the range's MIN are in, some lost
         (dropped as silent, not left): they wait for others (a restart, a joiner) up to the
@@ -329,8 +350,8 @@ class ParameterServer:
         clockrows.COLUMNS): a table of any size fits a payload, not a header."""
         tensors = self.shard.saved()
         header = Snapshot(names=tuple(tensors), step=self.shard.step).header()
-        cursor = self.pieces.cursor() if self.pieces is not None else None
-        if cursor is not None and sum(map(len, cursor["done"].values())) <= MAX_CURSOR_CHARS:
+        cursor = self._bounded_cursor()
+        if cursor is not None:
             header["pieces"] = cursor
         arrays = [*tensors.values(), self.clocks.rows(resume_only=True)]
         ticket = self.endpoint.reply(request, header, arrays, track=True)
