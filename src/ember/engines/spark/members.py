@@ -13,8 +13,6 @@ knows), so no rows travel through Spark.
 from __future__ import annotations
 
 import json
-import socket
-import traceback
 from collections.abc import Iterator
 from dataclasses import replace
 from functools import partial
@@ -22,10 +20,9 @@ from typing import Any
 
 from ember.config import RunConfig
 from ember.data import Dataset
-from ember.engines.spark.records import RecordSender
-from ember.engines.spark.task import assigned_gpus, probe_servers
-from ember.errors import ConfigError, same_every_time
-from ember.metrics.records import Record, Returned, Unreachable, WorkerError, WorkerStart
+from ember.engines.spark.task import TaskRecords, assigned_gpus, probe_servers
+from ember.errors import ConfigError
+from ember.metrics.records import Unreachable
 from ember.wire import use_encryption
 from ember.worker.spec import WorkerSpec, load_data
 
@@ -73,28 +70,9 @@ def train_member(
     loaded = load_data(spec.parts)
     data = replace(loaded, x_test=probe.x_test, y_test=probe.y_test)
     spec = replace(spec, rank=rank, incarnation=incarnation, gpus=assigned_gpus(context))
-    records: list[Record] = []
-    sender = RecordSender(collector, spec.secret)
-    started = False
-
-    def report(record: Record) -> None:
-        nonlocal started
-        started = started or isinstance(record, WorkerStart)
-        record = replace(record, incarnation=incarnation)
-        records.append(record)
-        if not isinstance(record, Returned):
-            sender.send(record.to_json())
-
+    records = TaskRecords(collector, spec.secret, rank, incarnation)
     from ember.worker.loop import run_worker  # torch: only in the task
 
-    try:
-        report(run_worker(spec, report, dataset=data))
-    except Exception as exc:
-        if not same_every_time(exc, started):
-            raise  # Spark retries this task alone; the others go on
-        traceback.print_exc()
-        cause = f"worker {rank} on {socket.gethostname()}: {type(exc).__name__}: {exc}"
-        report(WorkerError(rank=rank, incarnation=incarnation, error=cause, retry=False))
-    finally:
-        sender.close()
-    yield pa.RecordBatch.from_pydict({"record": [json.dumps(r.to_json()) for r in records]})
+    with records.running():  # Spark retries this task alone; the others go on
+        records.report(run_worker(spec, records.report, dataset=data))
+    yield records.batch()

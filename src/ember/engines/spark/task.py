@@ -8,6 +8,7 @@ import socket
 import traceback
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -114,39 +115,60 @@ def _train(
     # (allreduce, which has no server, starts again from the run's starting parameters).
     incarnation = int(context.taskAttemptId())
     spec = replace(spec, rank=rank, incarnation=incarnation, gpus=assigned_gpus(context))
-    records: list[Record] = []
-    sender = RecordSender(collector, spec.secret) if collector is not None else None
-    started = False
-
-    def report(record: Record) -> None:
-        nonlocal started
-        started = started or isinstance(record, WorkerStart)
-        record = replace(record, incarnation=incarnation)  # which attempt sent it
-        records.append(record)
-        if sender is not None and not isinstance(record, Returned):  # rows carry it, once
-            sender.send(record.to_json())
-
+    records = TaskRecords(collector, spec.secret, rank, incarnation)
+    report = records.report
     if partition.said:
         report(Note(rank=rank, text=partition.said))
-    try:
+    with records.running():  # Spark retries the stage, which resumes from the servers
         if meeting is None:
             report(run_worker(spec, report, dataset=data))
         else:
             states = _all_reduce(context, spec, meeting, data, report)
-            records.extend(replace(state, incarnation=incarnation) for state in states)
-    except Exception as exc:
-        if not same_every_time(exc, started):
-            raise  # Spark retries the stage, which resumes from the servers
-        # Raised, it would have Spark run every attempt of the stage to this same end: the
-        # task returns it as a record instead, and the driver ends the job on it at once.
-        traceback.print_exc()  # the whole of it in the executor's log
-        cause = f"worker {rank} on {socket.gethostname()}: {type(exc).__name__}: {exc}"
-        report(WorkerError(rank=rank, incarnation=incarnation, error=cause, retry=False))
-    finally:
-        if sender is not None:
-            sender.close()
-    lines = [json.dumps(record.to_json()) for record in records]
-    yield pa.RecordBatch.from_pydict({"record": lines})
+            records.kept.extend(replace(state, incarnation=incarnation) for state in states)
+    yield records.batch()
+
+
+class TaskRecords:
+    """A training task's records: each streamed to the driver's collector as it comes (where
+    there is one), all kept to return as the task's rows at its end."""
+
+    def __init__(self, collector: str | None, secret: bytes, rank: int, incarnation: int):
+        self.rank, self.incarnation = rank, incarnation
+        self.kept: list[Record] = []
+        self.sender = RecordSender(collector, secret) if collector is not None else None
+        self.started = False
+
+    def report(self, record: Record) -> None:
+        self.started = self.started or isinstance(record, WorkerStart)
+        record = replace(record, incarnation=self.incarnation)  # which attempt sent it
+        self.kept.append(record)
+        if self.sender is not None and not isinstance(record, Returned):  # rows carry it, once
+            self.sender.send(record.to_json())
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Around the worker: an error a retry would repeat becomes a WorkerError record
+        (raised, Spark would run every attempt to this same end; as a record the driver ends
+        the job on it at once); any other is raised for Spark to retry."""
+        try:
+            yield
+        except Exception as exc:
+            if not same_every_time(exc, self.started):
+                raise
+            traceback.print_exc()  # the whole of it in the executor's log
+            cause = f"worker {self.rank} on {socket.gethostname()}: {type(exc).__name__}: {exc}"
+            rank, incarnation = self.rank, self.incarnation
+            self.report(WorkerError(rank=rank, incarnation=incarnation, error=cause, retry=False))
+        finally:
+            if self.sender is not None:
+                self.sender.close()
+
+    def batch(self) -> Any:
+        """The records as the task's one Arrow batch of rows."""
+        import pyarrow as pa
+
+        lines = [json.dumps(record.to_json()) for record in self.kept]
+        return pa.RecordBatch.from_pydict({"record": lines})
 
 
 def _all_reduce(
