@@ -83,19 +83,10 @@ def collected(out: Path) -> dict[int, Counter[int]]:
     return per_epoch
 
 
-@pytest.mark.parametrize(
-    ("failures", "in_flight"),
-    [
-        ({1: [20]}, True),  # a worker fails after 20 rows
-        ({1: ["boundary"]}, False),  # at an epoch boundary: no step in flight
-        ({1: [20, 20]}, True),  # twice on one rank
-        ({0: [20], 1: [30]}, True),  # both ranks
-    ],
-    ids=["after-20-rows", "epoch-boundary", "twice-on-one-rank", "both-ranks"],
-)
-def test_every_row_is_trained_once_an_epoch_or_at_least_once_when_a_step_was_in_flight(
-    tmp_path: Path, failures: dict[int, list[Any]], in_flight: bool
-) -> None:
+def run_collected(
+    tmp_path: Path, failures: dict[int, list[Any]], batch_size: int
+) -> tuple[dict[str, Any], dict[int, Counter[int]]]:
+    """An async run of `train` on workers=(2, 3): its summary and the collector's counts."""
     collector = tmp_path / "collector"
     collector.mkdir()
     x, y = rows_with_ids()
@@ -109,11 +100,26 @@ def test_every_row_is_trained_once_an_epoch_or_at_least_once_when_a_step_was_in_
         strategy="async",
         workers=(2, 3),
         epochs=EPOCHS,
-        batch_size=BATCH,
+        batch_size=batch_size,
         out=str(tmp_path / "run"),
     )
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    counts = collected(collector)
+    return json.loads((tmp_path / "run" / "summary.json").read_text()), collected(collector)
+
+
+@pytest.mark.parametrize(
+    ("failures", "in_flight"),
+    [
+        ({1: [20]}, True),  # a worker fails after 20 rows
+        ({1: ["boundary"]}, False),  # at an epoch boundary: no step in flight
+        ({1: [20, 20]}, True),  # twice on one rank
+        ({0: [20], 1: [30]}, True),  # both ranks
+    ],
+    ids=["after-20-rows", "epoch-boundary", "twice-on-one-rank", "both-ranks"],
+)
+def test_every_row_is_trained_once_an_epoch_or_at_least_once_when_a_step_was_in_flight(
+    tmp_path: Path, failures: dict[int, list[Any]], in_flight: bool
+) -> None:
+    summary, counts = run_collected(tmp_path, failures, BATCH)
     deaths = sum(len(plan) for plan in failures.values())
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     restarts = [r for r in records if r.get("kind") == "restart"]
@@ -129,6 +135,24 @@ def test_every_row_is_trained_once_an_epoch_or_at_least_once_when_a_step_was_in_
         assert twice == BATCH * deaths
     else:
         assert twice == 0
+
+
+def test_a_member_dying_inside_a_piece_of_several_batches_has_it_trained_again_whole(
+    tmp_path: Path,
+) -> None:
+    """Batches of 2: 50 an epoch, dealt in pieces of 2 batches (piece_batches at MAX 3). A
+    worker dying after 22 rows is inside its sixth piece: the piece is dealt again whole, so
+    its first batch is trained twice, and the servers, who hear of a piece's start and end
+    only, count the whole piece's 4 rows."""
+    summary, counts = run_collected(tmp_path, {1: [22]}, batch_size=2)
+    assert summary["pieces_per_epoch"] == 25
+    twice = 0
+    for epoch in range(EPOCHS):
+        assert set(counts[epoch]) == set(range(ROWS)), f"epoch {epoch} missed rows"
+        twice += sum(n - 1 for n in counts[epoch].values())
+    assert summary["epoch_rows"] == [ROWS] * EPOCHS
+    assert twice == 2  # the dead worker's half of its piece
+    assert (summary["rows_trained_twice"], summary["pieces_reissued"]) == (4, 1)
 
 
 def test_a_range_resumed_from_its_last_checkpoint_goes_on_mid_epoch(tmp_path: Path) -> None:

@@ -104,7 +104,9 @@ def test_a_strategy_whose_members_cannot_change_refuses_a_range_up_front(tmp_pat
 
 def test_a_member_asked_to_leave_goes_and_the_others_finish_the_run(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    run = launch(out, "--strategy", "easgd-async", "--workers", "2:3", "--epochs", "40")
+    # batches of 16: 625 an epoch, dealt in pieces of 16 (a leaver ends its piece first)
+    flags = ("--strategy", "easgd-async", "--workers", "2:3", "--batch-size", "16")
+    run = launch(out, *flags, "--epochs", "20")
     try:
         assert wait_for(lambda: members_told(out) == 2, 90), "the launcher never told of 2"
         assert (out / "members.json").stat().st_mode & 0o777 == 0o600
@@ -129,6 +131,9 @@ def test_a_member_asked_to_leave_goes_and_the_others_finish_the_run(tmp_path: Pa
     assert {r["incarnation"] for r in records if r.get("kind") == "start"} == {0}
     assert (summary["joins"], summary["leaves"]) == (0, 1)
     assert members_told(out) == 1  # the launcher told of the leave as the servers saw it
+    assert summary["pieces_per_epoch"] == 39  # 10,000 rows // (16 x 16)
+    assert summary["epoch_rows"] == [10_000] * 20  # every row once, the leaver's included
+    assert (summary["rows_trained_twice"], summary["pieces_reissued"]) == (0, 0)
     assert summary["test_accuracy"] > 0.9
     assert not (out / "members.json").exists()  # a finished run has no members to ask
 

@@ -221,3 +221,53 @@ def test_a_piece_finished_after_a_failover_restored_it_pending_is_not_dealt_agai
     promoted.finish(0, 0, held)  # its holder finishes it against the new primary
     assert held not in drain(promoted, [1], 0)
     assert promoted.epoch_rows == [30] and promoted.rows_trained_twice == 0
+
+
+def test_a_piece_given_back_half_trained_is_dealt_again_and_counted_twice() -> None:
+    queue = PieceQueue(CUT, 30, waits=False)
+    started, ahead = queue.take(0, 0, 0), queue.take(0, 0, 0)
+    assert isinstance(started, tuple) and isinstance(ahead, tuple)
+    queue.start(0, 0, started)
+    queue.give_back(0, 0, ahead)  # never served: back as it was
+    queue.give_back(0, 0, started)  # left inside it: some of its rows were trained
+    assert queue.reissued == 1 and not queue.leases
+    again = drain(queue, [1], 0)
+    assert started in again and ahead in again and len(again) == 10
+    assert queue.epoch_rows == [100, 0] and queue.rows_trained_twice == 10
+
+
+@pytest.mark.parametrize(
+    ("batches", "members", "per_piece"),
+    [(10, 2, 1), (937, 4, 16), (937, 16, 7), (100, 1, 12), (0, 3, 1)],
+)
+def test_a_piece_holds_batches_enough_to_leave_each_member_eight(
+    batches: int, members: int, per_piece: int
+) -> None:
+    from ember.worker.pieces import piece_batches
+
+    assert piece_batches(batches, members) == per_piece
+    if per_piece > 1:  # at MAX members, each still gets 8 pieces an epoch or more
+        assert batches // per_piece >= 8 * members
+
+
+def test_a_members_piece_is_cut_into_batches_the_last_taking_the_rows_left() -> None:
+    import numpy as np
+
+    from ember.data.batches import MemoryBatches
+    from ember.worker.pieces import PieceSource
+
+    rows = 1004  # 100 batches of 10: 8 pieces of 12 batches for 1 member, the last of 164 rows
+    x = np.arange(rows, dtype=np.float32).reshape(rows, 1)
+    memory = MemoryBatches(x, np.zeros(rows, np.int64), 10, seed=0, rank=0)
+    source = PieceSource(memory, 2, 1, 0, "tcp://127.0.0.1:1", b"k" * 32, (0, 0), 5.0, 5.0)
+    assert source.geometry == Geometry(rows=1004, piece_rows=120, epochs=2)
+    assert source.steps_per_epoch == 100
+    for epoch in range(2):
+        seen = []
+        for piece in range(source.geometry.pieces):
+            batches = source.batches((epoch, piece))
+            sizes = [len(targets) for _, targets in batches]
+            assert sizes == ([10] * 12 if piece < 7 else [10] * 15 + [14])
+            seen += [int(v) for inputs, _ in batches for v in inputs[:, 0]]
+        assert sorted(seen) == list(range(rows))  # each row in one piece, once
+        assert seen != list(range(rows))  # in the epoch's seeded order

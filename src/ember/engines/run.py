@@ -382,6 +382,7 @@ def _membership(stats: list[dict[str, Any]]) -> dict[str, Any]:
         totals["epoch_rows"] = pieces.get("epoch_rows", [])
         totals["rows_trained_twice"] = int(pieces.get("rows_trained_twice", 0))
         totals["pieces_reissued"] = int(pieces.get("reissued", 0))
+        totals["pieces_per_epoch"] = int(pieces.get("pieces_per_epoch", 0))
     return totals
 
 

@@ -1,4 +1,4 @@
-"""The data cursor of a worker range's run: each epoch's rows cut into pieces (one batch each,
+"""The data cursor of a worker range's run: each epoch's rows cut into pieces (runs of batches,
 the last taking the rows left over) and handed to members from a queue the servers keep, as
 Spark hands out tasks. A member leases a piece, says it started it when it serves the rows,
 and says it finished it when it asks for the next; a member that leaves gives back what it
@@ -125,10 +125,11 @@ class PieceQueue:
         self._done(key)
 
     def give_back(self, worker: int, incarnation: int, key: Key) -> None:
-        """The holder will not train a piece it has not started."""
+        """The holder will not finish the piece: one it started goes back as a dead
+        member's does (its rows count as trained twice once handed out again)."""
         lease = self._held(worker, incarnation, key)
-        if lease is not None and not lease.started:
-            self._requeue(key, served=False)
+        if lease is not None:
+            self._requeue(key, served=lease.started)
 
     def renew(self, worker: int, incarnation: int) -> None:
         now = time.monotonic()

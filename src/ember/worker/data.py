@@ -56,6 +56,12 @@ class WorkerData:
             self.steps_per_epoch = max(1, self.pieces.steps_per_epoch // spec.world)
         self._ctx = ctx
 
+    @property
+    def between_pieces(self) -> bool:
+        """Whether the batch served last ended its piece of a worker range's rows (always,
+        without a range): a member told to leave goes only then, leaving no piece half done."""
+        return self.pieces is None or self.pieces.between_pieces
+
     def batches(self, epoch: int) -> Generator[Batch, None, None]:
         """Epoch `epoch`'s (inputs, targets) minibatches, counted from 0, with the rows'
         weights third where the run has a weight column. A restarted worker resumes from the
@@ -136,6 +142,7 @@ def _piece_source(spec: WorkerSpec, rows: MemoryBatches) -> PieceSource:
     return PieceSource(
         rows,
         spec.parts.training.epochs,
+        spec.parts.strategy.workers_max or spec.world,
         spec.parts.data.seed,
         spec.servers[0],
         spec.secret,

@@ -75,17 +75,22 @@ def loss_scaler(precision: str, module: torch.nn.Module, device: torch.device) -
     return LossScaler(module, device) if precision == "16-mixed" else None
 
 
-def on_device(batches: Iterator[Batch], device: torch.device) -> Generator[Batch, None, None]:
+def on_device(
+    batches: Iterator[Batch], device: torch.device, ahead: bool = True
+) -> Generator[Batch, None, None]:
     """`batches` on a GPU: each copied from pinned host memory without blocking, one step
-    ahead, so the copy of the next batch overlaps this step's compute."""
-    ahead: Batch | None = None
+    ahead (unless not `ahead`), so the copy of the next batch overlaps this step's compute."""
+    held: Batch | None = None
     for inputs, *tensors in batches:  # targets, and weights where the run has them
         moved: Batch = (_moved(inputs, device), *(_moved(t, device) for t in tensors))
-        if ahead is not None:
-            yield ahead
-        ahead = moved
-    if ahead is not None:
-        yield ahead
+        if not ahead:
+            yield moved
+            continue
+        if held is not None:
+            yield held
+        held = moved
+    if held is not None:
+        yield held
 
 
 def _moved(value: Inputs, device: torch.device) -> Any:

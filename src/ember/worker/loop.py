@@ -132,7 +132,11 @@ def dealt_loop(ctx: LoopContext, loop: BuiltinLoop) -> None:
     log_every, step = ctx.parts.engine.log_every, loop.optimizer.steps
     for epoch in range(ctx.epochs):
         batches, trained = loop.epoch_batches(epoch), 0
-        while not ctx.stopped and (batch := next(batches, None)) is not None:
+        # told to leave, a member goes once the piece it is in is trained
+        while (
+            not (ctx.stopped and ctx.data.between_pieces)
+            and (batch := next(batches, None)) is not None
+        ):
             loop.step(*batch)
             step, trained = step + 1, trained + 1
             if loop.logged_steps == log_every:
@@ -182,7 +186,10 @@ class BuiltinLoop:
     def epoch_batches(self, epoch: int) -> Generator[Batch, None, None]:
         """Epoch `epoch`'s batches from where this worker stands, on the worker's device."""
         batches = self.ctx.data.batches(epoch)
-        return batches if self.device.type == "cpu" else on_device(batches, self.device)
+        if self.device.type == "cpu":
+            return batches
+        # a range's pieces are served as trained: one read ahead would be one not trained
+        return on_device(batches, self.device, ahead=self.ctx.data.pieces is None)
 
     def step(
         self, inputs: Inputs, targets: torch.Tensor, weights: torch.Tensor | None = None

@@ -2,10 +2,11 @@
 (ps/pieces.py), not from a shard cut for it: whoever is in trains the rows, and a member
 that leaves or dies leaves them to the others.
 
-A piece is one batch of rows of the epoch's seeded order, so only its number crosses the
-wire. The next piece is asked for while the current one trains (one request in flight, on a
-connection of its own: the Optimizer's may be its exchanger thread's), and the request that
-asks for it says the current one started; the one after says it finished.
+A piece is a run of batches of the epoch's seeded order (piece_batches says how many), so
+only its number crosses the wire. The next piece is asked for while the current one trains
+(one request in flight, on a connection of its own: the Optimizer's may be its exchanger
+thread's), and the request that asks for it says the current one started; the one after says
+it finished. A member told to leave finishes the piece it is in first (`between_pieces`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,16 @@ from ember.ps.pieces import Geometry, Key
 from ember.wire import ClientConnection
 
 WAIT_SECONDS = 0.1  # between asking again while the last pieces are held elsewhere
+PIECES_PER_MEMBER = 8  # an epoch's pieces for each member at the run's MAX, at least
+BATCHES_PER_PIECE = 16  # at most: a piece request (a round trip to shard 0) per this many steps
+
+
+def piece_batches(batches: int, members: int) -> int:
+    """Batches in a piece of an epoch of `batches` batches dealt to up to `members` members:
+    as many as keep the dealing's cost (a request a piece, the servers' bookkeeping) a small
+    part of a step's, while each member still gets PIECES_PER_MEMBER pieces an epoch, which
+    even out when the members end it and bound what a dead member's piece trains twice."""
+    return max(1, min(BATCHES_PER_PIECE, batches // (PIECES_PER_MEMBER * max(1, members))))
 
 
 class PieceSource:
@@ -33,6 +44,7 @@ class PieceSource:
         self,
         rows: MemoryBatches,
         epochs: int,
+        members: int,
         seed: int,
         server: str,
         secret: bytes,
@@ -41,7 +53,10 @@ class PieceSource:
         wait_limit: float,
     ) -> None:
         self.source, self.seed = rows, seed
-        self.geometry = Geometry(rows.rows, rows.batch_size, epochs)
+        self.batch_size = size = rows.batch_size
+        per_piece = piece_batches(rows.rows // size, members)
+        self.geometry = Geometry(rows.rows, size * per_piece, epochs)
+        self.between_pieces = True  # the batch served last ended its piece
         self.server, self.secret, self.timeout = server.split(",")[0], secret, timeout
         self.worker, self.incarnation = who
         self.wait_limit = wait_limit  # how long the last pieces may be held elsewhere
@@ -51,12 +66,12 @@ class PieceSource:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Pieces of an epoch: a member's share of them depends on who else is in."""
-        return self.geometry.pieces
+        """Batches of an epoch: a member's share of them depends on who else is in."""
+        return max(1, self.geometry.rows // self.batch_size)
 
     def epoch(self, epoch: int) -> Iterator[tuple[Key, Batch]]:
         """Epoch `epoch`'s pieces as this member is dealt them (one given back from an
-        earlier epoch may come first): each piece's key and its batch."""
+        earlier epoch may come first): each batch of each piece, with the piece's key."""
         current: Key | None = None
         dealt = self._ask(epoch, take=True)
         waited_since = None
@@ -74,16 +89,24 @@ class PieceSource:
                 piece = dealt.piece
                 self._send(epoch, take=True, started=piece, finished=current)
                 current = piece
-                yield piece, self.batch(piece)
+                batches = self.batches(piece)
+                for index, batch in enumerate(batches, 1):
+                    self.between_pieces = index == len(batches)
+                    yield piece, batch
                 dealt = self._reply()
         finally:
             self._close_epoch(epoch, current)
 
-    def batch(self, key: Key) -> Batch:
+    def batches(self, key: Key) -> list[Batch]:
+        """The piece's rows as batches of the run's size, the last taking those left over."""
         epoch, piece = key
         start = piece * self.geometry.piece_rows
-        rows = _order(self.seed, epoch, self.geometry.rows)
-        return self.source.rows_of(rows[start : start + self.geometry.rows_of(piece)])
+        rows = _order(self.seed, epoch, self.geometry.rows)[
+            start : start + self.geometry.rows_of(piece)
+        ]
+        starts = range(0, max(1, len(rows) // self.batch_size) * self.batch_size, self.batch_size)
+        ends = [*starts[1:], len(rows)]
+        return [self.source.rows_of(rows[a:b]) for a, b in zip(starts, ends, strict=True)]
 
     def close(self) -> None:
         if self._connection is not None:
@@ -93,12 +116,14 @@ class PieceSource:
     # ---- inside --------------------------------------------------------------------------------
     def _close_epoch(self, epoch: int, current: Key | None) -> None:
         """The loop is done with the epoch (or left it early): what it served is finished,
-        and a piece leased ahead that it never served goes back."""
-        returned = None
-        if self._awaiting:
-            returned = self._reply().piece
-        if current is not None or returned is not None:
-            self._ask(epoch, take=False, finished=current, returned=returned)
+        and a piece leased ahead that it never served goes back, as does one it left
+        half-trained (whose rows are then trained twice in part)."""
+        ahead = self._reply().piece if self._awaiting else None
+        if current is not None and not self.between_pieces:  # left inside it: not finished
+            self._ask(epoch, take=False, returned=current)
+            current = None
+        if current is not None or ahead is not None:
+            self._ask(epoch, take=False, finished=current, returned=ahead)
 
     def _ask(self, epoch: int, **fields: Key | bool | None) -> Dealt:
         self._send(epoch, **fields)

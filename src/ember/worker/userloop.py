@@ -118,16 +118,16 @@ class LoopContext:
 
     @property
     def start_epoch(self) -> int:
-        """The epoch this incarnation begins in (0, or a restarted rank's): a loop over
-        range(ctx.start_epoch, ctx.epochs) goes on where the rank stopped; 0 under a worker
-        range, whose servers deal only the rows left."""
+        """The epoch this incarnation begins in: a restarted rank's (range(ctx.start_epoch,
+        ctx.epochs) goes on where it stopped), else 0, as under a range (the servers deal)."""
         return 0 if self.data.pieces else self.start_step // self.data.steps_per_epoch
 
     @property
     def should_stop(self) -> bool:
         """Whether this rank has taken the run's steps (epochs times its shard's batches), or
-        the engine asked it to leave the run."""
-        return (self.data.pieces is None and self.step >= self.total_steps) or self.stopped
+        the engine asked it to leave the run (a range's member once its piece is trained)."""
+        done = self.data.pieces is None and self.step >= self.total_steps
+        return done or (self.stopped and self.data.between_pieces)
 
     @property
     def stopped(self) -> bool:
@@ -231,8 +231,7 @@ class LoopContext:
         )
 
     def _served(self) -> int:
-        """Samples trained: the rows data.batches served, or for a loop that brings its own
-        rows, a batch of the run's batch size per step."""
+        """Samples trained: the rows data.batches served, or a batch a step (own rows)."""
         return self.samples or (self.step - self.start_step) * self.parts.training.batch_size
 
     def _stats(self) -> CommStats:
