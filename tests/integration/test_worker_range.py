@@ -30,6 +30,14 @@ def launch(out: Path, *flags: str) -> subprocess.Popen[str]:
     )
 
 
+def members_named(out: Path) -> set[str] | None:
+    """The ranks members.json names, None once the run has removed it."""
+    try:
+        return set(json.loads((out / "members.json").read_text())["pids"])
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
 def members_told(out: Path) -> int | None:
     """The members the launcher last told of (a `membership` record), None before any."""
     if not (out / "metrics.jsonl").exists():
@@ -118,6 +126,8 @@ def test_a_member_asked_to_leave_goes_and_the_others_finish_the_run(tmp_path: Pa
         )
         assert left.returncode == 0, left.stderr
         assert "asked worker 1 (pid " in left.stdout
+        # gone, the leaver is no longer named to `ember leave` while the run goes on
+        assert wait_for(lambda: members_named(out) == {"0"}, 30), members_named(out)
         _, err = run.communicate(timeout=180)
     finally:
         run.kill()

@@ -2,7 +2,8 @@
 --worker K`, or SIGTERM to that worker's process.
 
 A local run of a worker range writes `members.json` into its run directory (its owner's only,
-removed when the run ends): each rank's worker pid, rewritten when a rank is restarted.
+removed when the run ends): each running rank's worker pid, rewritten when a rank is
+restarted or gone.
 `ember leave` sends that worker SIGTERM, once it has checked that the process is the run's
 worker K (it writes the run's logs/worker-K.log). The worker, which under a range takes SIGTERM
 as a request to leave, ends its loop after the step in hand, tells the servers it is done and
@@ -27,7 +28,7 @@ MEMBERS_FILE = "members.json"
 MAX_MEMBERS_BYTES = 1 << 20
 
 
-def write_members(run_dir: Path, pids: dict[int, int | None]) -> None:
+def write_members(run_dir: Path, pids: dict[int, int]) -> None:
     """Each rank's worker pid, for `ember leave`; written whole, then renamed into place."""
     path, temporary = run_dir / MEMBERS_FILE, run_dir / f".{MEMBERS_FILE}.tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -138,6 +138,7 @@ class LocalWorkers:
         self.processes: list[Any] = []
         self.finished: set[int] = set()  # ranks whose "done" record came
         self.failed: set[int] = set()  # ranks that said they failed, not yet restarted
+        self._said: dict[int, int] | None = None  # the pids members.json names
 
     def start(self) -> None:
         for rank in range(self.base.world):
@@ -156,6 +157,7 @@ class LocalWorkers:
                 if self._unaccounted(rank):
                     polled.exits.append(Exit(rank, process.exitcode, ""))
         self.failed.clear()
+        self._say_members()
         return polled
 
     def restart(self, rank: int, incarnation: int) -> None:
@@ -165,10 +167,14 @@ class LocalWorkers:
         self._say_members()
 
     def _say_members(self) -> None:
-        """A worker range's run names its workers' pids for `ember leave` (leave.py)."""
-        if self.base.config.workers_max is not None:
-            pids = dict(enumerate(pids_of(self.processes)))
+        """A worker range's run names its running workers' pids for `ember leave`
+        (leave.py): rewritten when one starts, is restarted or is gone."""
+        if self.base.config.workers_max is None:
+            return
+        pids = {rank: pid for rank, pid in enumerate(pids_of(self.processes)) if pid is not None}
+        if pids != self._said:
             write_members(Path(self.base.run_dir), pids)
+            self._said = pids
 
     def failure(self, exit: Exit, why: str) -> tuple[Record, str]:
         log = Path(self.base.run_dir) / "logs" / f"worker-{exit.rank}.log"
