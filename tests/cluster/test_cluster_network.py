@@ -1,6 +1,6 @@
 """What crosses the emulated network: only ciphertext unless --encrypt off, nothing served to a
 peer without the run's keys, a fast one-line error for a wrong --advertise-address, and every
-listening port of the run inside --ports."""
+listening port of the run inside --ports (the encrypted run's)."""
 
 from __future__ import annotations
 
@@ -51,16 +51,18 @@ def rss(pids: list[int]) -> int:
     return sum(psutil.Process(pid).memory_info().rss for pid in pids)
 
 
-def test_encrypted_runs_show_no_parameters_and_serve_no_keyless_peer(
+def test_encrypted_runs_show_no_parameters_serve_no_keyless_peer_and_listen_in_ports(
     cluster, spark_env, tmp_path
 ) -> None:
+    """One run of 2 servers with --ports: ciphertext only on the wire, a keyless flood served
+    nothing and costs the servers no memory, and every listening port inside the range."""
     secret = initial_parameters(seed=0).tobytes()
-    out = tmp_path / "run"
+    out, low, high = tmp_path / "run", 47100, 47109
     with Capture(cluster, tmp_path / "frames", seconds=600, max_bytes=CAPTURE_BYTES) as capture:
-        run = start_training(
-            cluster, spark_env, out, "--epochs", "2", "--encrypt", "on", "--seed", "0"
-        )
+        flags = ("--epochs", "2", "--encrypt", "on", "--seed", "0", "--servers", "2")
+        run = start_training(cluster, spark_env, out, *flags, "--ports", f"{low}-{high}")
         wait_for_steps(out, run)
+        ours, everything = _listening_of(run)
         servers: dict[int, list[int]] = {}
         assert wait_for(lambda: bool(servers.update(server_sockets(run)) or servers), 30)
         before = rss(list(servers))
@@ -75,6 +77,9 @@ def test_encrypted_runs_show_no_parameters_and_serve_no_keyless_peer(
     assert grown < RSS_GROWTH, f"the server grew {grown >> 20} MiB under a keyless flood"
     assert summary(out)["wire"]["encrypted"] is True
     assert not shares_window(capture.frames(), secret)
+    assert len({port for _, port, _ in ours}) >= 3, everything  # 2 servers and the collector
+    outside = [entry for entry in ours if not low <= entry[1] <= high]
+    assert not outside, f"listening outside {low}-{high}: {outside}"
 
 
 def test_unencrypted_runs_show_the_parameters_on_the_wire(cluster, spark_env, tmp_path) -> None:
@@ -102,28 +107,6 @@ def test_a_wrong_advertise_address_fails_fast_naming_it(cluster, spark_env, tmp_
     print(f"\nfailed after {time.monotonic() - started:.1f}s: {last}")
 
 
-def test_every_listening_port_of_a_run_is_in_its_range(cluster, spark_env, tmp_path) -> None:
-    low, high = 47100, 47109
-    out = tmp_path / "run"
-    run = start_training(
-        cluster, spark_env, out, "--epochs", "2", "--ports", f"{low}-{high}", "--servers", "2"
-    )
-    wait_for_steps(out, run)
-    tree = run_tree(run)
-    # ember's processes (not the driver's JVM, whose ports are Spark's own settings): servers,
-    # and the driver's record collector; loopback-only listeners are no firewall's business
-    ours = [
-        (where, port, pid)
-        for where, port, pid in listening(0)
-        if pid in tree and is_python(tree[pid]) and not where.startswith("127.")
-    ]
-    everything = [(*entry, _name(entry[2])) for entry in listening(0)]
-    assert run.wait(600) == 0, out.with_suffix(".log").read_text()[-4000:]
-    assert len({port for _, port, _ in ours}) >= 3, everything  # 2 servers and the collector
-    outside = [entry for entry in ours if not low <= entry[1] <= high]
-    assert not outside, f"listening outside {low}-{high}: {outside}"
-
-
 def test_a_port_range_too_small_is_refused_before_anything_starts(
     cluster, spark_env, tmp_path
 ) -> None:
@@ -136,6 +119,19 @@ def test_a_port_range_too_small_is_refused_before_anything_starts(
     after = _state()
     assert len(after["completedapps"]) + len(after["activeapps"]) == apps  # no Spark app ran
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def _listening_of(run: subprocess.Popen[Any]) -> tuple[list[Any], list[Any]]:
+    """The run's listening sockets in host 0 that a firewall sees (ember's processes, not the
+    driver's JVM, whose ports are Spark's own settings: the servers and the driver's record
+    collector; loopback-only listeners are no firewall's business), and every listener."""
+    tree = run_tree(run)
+    ours = [
+        (where, port, pid)
+        for where, port, pid in listening(0)
+        if pid in tree and is_python(tree[pid]) and not where.startswith("127.")
+    ]
+    return ours, [(*entry, _name(entry[2])) for entry in listening(0)]
 
 
 def _name(pid: int) -> str:

@@ -40,6 +40,7 @@ WARM_STEPS = 50  # minibatches per worker before the loop is measured
 # Minibatches per worker measured, at least: a second or more of the loop, since a shorter
 # window on a busy two-core host lands 30% either side of the loop's usual speed.
 LOOP_STEPS = 800
+QUICK_LOOP_STEPS = 200  # a smoke run's (`ember bench --quick`): figures, not good ones
 # Rows a worker draws its minibatches from, at least: a full run gathers each minibatch from its
 # whole shard, and a slice small enough to sit in the CPU's caches would time it too kindly.
 WORKING_SET_BYTES = 128 * 2**20
@@ -48,9 +49,10 @@ EVALUATIONS = 3  # timed evaluations of the test set
 CODINGS = 9  # timed encodings and decodings of the parameters per codec
 
 
-def calibrate(config: RunConfig, dataset: Dataset) -> Calibration:
+def calibrate(config: RunConfig, dataset: Dataset, loop_steps: int = LOOP_STEPS) -> Calibration:
     """Measure on this machine, one torch thread, for `config.model` on `config.data`, its
-    minibatches on the device and in the precision a run of `config` computes in."""
+    minibatches on the device and in the precision a run of `config` computes in; each loop
+    figure over `loop_steps` minibatches a worker."""
     torch.set_num_threads(1)
     where = placement(config.device, 0, 1, None)  # as a local run's worker 0 takes it
     model = make_model(config.model, config.seed, dataset)
@@ -59,7 +61,7 @@ def calibrate(config: RunConfig, dataset: Dataset) -> Calibration:
         model.to(take(where))
     t_eval = _evaluation_seconds(model, dataset)
     wall, client_cpu, server_cpu = _exchange_figures(config, params)
-    t_comp, _ = _loop_figures(config, dataset, Strategy.SINGLE)
+    t_comp, _ = _loop_figures(config, dataset, Strategy.SINGLE, loop_steps)
     strategies = (
         Strategy.ASYNC,
         Strategy.BSP,
@@ -67,7 +69,7 @@ def calibrate(config: RunConfig, dataset: Dataset) -> Calibration:
         Strategy.EASGD_ASYNC,
         Strategy.ALLREDUCE,
     )
-    on_host = {s.value: _loop_figures(config, dataset, s) for s in strategies}
+    on_host = {s.value: _loop_figures(config, dataset, s, loop_steps) for s in strategies}
     return Calibration(
         batch_size=config.batch_size,
         t_comp=t_comp,
@@ -152,22 +154,24 @@ def _exchange_figures(config: RunConfig, params: np.ndarray) -> tuple[float, flo
     return wall, client_cpu, min(server_cpu, wall)
 
 
-def _calibration_rows(dataset: Dataset, batch_size: int, workers: int) -> int:
+def _calibration_rows(dataset: Dataset, batch_size: int, workers: int, steps: int) -> int:
     row_bytes = max(1, dataset.x_train[:1].nbytes)
-    wanted = max((WARM_STEPS + LOOP_STEPS) * batch_size * workers, WORKING_SET_BYTES // row_bytes)
+    wanted = max((WARM_STEPS + steps) * batch_size * workers, WORKING_SET_BYTES // row_bytes)
     return min(len(dataset.x_train), wanted)
 
 
-def _loop_figures(config: RunConfig, dataset: Dataset, strategy: Strategy) -> tuple[float, float]:
+def _loop_figures(
+    config: RunConfig, dataset: Dataset, strategy: Strategy, steps: int
+) -> tuple[float, float]:
     """(seconds per minibatch, seconds blocked per exchange) of ember's own worker loop running
     `strategy` on this host (two workers, and a server if it uses one): a run of the local
     engine, its launcher and watch loop as `ember train`'s, over as many passes of the
-    calibration rows as LOOP_STEPS takes, measured after WARM_STEPS minibatches each (those
+    calibration rows as `steps` takes, measured after WARM_STEPS minibatches each (those
     include connecting and waiting for the peer). A worker that dies ends it: no restarts."""
     workers = 1 if strategy is Strategy.SINGLE else 2
-    rows = _calibration_rows(dataset, config.batch_size, workers)
+    rows = _calibration_rows(dataset, config.batch_size, workers, steps)
     per_pass = max(1, rows // workers // config.batch_size)
-    epochs = -(-(WARM_STEPS + LOOP_STEPS) // per_pass)
+    epochs = -(-(WARM_STEPS + steps) // per_pass)
     warm_steps = max(1, min(WARM_STEPS, epochs * per_pass // 4))
     cut = replace(
         dataset,

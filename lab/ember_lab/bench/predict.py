@@ -10,7 +10,7 @@ from typing import Any
 
 from ember.config import RunConfig, Strategy
 from ember.probe import evaluates_after
-from ember_lab.bench.calibrate import calibrate
+from ember_lab.bench.calibrate import LOOP_STEPS, QUICK_LOOP_STEPS, calibrate
 from ember_lab.emulated.netns import BURST_BYTES
 from ember_lab.perfmodel import (
     AUTO_MARGIN,
@@ -44,7 +44,8 @@ def calibrate_tasks(
             synthetic_features=task.synthetic_features,
         ).validate()
         log(f"calibrating the throughput model for {name} ({task.model} on {task.data})")
-        calibrations[name] = calibrate(config, task.load(settings.seed))
+        steps = QUICK_LOOP_STEPS if settings.quick else LOOP_STEPS
+        calibrations[name] = calibrate(config, task.load(settings.seed), steps)
     return calibrations
 
 

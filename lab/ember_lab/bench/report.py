@@ -17,7 +17,8 @@ MISSING = "—"
 WITHIN = 0.25
 SMOKE_RUN = (
     "**A smoke run** (`ember bench --quick`): every row ran on reduced data, epochs and MLlib "
-    "iterations, so its figures show that the rows run and are not comparable to a full run's; "
+    "iterations, and the throughput model calibrated on a quarter of the steps, so its figures "
+    "show that the rows run and are not comparable to a full run's; "
     "this report draws no headline from them."
 )
 
