@@ -37,6 +37,7 @@ import json
 import math
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -335,10 +336,17 @@ def render(args: argparse.Namespace, data: str, results: dict[str, Any]) -> str:
             "",
             "## Caveats",
             "",
+            f"- A range that nobody joins or leaves ran at {_range_ratios(results)} of the"
+            " fixed run's samples/s (the medians above): its members lease pieces of up to 16"
+            " batches from shard 0, a request every 16 steps (docs/running.md), which the"
+            " fixed run does not make.",
             f"- {env['cpus']} cores: 3 and 4 members (each a 1-thread process, beside the"
             " server and the launcher) oversubscribe them, so samples/s cannot grow past 2.",
-            "- The machine ran other tests at the same time; the compared runs alternate so"
-            " both sides meet the same load, but single figures are noisy (see the ranges).",
+            "- The compared runs alternate so that both sides meet the same load, but on 2"
+            " cores single figures are noisy (see the ranges).",
+            "- rows_trained_twice counts every row of a piece that a killed member had started"
+            " (the servers hear of a piece's start and end): an upper bound, of up to 16"
+            " batches (1,024 rows) a fault.",
             "- A join's time is the launcher's first `membership` record counting it; the"
             " launcher asks every second, so it can be up to 1 s late, inside the window.",
             "- `ember join` writes its progress to its console, not to metrics.jsonl: the"
@@ -358,6 +366,17 @@ def _stalls(outcome: dict[str, Any]) -> str:
         f"{c} {outcome[c]['stall']:.2f} s" for c in ("join", "kill", "leave") if outcome.get(c)
     ]
     return ", ".join(found) + f" ({'; '.join(outcome['steps'])})"
+
+
+def _range_ratios(results: dict[str, Any]) -> str:
+    """The lowest and highest median range / fixed ratio over the throughput rows."""
+    medians = [
+        statistics.median(r["range"]["samples_per_second"] / r["fixed"]["samples_per_second"]
+                          for r in runs)
+        for by_count in results["throughput"].values()
+        for runs in by_count.values()
+    ]  # fmt: skip
+    return f"{min(medians):.2f}x to {max(medians):.2f}x"
 
 
 def _epochs(seconds: float, rate: float, data: str) -> int:
