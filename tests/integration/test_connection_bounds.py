@@ -72,7 +72,9 @@ def test_a_keyed_peer_that_never_finishes_a_message_is_dropped_before_it_costs(
 ) -> None:
     growth, sent, was_dropped = attack(encrypt, SECRET, total=256 * MiB, keyed=True)
     assert was_dropped, f"{sent // MiB} MiB sent and held"
-    assert growth < 48 * MiB, f"+{growth / MiB:.0f} MiB after {sent // MiB} MiB sent"
+    # UNSEEN_BYTES (24 MiB), then what loopback delivers until the next scan: about 20 MiB
+    # each 10 ms at its 2 GB/s, and on a busy host a scan can come a few periods late
+    assert growth < 96 * MiB, f"+{growth / MiB:.0f} MiB after {sent // MiB} MiB sent"
 
 
 def test_a_keyed_hello_flood_neither_evicts_a_pending_handshake_nor_queues_replies(
