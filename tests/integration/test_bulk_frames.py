@@ -54,7 +54,7 @@ def _chunk(index: int) -> memoryview:
 
 def _sealed(connection: ClientConnection, header_frame: bytes, index: int) -> bytes:
     assert connection._bulk is not None
-    return bytes(connection._bulk.seal(_chunk(index), bulk.chunk_aad(header_frame, index)))
+    return bytes(connection._bulk.seal_new(_chunk(index), bulk.chunk_aad(header_frame, index)))
 
 
 def _flipped(conn: ClientConnection, header: bytes, other: ClientConnection) -> list[bytes]:

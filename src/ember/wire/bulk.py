@@ -11,6 +11,8 @@ refuses one replayed, reordered or dropped.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ember.wire import curve
 from ember.wire.bulk_cipher import FRAME_LIMIT as KEY_FRAMES
 from ember.wire.bulk_cipher import (
@@ -41,7 +43,7 @@ def chunk_aad(header_frame: bytes | memoryview, index: int) -> bytes:
 
 
 class BulkChannel:
-    """One end's sealer and opener for a connection, with a scratch frame for sealing.
+    """One end's sealer and opener for a connection, with a scratch buffer for opening.
     Not thread-safe: one owner, as the connection it belongs to."""
 
     def __init__(self, session_key: bytes, role: str, cipher: str) -> None:
@@ -50,21 +52,17 @@ class BulkChannel:
         self.sealer, self.opener = derive_bulk_keys(
             session_key, role, cipher, frame_limit=FRAME_LIMIT
         )
-        self._scratch = bytearray(CHUNK_BYTES + OVERHEAD)  # reused: zmq copies what is sent
         self.inbox = memoryview(bytearray(CHUNK_BYTES))  # a frame opened, then copied out
 
     @property
     def refused(self) -> int:
         return self.opener.refused
 
-    def seal(self, chunk: memoryview, aad: bytes) -> memoryview:
-        """The frame for `chunk`, in the scratch buffer: valid until the next seal."""
-        size = self.sealer.seal_into(chunk, self._scratch, aad)
-        return memoryview(self._scratch)[:size]
-
-    def seal_new(self, chunk: memoryview, aad: bytes) -> bytearray:
-        """The frame for `chunk` in a buffer of its own, for a zero-copy send."""
-        out = bytearray(memoryview(chunk).nbytes + OVERHEAD)
+    def seal_new(self, chunk: memoryview, aad: bytes) -> memoryview:
+        """The frame for `chunk` in a buffer of its own, for a zero-copy send. The buffer is
+        left uninitialised (np.empty): the cipher writes every byte of it, and zeroing a
+        bytearray first cost a fifth of the sealing."""
+        out = np.empty(memoryview(chunk).nbytes + OVERHEAD, np.uint8).data
         self.sealer.seal_into(chunk, out, aad)
         return out
 
@@ -72,7 +70,7 @@ class BulkChannel:
         """Check and decrypt `frame` into `out` (by default a buffer of its own), which holds
         only zeros if the frame is refused (BulkFrameRefused, and the opener stays closed)."""
         size = min(MAX_PAYLOAD, max(0, memoryview(frame).nbytes - OVERHEAD))
-        place = memoryview(bytearray(size)) if out is None else out
+        place = np.empty(size, np.uint8).data if out is None else out
         return SharedFrame(place[: self.opener.open_into(frame, place, aad)])
 
 
@@ -115,14 +113,14 @@ class ServerChannels:
         if self.cipher is not None:
             self._replying[peer] = (bytes(header_frame[:MAC_BYTES]), 0)
 
-    def seal(self, peer: bytes, chunk: memoryview) -> bytearray | None:
+    def seal(self, peer: bytes, chunk: memoryview) -> memoryview | None:
         """The next chunk of `peer`'s reply sealed in a buffer of its own, for a zero-copy
         send; None when chunks go as they are, and empty when the peer's keys are gone."""
         if self.cipher is None:
             return None
         channel = self._channels.get(peer)
         if channel is None:
-            return bytearray()
+            return memoryview(b"")
         header, index = self._replying.get(peer, (bytes(MAC_BYTES), 0))
         self._replying[peer] = (header, index + 1)
         return channel.seal_new(chunk, chunk_aad(header, index))

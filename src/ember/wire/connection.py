@@ -157,8 +157,8 @@ class ClientConnection:
         for index, frame in enumerate(chunk_frames(arrays)):
             if self._bulk is None:
                 self._sock.send(frame, copy=False)
-            else:  # sealed into one scratch frame, which zmq copies
-                self._sock.send(self._bulk.seal(frame, chunk_aad(sealed, index)), copy=True)
+            else:  # sealed into a buffer of its own, which zmq sends without a copy
+                self._sock.send(self._bulk.seal_new(frame, chunk_aad(sealed, index)), copy=False)
 
     def notify(self, header: dict[str, Any], timeout: float) -> bool:
         """Send a header that gets no reply, if the socket takes it within `timeout`; False
