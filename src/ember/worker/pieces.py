@@ -24,7 +24,10 @@ from ember.ps.piece_protocol import Dealt, Take
 from ember.ps.pieces import Geometry, Key
 from ember.wire import ClientConnection
 
-WAIT_SECONDS = 0.1  # between asking again while the last pieces are held elsewhere
+# Between asking again while the run has fewer than MIN members, or its last pieces are held
+# elsewhere: from the first to the most, doubling. Members start within milliseconds of each
+# other, and the first to ask waited a whole 0.1 s for the others before.
+FIRST_WAIT_SECONDS, WAIT_SECONDS = 0.005, 0.1
 PIECES_PER_MEMBER = 8  # an epoch's pieces for each member at the run's MAX, at least
 BATCHES_PER_PIECE = 16  # at most: a piece request (a round trip to shard 0) per this many steps
 
@@ -74,18 +77,19 @@ class PieceSource:
         earlier epoch may come first): each batch of each piece, with the piece's key."""
         current: Key | None = None
         dealt = self._ask(epoch, take=True)
-        waited_since = None
+        waited_since, wait = None, FIRST_WAIT_SECONDS
         try:
             while True:
                 if dealt.wait:
                     waited_since = waited_since or time.monotonic()
                     self._check_wait(waited_since)
-                    time.sleep(WAIT_SECONDS)
+                    time.sleep(wait)
+                    wait = min(2 * wait, WAIT_SECONDS)
                     dealt, current = self._ask(epoch, take=True, finished=current), None
                     continue
                 if dealt.piece is None:
                     break
-                waited_since = None
+                waited_since, wait = None, FIRST_WAIT_SECONDS
                 piece = dealt.piece
                 self._send(epoch, take=True, started=piece, finished=current)
                 current = piece
