@@ -265,7 +265,7 @@ def test_a_members_piece_is_cut_into_batches_the_last_taking_the_rows_left() -> 
     for epoch in range(2):
         seen = []
         for piece in range(source.geometry.pieces):
-            batches = source.batches((epoch, piece))
+            batches = [memory.rows_of(rows) for rows in source.batch_rows((epoch, piece))]
             sizes = [len(targets) for _, targets in batches]
             assert sizes == ([10] * 12 if piece < 7 else [10] * 15 + [14])
             seen += [int(v) for inputs, _ in batches for v in inputs[:, 0]]

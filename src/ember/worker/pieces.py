@@ -93,16 +93,19 @@ class PieceSource:
                 piece = dealt.piece
                 self._send(epoch, take=True, started=piece, finished=current)
                 current = piece
-                batches = self.batches(piece)
-                for index, batch in enumerate(batches, 1):
-                    self.between_pieces = index == len(batches)
-                    yield piece, batch
+                cuts = self.batch_rows(piece)
+                for index, rows in enumerate(cuts, 1):
+                    self.between_pieces = index == len(cuts)
+                    # Gathered as it is trained: a piece's batches gathered at once (3 MiB
+                    # at batch size 64) had left cache by their step, which ran 5-8% slower.
+                    yield piece, self.source.rows_of(rows)
                 dealt = self._reply()
         finally:
             self._close_epoch(epoch, current)
 
-    def batches(self, key: Key) -> list[Batch]:
-        """The piece's rows as batches of the run's size, the last taking those left over."""
+    def batch_rows(self, key: Key) -> list[torch.Tensor]:
+        """The piece's row numbers cut into batches of the run's size, the last taking those
+        left over."""
         epoch, piece = key
         start = piece * self.geometry.piece_rows
         rows = _order(self.seed, epoch, self.geometry.rows)[
@@ -110,7 +113,7 @@ class PieceSource:
         ]
         starts = range(0, max(1, len(rows) // self.batch_size) * self.batch_size, self.batch_size)
         ends = [*starts[1:], len(rows)]
-        return [self.source.rows_of(rows[a:b]) for a, b in zip(starts, ends, strict=True)]
+        return [rows[a:b] for a, b in zip(starts, ends, strict=True)]
 
     def close(self) -> None:
         if self._connection is not None:
