@@ -294,3 +294,25 @@ def test_plan_report_says_how_long_an_evaluation_keeps_synchronous_workers_waiti
     text = plan_report(timed, GIGABIT, [2], [8])
     waiting = "in bsp, ssp, easgd, allreduce, diloco the other"
     assert f"evaluates the test set in 64 ms; {waiting}" in text
+
+
+def test_an_encrypted_wire_costs_each_end_its_cipher_on_the_bytes_it_moves() -> None:
+    per_byte = 1 / 1e9  # sealing and opening at 1 GB/s, both ends together
+    sealed = MLP.encrypted(per_byte)
+    added = per_byte * MLP.exchange_bytes / 2  # each end seals half and opens half
+    assert sealed.client_cpu == pytest.approx(MLP.client_cpu + added)
+    assert sealed.server_cpu == pytest.approx(MLP.server_cpu + added)
+    # on a link faster than the cipher, an exchange takes the cipher's time, not the wire's
+    fast = Network(bandwidth=10e9 / 8, latency=0.0)
+    plain = predict("easgd", 1, MLP, fast, tau=1)
+    costly = predict("easgd", 1, sealed, fast, tau=1)
+    assert costly.t_comm == pytest.approx(plain.t_comm + 2 * added)
+    assert costly.samples_per_second < plain.samples_per_second
+
+
+def test_the_cipher_probe_names_the_ciphers_it_knows() -> None:
+    from ember.config import RunConfig
+    from ember_lab.bench.cipher_probe import cipher_cpu_per_byte
+
+    with pytest.raises(ValueError, match="choose curve or aead"):
+        cipher_cpu_per_byte(RunConfig(), "rot13")

@@ -60,7 +60,7 @@ def calibrate(config: RunConfig, dataset: Dataset, loop_steps: int = LOOP_STEPS)
     if where.cuda:
         model.to(take(where))
     t_eval = _evaluation_seconds(model, dataset)
-    wall, client_cpu, server_cpu = _exchange_figures(config, params)
+    wall, client_cpu, server_cpu = exchange_figures(config, params)
     t_comp, _ = _loop_figures(config, dataset, Strategy.SINGLE, loop_steps)
     strategies = (
         Strategy.ASYNC,
@@ -123,8 +123,12 @@ def codec_figures(params: np.ndarray) -> dict[str, tuple[float, float]]:
     return figures
 
 
-def _exchange_figures(config: RunConfig, params: np.ndarray) -> tuple[float, float, float]:
-    """(wall, client CPU, server CPU) seconds per push + pull through a real server process."""
+def exchange_figures(
+    config: RunConfig, params: np.ndarray, exchanges: int = 0
+) -> tuple[float, float, float]:
+    """(wall, client CPU, server CPU) seconds per push + pull through a real server process,
+    over `exchanges` of them (default EXCHANGES), with this process's wire settings."""
+    exchanges = exchanges or EXCHANGES
     probe = RunConfig(**{**config.to_dict(), "strategy": "async", "workers": 1, "servers": 1})
     secret = os.urandom(32)
     with tempfile.TemporaryDirectory(prefix="ember-calibrate-") as tmp:
@@ -141,11 +145,11 @@ def _exchange_figures(config: RunConfig, params: np.ndarray) -> tuple[float, flo
                 server = psutil.Process(group.processes[0].pid)
                 server_before = sum(server.cpu_times()[:2])
                 cpu_before, walls = time.process_time(), []
-                for _ in range(EXCHANGES):
+                for _ in range(exchanges):
                     walls.append(client.push(grad, reply_into=reply, pull=True).seconds)
                 wall = float(np.median(walls))  # the machine's hiccups stay out of the figure
-                client_cpu = (time.process_time() - cpu_before) / EXCHANGES
-                server_cpu = (sum(server.cpu_times()[:2]) - server_before) / EXCHANGES
+                client_cpu = (time.process_time() - cpu_before) / exchanges
+                server_cpu = (sum(server.cpu_times()[:2]) - server_before) / exchanges
                 client.done()
             finally:
                 client.close()

@@ -162,6 +162,16 @@ def add_plan_parser(sub: Any) -> None:
     )
     parser.add_argument("--device", default="auto", help=HELP["device"])
     parser.add_argument("--precision", default="32", help=HELP["precision"])
+    parser.add_argument(
+        "--encrypt",
+        choices=("on", "off"),
+        default="on",
+        help="whether the runs across hosts encrypt their wire, as they do by default: on adds"
+        " what sealing and opening the payloads cost, measured here",
+    )
+    parser.add_argument(
+        "--wire-cipher", choices=("curve", "aead"), default="curve", help=HELP["wire_cipher"]
+    )
     parser.set_defaults(handler=plan)
 
 
@@ -169,6 +179,7 @@ def plan(args: argparse.Namespace) -> int:
     """`ember plan`: calibrate here, then predict per link rate and worker count."""
     from ember.probe import load_data
     from ember_lab.bench.calibrate import calibrate
+    from ember_lab.bench.cipher_probe import cipher_cpu_per_byte
     from ember_lab.perfmodel import (
         Network,
         parse_bandwidths,
@@ -193,15 +204,32 @@ def plan(args: argparse.Namespace) -> int:
     where = f"here ({config.device}, precision {config.precision})"
     print(f"calibrating {config.model} on {config.data} {where}...", file=sys.stderr, flush=True)
     calibration = calibrate(config, load_data(config)).compressed(args.compress)
+    across = calibration
+    if args.encrypt == "on" and any(links):
+        across = calibration.encrypted(cipher_cpu_per_byte(config, args.wire_cipher))
     reports = []
     for bandwidth in links:
         network = Network(bandwidth, latency if bandwidth else 0.0)
-        report = plan_report(calibration, network, workers, taus)
+        report = plan_report(across if bandwidth else calibration, network, workers, taus)
+        if bandwidth:
+            report = _wire_line(args, calibration, across) + "\n" + report
         reports.append(
             "\n\n".join(filter(None, [report, scale_report(calibration, network, workers, taus)]))
         )
     print("\n\n".join(reports))
     return 0
+
+
+def _wire_line(args: argparse.Namespace, plain: Any, encrypted: Any) -> str:
+    """What `ember plan` took the wire across hosts to cost beyond the link."""
+    if args.encrypt == "off":
+        return "wire across hosts: plaintext (--encrypt off)"
+    added = (encrypted.client_cpu - plain.client_cpu) * 1e3
+    return (
+        f"wire across hosts: encrypted with {args.wire_cipher} (--encrypt off for plaintext):"
+        f" sealing and opening an exchange's payloads adds {added:.2f} ms of CPU at each end,"
+        " measured here"
+    )
 
 
 def _count_per_task(text: str) -> int | dict[str, int]:

@@ -61,6 +61,14 @@ class Calibration:
         cpu = self.parameters * (encode + 2 * decode) if compress != "none" else 0.0
         return replace(self, compression=wire_fraction(compress), codec_cpu=cpu)
 
+    def encrypted(self, cpu_per_byte: float) -> Calibration:
+        """These figures across hosts with the payloads encrypted, which on this host went
+        through shared memory in clear: each end seals the half of an exchange's bytes it
+        sends and opens the half it receives, at `cpu_per_byte` for sealing and opening one
+        byte (bench/cipher_probe.py)."""
+        added = cpu_per_byte * self.exchange_bytes / 2
+        return replace(self, client_cpu=self.client_cpu + added, server_cpu=self.server_cpu + added)
+
     def sharing(
         self, strategy: str, workers: int, servers: int, tau: float = 1
     ) -> tuple[float, float]:
