@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from ember.ps import ParameterServer, PSClient, ShardSpec, control, make_consistency
     from ember.ps.codec import CODECS, codec_named
     from ember.wire import CHUNK_BYTES, ClientConnection, curve, shared, use_encryption
-    from ember.wire.bulk_cipher import OVERHEAD, derive_bulk_keys, preferred_cipher
     from ember.wire.endpoint import CLOSING_SECONDS
     from ember.worker.device import placement, take
     from ember.worker.evaluation import evaluate, evaluates_after
@@ -51,7 +50,6 @@ _GROUPS = {  # module -> the names of it offered here
     "ember.algorithms.rules": ("SGDRule",),
     "ember.wire": ("CHUNK_BYTES", "ClientConnection", "curve", "shared", "use_encryption"),
     "ember.wire.endpoint": ("CLOSING_SECONDS",),
-    "ember.wire.bulk_cipher": ("OVERHEAD", "derive_bulk_keys", "preferred_cipher"),
     # data and the worker's pieces timed alone (calibration, streaming, overhead)
     "ember.data": ("Dataset", "load_dataset", "shard_indices"),
     "ember.data.batches": ("MemoryBatches",),

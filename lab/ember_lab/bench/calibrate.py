@@ -124,11 +124,10 @@ def codec_figures(params: np.ndarray) -> dict[str, tuple[float, float]]:
 
 
 def exchange_figures(
-    config: RunConfig, params: np.ndarray, exchanges: int = 0
+    config: RunConfig, params: np.ndarray, exchanges: int = EXCHANGES
 ) -> tuple[float, float, float]:
     """(wall, client CPU, server CPU) seconds per push + pull through a real server process,
-    over `exchanges` of them (default EXCHANGES), with this process's wire settings."""
-    exchanges = exchanges or EXCHANGES
+    over `exchanges` of them, with this process's wire settings."""
     probe = RunConfig(**{**config.to_dict(), "strategy": "async", "workers": 1, "servers": 1})
     secret = os.urandom(32)
     with tempfile.TemporaryDirectory(prefix="ember-calibrate-") as tmp:

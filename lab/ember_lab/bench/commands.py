@@ -210,11 +210,12 @@ def plan(args: argparse.Namespace) -> int:
     reports = []
     for bandwidth in links:
         network = Network(bandwidth, latency if bandwidth else 0.0)
-        report = plan_report(across if bandwidth else calibration, network, workers, taus)
+        linked = across if bandwidth else calibration  # payloads cross the wire encrypted
+        report = plan_report(linked, network, workers, taus)
         if bandwidth:
             report = _wire_line(args, calibration, across) + "\n" + report
         reports.append(
-            "\n\n".join(filter(None, [report, scale_report(calibration, network, workers, taus)]))
+            "\n\n".join(filter(None, [report, scale_report(linked, network, workers, taus)]))
         )
     print("\n\n".join(reports))
     return 0
