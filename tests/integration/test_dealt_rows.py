@@ -84,19 +84,19 @@ def collected(out: Path) -> dict[int, Counter[int]]:
 
 
 def run_collected(
-    tmp_path: Path, failures: dict[int, list[Any]], batch_size: int
+    tmp_path: Path, failures: dict[int, list[Any]], batch_size: int, **given: Any
 ) -> tuple[dict[str, Any], dict[int, Counter[int]]]:
     """An async run of `train` on workers=(2, 3): its summary and the collector's counts."""
     collector = tmp_path / "collector"
     collector.mkdir()
     x, y = rows_with_ids()
+    data = given or {"data": (x, y), "test_data": (x[:20], y[:20])}
     ember.run(
         train,
         str(collector),
         failures,
         model=make_net,
-        data=(x, y),
-        test_data=(x[:20], y[:20]),
+        **data,
         strategy="async",
         workers=(2, 3),
         epochs=EPOCHS,
@@ -184,3 +184,34 @@ def test_a_range_resumed_from_its_last_checkpoint_goes_on_mid_epoch(tmp_path: Pa
     done = [r for r in read_metrics(out / "metrics.jsonl") if r.get("kind") == "done"]
     trained_after = sum(r["samples"] for r in done)
     assert trained_after == 6 * rows - sum(cursor["epoch_rows"])  # mid-epoch, not from 0
+
+
+def test_a_streamed_range_deals_row_groups_and_trains_each_row_once_an_epoch(
+    tmp_path: Path,
+) -> None:
+    """The rows stay on disk (--data-mode stream) in row groups of 25: each epoch the groups
+    are dealt as pieces in a seeded order, and a member reads only the pieces it is dealt.
+    A worker dying after 20 rows leaves its piece to be dealt again."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    x, y = rows_with_ids()
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    for name, rows in (("train", slice(None)), ("test", slice(0, 20))):
+        table = pa.table({"features": pa.array(list(x[rows]), pa.list_(pa.float32())),
+                          "label": pa.array(y[rows])})  # fmt: skip
+        pq.write_table(table, folder / f"{name}.parquet", row_group_size=25)
+    summary, counts = run_collected(
+        tmp_path, {1: [20]}, BATCH, data=str(folder), data_mode="stream"
+    )
+    twice = 0
+    for epoch in range(EPOCHS):
+        assert set(counts[epoch]) == set(range(ROWS)), f"epoch {epoch} missed rows"
+        twice += sum(n - 1 for n in counts[epoch].values())
+    assert summary["epoch_rows"] == [ROWS] * EPOCHS
+    assert summary["pieces_per_epoch"] == 10  # the least a dealing costs: a batch a piece
+    assert 0 < twice <= summary["rows_trained_twice"] == BATCH
+    done = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r.get("kind") == "done"]
+    assert all(r["data_mode"] == "stream" for r in done)
+    assert sum(r["rows_read"] for r in done) >= ROWS * EPOCHS  # read where trained, not held

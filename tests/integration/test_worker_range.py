@@ -4,6 +4,7 @@ servers count them, and a strategy whose members cannot change refuses a range u
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -163,3 +164,59 @@ def test_leaving_a_run_that_is_not_a_running_range_is_a_clear_error(tmp_path: Pa
         ember_cli("leave", str(tmp_path), "--worker", "0"), capture_output=True, text=True
     )
     assert "worker 0 of the run at" in done.stderr and "is not running (pid 1)" in done.stderr
+
+
+def write_digits_parquet(folder: Path, group: int) -> None:
+    """digits as train.parquet and test.parquet, in row groups of `group` rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ember.data.datasets import load_dataset
+
+    digits = load_dataset("digits")
+    folder.mkdir()
+    for name, x, y in (
+        ("train", digits.x_train, digits.y_train),
+        ("test", digits.x_test, digits.y_test),
+    ):
+        flat = pa.array(list(x.reshape(len(x), -1)), pa.list_(pa.float32()))
+        table = pa.table({"features": flat, "label": pa.array(y)})
+        pq.write_table(table, folder / f"{name}.parquet", row_group_size=group)
+
+
+def test_a_joiner_of_a_streamed_range_reads_the_files_and_cuts_them_as_the_members(
+    tmp_path: Path,
+) -> None:
+    """The launcher's members stream a copy decoded once into .npy; the joiner plans the
+    Parquet files itself. Both deal by the files' row groups, so the servers take the
+    joiner's pieces as the run's and every row is trained once an epoch."""
+    write_digits_parquet(tmp_path / "digits", group=97)
+    out = tmp_path / "run"
+    data = ("--data", str(tmp_path / "digits"), "--data-mode", "stream")
+    flags = ("--strategy", "async", "--workers", "1:2", "--epochs", "40")
+    run = subprocess.Popen(
+        ember_cli("train", *data, *flags, "--log-every", "10", "--out", str(out)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_for(lambda: has_worker_records(out), 90), "no worker reported progress"
+        joiner = subprocess.run(
+            ember_cli("join", str(out), "--epochs", "1"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        _, err = run.communicate(timeout=180)
+    finally:
+        run.kill()
+    assert run.returncode == 0, err
+    assert joiner.returncode == 0, joiner.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["joins"] == 1
+    assert summary["epoch_rows"] == [summary["epoch_rows"][0]] * 40
+    assert summary["rows_trained_twice"] == 0
+    steps = re.search(r"left the run after (\d+) steps", joiner.stdout)
+    assert steps and int(steps[1]) > 0, joiner.stdout  # it trained pieces of the run
+    assert summary["test_accuracy"] > 0.85

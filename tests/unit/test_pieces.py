@@ -4,6 +4,7 @@ member dies, the served rows of a dead member's pieces counted twice, and bounde
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -254,20 +255,98 @@ def test_a_members_piece_is_cut_into_batches_the_last_taking_the_rows_left() -> 
     import numpy as np
 
     from ember.data.batches import MemoryBatches
-    from ember.worker.pieces import PieceSource
+    from ember.worker.pieces import MemoryPieces, PieceSource
 
     rows = 1004  # 100 batches of 10: 8 pieces of 12 batches for 1 member, the last of 164 rows
     x = np.arange(rows, dtype=np.float32).reshape(rows, 1)
     memory = MemoryBatches(x, np.zeros(rows, np.int64), 10, seed=0, rank=0)
-    source = PieceSource(memory, 2, 1, 0, "tcp://127.0.0.1:1", b"k" * 32, (0, 0), 5.0, 5.0)
+    pieces = MemoryPieces(memory, seed=0)
+    source = PieceSource(pieces, 2, 1, "tcp://127.0.0.1:1", b"k" * 32, (0, 0), 5.0, 5.0)
     assert source.geometry == Geometry(rows=1004, piece_rows=120, epochs=2)
     assert source.steps_per_epoch == 100
     for epoch in range(2):
         seen = []
         for piece in range(source.geometry.pieces):
-            batches = [memory.rows_of(rows) for rows in source.batch_rows((epoch, piece))]
+            batches = [batch() for batch in pieces.cut((epoch, piece), source.geometry)]
             sizes = [len(targets) for _, targets in batches]
             assert sizes == ([10] * 12 if piece < 7 else [10] * 15 + [14])
             seen += [int(v) for inputs, _ in batches for v in inputs[:, 0]]
         assert sorted(seen) == list(range(rows))  # each row in one piece, once
         assert seen != list(range(rows))  # in the epoch's seeded order
+
+
+def write_numbered_rows(path: Path, rows: int, group: int) -> None:
+    """A Parquet file whose row i has features [i, i] and label i % 3, in row groups."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    x = np.repeat(np.arange(rows, dtype=np.float32)[:, None], 2, axis=1)
+    table = pa.table({"features": pa.array(list(x), pa.list_(pa.float32())),
+                      "label": pa.array(np.arange(rows) % 3)})  # fmt: skip
+    pq.write_table(table, path, row_group_size=group)
+
+
+@pytest.mark.parametrize(
+    ("group", "members", "piece_rows"),
+    [(200, 1, 200), (5000, 3, 200), (9, 2, 160)],
+    ids=["a-row-group-a-piece", "8-pieces-a-member", "a-dealing's-least"],
+)
+def test_a_streamed_epoch_is_dealt_as_pieces_that_read_every_row_once(
+    tmp_path: Path, group: int, members: int, piece_rows: int
+) -> None:
+    """5003 rows in batches of 10. A piece is a row group where that is neither smaller
+    than the rows-in-memory cut (160 rows, 16 batches) nor so big that a member gets fewer
+    than 8 pieces an epoch (5003 // 24: 200 rows at 3 members). Each epoch's pieces hold
+    every row once, shuffled, in batches of 10 but the last of each piece, which takes the
+    rows left over."""
+    from ember.data.stream import plan_files
+    from ember.worker.streamed import StreamedPieces
+
+    rows = 5003
+    write_numbered_rows(tmp_path / "rows.parquet", rows, group)
+    streamed = StreamedPieces(plan_files(tmp_path / "rows.parquet"), 10, seed=4)
+    assert streamed.piece_rows(members) == piece_rows
+    cut = Geometry(rows, piece_rows, 2)
+    orders = []
+    for epoch in range(2):
+        seen = []
+        for piece in range(cut.pieces):
+            batches = [batch() for batch in streamed.cut((epoch, piece), cut)]
+            sizes = [len(targets) for _, targets in batches]
+            assert sum(sizes) == cut.rows_of(piece)
+            assert all(size == 10 for size in sizes[:-1]) and 10 <= sizes[-1] < 20
+            for inputs, targets in batches:
+                assert (targets == inputs[:, 0].long() % 3).all()  # rows stay whole
+                seen += [int(v) for v in inputs[:, 1]]
+        assert sorted(seen) == list(range(rows))  # each row in one piece, once
+        assert seen != list(range(rows))
+        orders.append(seen)
+    assert orders[0] != orders[1]  # a fresh arrangement each epoch
+    again = StreamedPieces(plan_files(tmp_path / "rows.parquet"), 10, seed=4)
+    first = [batch()[1].tolist() for batch in again.cut((1, 0), cut)]
+    assert first == [batch()[1].tolist() for batch in streamed.cut((1, 0), cut)]  # seeded
+    assert streamed.counters.rows_read >= rows
+
+
+def test_a_member_reading_a_laid_out_copy_cuts_the_pieces_as_one_reading_the_files(
+    tmp_path: Path,
+) -> None:
+    """The local engine decodes Parquet once into .npy windows; a joiner or a Spark task
+    reads the Parquet files. With the files' row groups given, both deal the same rows."""
+    from ember.data.stream import plan_files
+    from ember.data.streamhost import _lay_out
+    from ember.worker.streamed import StreamedPieces
+
+    write_numbered_rows(tmp_path / "rows.parquet", 3001, 170)
+    plan = plan_files(tmp_path / "rows.parquet")
+    (tmp_path / "copy").mkdir()
+    copy = _lay_out(plan, tmp_path / "copy")
+    assert [p.rows for p in copy.pieces] != [p.rows for p in plan.pieces]
+    files = StreamedPieces(plan, 10, seed=1)
+    laid_out = StreamedPieces(copy, 10, seed=1, groups=tuple(p.rows for p in plan.pieces))
+    assert laid_out.piece_rows(2) == files.piece_rows(2) == 170 // 10 * 10
+    cut = Geometry(3001, files.piece_rows(2), 1)
+    for piece in range(cut.pieces):
+        ours = [b()[0][:, 0].tolist() for b in laid_out.cut((0, piece), cut)]
+        assert ours == [b()[0][:, 0].tolist() for b in files.cut((0, piece), cut)]

@@ -41,6 +41,7 @@ class StreamedDataset(Dataset):
 
     plan: StreamPlan | None = None
     whole: bool = True  # the plan holds every worker's rows, else this worker's own
+    groups: tuple[int, ...] = ()  # rows of each stored piece of the user's files (see StreamFiles)
 
     def __post_init__(self) -> None:
         if self.plan is None or len(self.x_train) or len(self.y_train):
@@ -56,6 +57,10 @@ class StreamFiles(DataFiles):
     `arrays` holds the test split's .npy files (and, streamed from .npy, the training ones)."""
 
     plan: StreamPlan | None = None
+    # Rows of each stored piece as the user's files hold them (Parquet row groups), where
+    # `plan` reads a copy laid out otherwise: a worker range deals pieces by these, so that
+    # a member reading the files themselves (a joiner, a Spark task) cuts them the same way.
+    groups: tuple[int, ...] = ()
 
     def dataset(self, mode: Mode = "r") -> Dataset:
         a, empty = self.arrays, np.empty((0, *self.input_shape), dtype=np.float32)
@@ -68,6 +73,7 @@ class StreamFiles(DataFiles):
             self.num_classes,
             self.input_shape,
             plan=self.plan,
+            groups=self.groups,
         )
 
     def shard(self, rank: int, world: int) -> Dataset:
@@ -118,7 +124,13 @@ def parquet_files_to_stream(config: RunConfig, say: Callable[[str], None]) -> li
     if plans is None or (mode == "auto" and not _too_big(config.data, plans[0], say)):
         return []
     train, test = path / "train.parquet", path / "test.parquet"
-    return [train, test] if path.is_dir() and train.is_file() and test.is_file() else [path]
+    return [train, test] if path.is_dir() and train.exists() and test.exists() else [path]
+
+
+def training_plan(path: str, targets: str | None) -> StreamPlan:
+    """The training rows of a data path that streams, as every host plans them from the
+    files themselves (a Spark task's, which the driver does not lay out)."""
+    return _planned_split(Path(path).expanduser(), targets)[0]
 
 
 def no_targets(plan: StreamPlan) -> np.ndarray:
@@ -187,8 +199,10 @@ def _file_plans(path: Path, mode: str, targets: str | None) -> tuple[StreamPlan,
 
 
 def _planned_split(path: Path, targets: str | None) -> tuple[StreamPlan, StreamPlan]:
+    """The training and test rows of `path`: a folder's train.parquet and test.parquet
+    (each a file, or a folder of them as Spark writes one), else its last rows held out."""
     train, test = path / "train.parquet", path / "test.parquet"
-    if path.is_dir() and train.is_file() and test.is_file():
+    if path.is_dir() and train.exists() and test.exists():
         return plan_files(train, targets), plan_files(test, targets)
     whole = plan_files(path, targets)
     if whole.rows < 2:
@@ -222,6 +236,7 @@ def _hosted(name: str, train: StreamPlan, test: StreamPlan, say: Callable[[str],
         )
     classes = max(train.num_classes, int(y.max()) + 1) if train.targets == "classes" else 0
     classes = classes or train.num_classes
+    groups = tuple(p.rows for p in train.pieces)
     decoded = _decoded_bytes(train)
     laying_out = any(p.kind == "parquet" for p in train.pieces) and _disk_room(decoded)
     # removed with the run, as host_data's copies: on disk when the training rows go there
@@ -238,7 +253,7 @@ def _hosted(name: str, train: StreamPlan, test: StreamPlan, say: Callable[[str],
             )
             train = _lay_out(train, scratch)
         files = StreamFiles(
-            name, arrays, train.rows, len(y), classes, train.input_shape, plan=train
+            name, arrays, train.rows, len(y), classes, train.input_shape, plan=train, groups=groups
         )
         return HostData(files, scratch)
     except BaseException:
@@ -283,4 +298,5 @@ __all__ = [
     "no_targets",
     "parquet_files_to_stream",
     "stream_batches",
+    "training_plan",
 ]

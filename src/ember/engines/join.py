@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ember.config import RunConfig, Strategy
+from ember.data.streamhost import host_run_data
 from ember.errors import ConfigError
 from ember.metrics.records import Record, WorkerDone
 from ember.userfile import Unreadable, parse_json, read_regular
@@ -120,4 +121,12 @@ def join_run(run_dir: Path, epochs: int, report: Report = print) -> WorkerDone:
     )
     from ember.worker.loop import run_worker  # torch: not for the launcher that writes join files
 
-    return run_worker(spec, report, stop=stop)
+    if config.workers_max is None:
+        return run_worker(spec, report, stop=stop)
+    # A range's joiner holds or streams the rows as the run's members do (--data-mode), so
+    # that it cuts the dealt pieces as they do.
+    host = host_run_data(config, print)
+    try:
+        return run_worker(spec, report, host.files.shard(0, 1), stop=stop)
+    finally:
+        host.close()

@@ -16,6 +16,7 @@ from ember.spark import model_spec
 OWN_FIELDS = {
     "strategy": "strategy",
     "workers": "workers",
+    "workersMax": "workers_max",
     "epochs": "epochs",
     "lr": "lr",
     "tau": "tau",
@@ -78,7 +79,17 @@ class EmberParams(
         Params._dummy(), "strategy", "the training strategy", TypeConverters.toString
     )
     workers: Param[int] = Param(
-        Params._dummy(), "workers", "workers, one Spark barrier task each", TypeConverters.toInt
+        Params._dummy(),
+        "workers",
+        "workers, one Spark barrier task each; with workersMax, a worker range's MIN",
+        TypeConverters.toInt,
+    )
+    workersMax: Param[int | None] = Param(
+        Params._dummy(),
+        "workersMax",
+        "a worker range's MAX: members (ordinary tasks, no barrier) join and leave while the"
+        " run goes on, as executors come and go; unset: a fixed run of workers",
+        lambda value: None if value is None else TypeConverters.toInt(value),
     )
     epochs: Param[int] = Param(Params._dummy(), "epochs", "passes", TypeConverters.toInt)
     lr: Param[float] = Param(Params._dummy(), "lr", "learning rate", TypeConverters.toFloat)

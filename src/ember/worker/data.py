@@ -13,8 +13,9 @@ from ember.data import Dataset, shard_indices
 from ember.data.batches import Batch, MemoryBatches, ShardBatches
 from ember.data.streamhost import StreamedDataset, counted, stream_batches
 from ember.errors import EmberError
-from ember.worker.pieces import PieceSource
+from ember.worker.pieces import MemoryPieces, PieceRows, PieceSource
 from ember.worker.spec import WorkerSpec
+from ember.worker.streamed import StreamedPieces
 
 
 class Where(Protocol):
@@ -26,6 +27,14 @@ class Where(Protocol):
     start_step: int
 
 
+class Held(Protocol):
+    """A worker's rows as the loop counts them; their `counters` (where kept) say what
+    reading them cost."""
+
+    rows: int
+    batch_size: int
+
+
 class WorkerData:
     """This worker's shard of the run's data: its rows (x, y; None for rows streamed from
     disk), the held-out rows (x_test, y_test), and each epoch's minibatches in the seeded
@@ -35,20 +44,27 @@ class WorkerData:
         self.x: np.ndarray | None = None  # its training rows, unless they stay on disk
         self.y: np.ndarray | None = None
         self.w: np.ndarray | None = None  # the rows' weights, where the run has a weight column
-        self.shard: ShardBatches
+        self.shard: Held  # its rows, as the loop counts them
+        self._epochs: ShardBatches | None = None  # each epoch's batches, without a range
         self.pieces: PieceSource | None = None  # a worker range's: rows dealt by the servers
-        if spec.dealt:
-            if isinstance(dataset, StreamedDataset):
-                raise EmberError("a worker range's run reads rows held in memory, not streamed")
+        if spec.dealt and isinstance(dataset, StreamedDataset):
+            assert dataset.plan is not None  # StreamedDataset insists
+            batch_size, seed = spec.parts.training.batch_size, spec.parts.data.seed
+            shape = dataset.input_shape
+            streamed = StreamedPieces(dataset.plan, batch_size, seed, dataset.groups, shape)
+            self.pieces, self.shard = _piece_source(spec, streamed), streamed
+        elif spec.dealt:
             self.x, self.y, self.w = dataset.x_train, dataset.y_train, dataset.w_train
             memory = MemoryBatches(self.x, self.y, *_seeded(spec), self.w)
-            self.pieces = _piece_source(spec, memory)
+            self.pieces = _piece_source(spec, MemoryPieces(memory, spec.parts.data.seed))
             self.shard = counted(memory)
         elif isinstance(dataset, StreamedDataset):
-            self.shard = stream_batches(dataset, spec.rank, spec.world, *_streamed(spec))
+            self.shard = self._epochs = stream_batches(
+                dataset, spec.rank, spec.world, *_streamed(spec)
+            )
         else:
             self.x, self.y, self.w = shard_rows(spec, dataset)
-            self.shard = _in_memory(spec, self.x, self.y, self.w)
+            self.shard = self._epochs = _in_memory(spec, self.x, self.y, self.w)
         self.x_test, self.y_test = dataset.x_test, dataset.y_test
         self.batch_size = spec.parts.training.batch_size
         self.steps_per_epoch = self.shard.rows // self.batch_size
@@ -75,8 +91,9 @@ class WorkerData:
                 ctx.samples += len(batch[1])
                 yield batch
             return
+        assert self._epochs is not None  # a worker without a range has its shard's batches
         start = min(max(0, ctx.start_step - epoch * self.steps_per_epoch), self.steps_per_epoch)
-        for batch in self.shard.epoch(epoch, start):
+        for batch in self._epochs.epoch(epoch, start):
             ctx.samples += len(batch[1])
             yield batch
 
@@ -137,13 +154,12 @@ def _seeded(spec: WorkerSpec) -> tuple[int, int, int]:
     return spec.parts.training.batch_size, spec.parts.data.seed, spec.rank
 
 
-def _piece_source(spec: WorkerSpec, rows: MemoryBatches) -> PieceSource:
+def _piece_source(spec: WorkerSpec, rows: PieceRows) -> PieceSource:
     servers = spec.parts.servers
     return PieceSource(
         rows,
         spec.parts.training.epochs,
         spec.parts.strategy.workers_max or spec.world,
-        spec.parts.data.seed,
         spec.servers[0],
         spec.secret,
         (spec.rank, spec.incarnation),

@@ -2,8 +2,9 @@
 (ps/pieces.py), not from a shard cut for it: whoever is in trains the rows, and a member
 that leaves or dies leaves them to the others.
 
-A piece is a run of batches of the epoch's seeded order (piece_batches says how many), so
-only its number crosses the wire. The next piece is asked for while the current one trains
+A piece is a run of rows of the epoch's seeded order (MemoryPieces: batches of rows held in
+memory; streamed.py: rows read from disk when the piece is dealt), so only its number crosses
+the wire. The next piece is asked for while the current one trains
 (one request in flight, on a connection of its own: the Optimizer's may be its exchanger
 thread's), and the request that asks for it says the current one started; the one after says
 it finished. A member told to leave finishes the piece it is in first (`between_pieces`).
@@ -12,8 +13,9 @@ it finished. A member told to leave finishes the piece it is in first (`between_
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from functools import lru_cache
+from collections.abc import Callable, Iterator
+from functools import lru_cache, partial
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -40,25 +42,69 @@ def piece_batches(batches: int, members: int) -> int:
     return max(1, min(BATCHES_PER_PIECE, batches // (PIECES_PER_MEMBER * max(1, members))))
 
 
+class PieceRows(Protocol):
+    """Where a member's dealt pieces' rows come from: `rows` rows an epoch, cut by the same
+    rule in every member, so a piece's number says which rows it holds."""
+
+    rows: int
+    batch_size: int
+
+    def piece_rows(self, members: int) -> int:
+        """Rows of a piece when up to `members` members share an epoch."""
+        ...
+
+    def cut(self, key: Key, geometry: Geometry) -> list[Callable[[], Batch]]:
+        """The piece's batches, each gathered when it is called (at its step)."""
+        ...
+
+
+class MemoryPieces:
+    """Rows held in memory, dealt as runs of batches of each epoch's seeded permutation."""
+
+    def __init__(self, rows: MemoryBatches, seed: int) -> None:
+        self.source, self.seed = rows, seed
+        self.rows, self.batch_size = rows.rows, rows.batch_size
+
+    def piece_rows(self, members: int) -> int:
+        return self.batch_size * piece_batches(self.rows // self.batch_size, members)
+
+    def cut(self, key: Key, geometry: Geometry) -> list[Callable[[], Batch]]:
+        # Gathered as it is trained: a piece's batches gathered at once (3 MiB at batch size
+        # 64) had left cache by their step, which ran 5-8% slower.
+        return [partial(self.source.rows_of, rows) for rows in self.batch_rows(key, geometry)]
+
+    def batch_rows(self, key: Key, geometry: Geometry) -> list[torch.Tensor]:
+        """The piece's row numbers cut into batches of the run's size, the last taking those
+        left over."""
+        epoch, piece = key
+        start = piece * geometry.piece_rows
+        rows = _order(self.seed, epoch, geometry.rows)[start : start + geometry.rows_of(piece)]
+        return batch_cuts(rows, self.batch_size)
+
+
+def batch_cuts(rows: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """`rows` cut into batches of `size`, the last taking those left over."""
+    starts = range(0, max(1, len(rows) // size) * size, size)
+    ends = [*starts[1:], len(rows)]
+    return [rows[a:b] for a, b in zip(starts, ends, strict=True)]
+
+
 class PieceSource:
     """Epoch batches a member leases from the run's queue on shard 0's primary."""
 
     def __init__(
         self,
-        rows: MemoryBatches,
+        rows: PieceRows,
         epochs: int,
         members: int,
-        seed: int,
         server: str,
         secret: bytes,
         who: tuple[int, int],
         timeout: float,
         wait_limit: float,
     ) -> None:
-        self.source, self.seed = rows, seed
-        self.batch_size = size = rows.batch_size
-        per_piece = piece_batches(rows.rows // size, members)
-        self.geometry = Geometry(rows.rows, size * per_piece, epochs)
+        self.source, self.batch_size = rows, rows.batch_size
+        self.geometry = Geometry(rows.rows, rows.piece_rows(members), epochs)
         self.between_pieces = True  # the batch served last ended its piece
         self.server, self.secret, self.timeout = server.split(",")[0], secret, timeout
         self.worker, self.incarnation = who
@@ -93,27 +139,13 @@ class PieceSource:
                 piece = dealt.piece
                 self._send(epoch, take=True, started=piece, finished=current)
                 current = piece
-                cuts = self.batch_rows(piece)
-                for index, rows in enumerate(cuts, 1):
+                cuts = self.source.cut(piece, self.geometry)
+                for index, batch in enumerate(cuts, 1):
                     self.between_pieces = index == len(cuts)
-                    # Gathered as it is trained: a piece's batches gathered at once (3 MiB
-                    # at batch size 64) had left cache by their step, which ran 5-8% slower.
-                    yield piece, self.source.rows_of(rows)
+                    yield piece, batch()
                 dealt = self._reply()
         finally:
             self._close_epoch(epoch, current)
-
-    def batch_rows(self, key: Key) -> list[torch.Tensor]:
-        """The piece's row numbers cut into batches of the run's size, the last taking those
-        left over."""
-        epoch, piece = key
-        start = piece * self.geometry.piece_rows
-        rows = _order(self.seed, epoch, self.geometry.rows)[
-            start : start + self.geometry.rows_of(piece)
-        ]
-        starts = range(0, max(1, len(rows) // self.batch_size) * self.batch_size, self.batch_size)
-        ends = [*starts[1:], len(rows)]
-        return [rows[a:b] for a, b in zip(starts, ends, strict=True)]
 
     def close(self) -> None:
         if self._connection is not None:

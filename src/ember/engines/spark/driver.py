@@ -28,7 +28,13 @@ from ember.engines.spark.jobs import (
     start_warm_up,
     wait_for_warm_up,
 )
-from ember.engines.spark.members import check_member_data, member_job
+from ember.engines.spark.members import (
+    ROWS,
+    check_member_rows,
+    member_job,
+    write_array_rows,
+    write_frame_rows,
+)
 from ember.engines.spark.records import RecordCollector
 from ember.engines.spark.rendezvous import exposure, state_params
 from ember.engines.spark.session import (
@@ -57,7 +63,7 @@ def train_spark(run: ParsedRun) -> RunResult:
     config, show_progress, dataset, loop = run.config, run.progress_shown, run.dataset, run.loop
     check_supported(config)
     check_before_start(config)
-    check_member_data(config, has_arrays=dataset is not None)
+    check_member_rows(config, dataset, weighted=False)
     streams = dataset is None and loop is None and config.workers_max is None
     files = parquet_files_to_stream(config, print) if streams else []
     if files:  # rows bigger than the driver's share: Spark reads them, the tasks spill them
@@ -95,7 +101,15 @@ def train_spark(run: ParsedRun) -> RunResult:
             warm_up = start_warm_up(spark, config.workers)
             if config.workers_max is not None:  # members read the data where they run
                 facts = FrameFacts.local(split[0], config.workers, 1, data.num_classes - 1)
-                return _train(lifecycle, spark, None, facts, (session_seconds, began), warm_up)
+                if dataset is not None:  # rows in memory: written where the members read them
+                    progress.phase("writing the rows for the members to stream")
+                    folder = write_array_rows(dataset, setup.run_dir / ROWS, config.seed)
+                    members = (str(folder), "stream")
+                else:  # the members stream the files where the driver would not hold them
+                    streamed = bool(parquet_files_to_stream(config, progress.note))
+                    members = (config.data, "stream" if streamed else "memory")
+                clock = (session_seconds, began)
+                return _train(lifecycle, spark, None, facts, clock, warm_up, members)
             progress.phase("handing the data to Spark")
             pixels = train_pixels(data)
             if pixels is not None:
@@ -118,7 +132,7 @@ def train_dataframe(run: ParsedRun) -> RunResult:
     config, given = run.config, run.frame
     if given is None:
         raise ValueError("train_dataframe trains on a DataFrame: the run names none")
-    check_member_data(config, has_arrays=True)
+    check_member_rows(config, None, weighted=given.weight_col is not None)
     df, features_col, label_col = given.df, given.features_col, given.label_col
     check_supported(config)
     check_cluster(config, df.sparkSession)
@@ -135,7 +149,12 @@ def train_dataframe(run: ParsedRun) -> RunResult:
                 lifecycle.servers.where = run_placement(config, df.sparkSession)
                 rows = facts.rows_per_worker(config.workers, config.batch_size)[0]
                 lifecycle.start_servers(rows_per_worker=rows)
-            return _train(lifecycle, df.sparkSession, frame, facts, (0.0, began), warm_up)
+            if config.workers_max is None:
+                return _train(lifecycle, df.sparkSession, frame, facts, (0.0, began), warm_up)
+            progress.phase("writing the rows for the members to stream")
+            folder = write_frame_rows(frame, data, lifecycle.setup.run_dir / ROWS, config.seed)
+            members = (str(folder), "stream")
+            return _train(lifecycle, df.sparkSession, None, facts, (0.0, began), warm_up, members)
 
 
 def _train(
@@ -145,6 +164,7 @@ def _train(
     facts: FrameFacts,
     clock: tuple[float, float],  # seconds the session took to start, and when the run began
     warm_up: Job,
+    members: tuple[str, str] | None = None,  # a range's: the data its members read, and how
 ) -> RunResult:
     setup, config, data, (session_seconds, began) = run.setup, run.config, run.setup.dataset, clock
     rows, repartition = facts.rows_per_worker(config.workers, config.batch_size)
@@ -168,7 +188,9 @@ def _train(
     with run.saving_on_failure(), RecordCollector(setup.secret, where, slots=slots) as collector:
         try:
             spec = WorkerSpec(
-                config,
+                config
+                if members is None
+                else replace(config, data=members[0], data_mode=members[1]),
                 0,
                 config.workers,
                 run.servers.addresses if run.servers is not None else [],
