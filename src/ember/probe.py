@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ember.models import build_model
     from ember.ps import ParameterServer, PSClient, ShardSpec, control, make_consistency
     from ember.ps.codec import CODECS, codec_named
-    from ember.wire import CHUNK_BYTES, ClientConnection, curve, shared, use_encryption
+    from ember.wire import CHUNK_BYTES, ClientConnection, bulk_cipher, curve, shared, use_encryption
     from ember.wire.endpoint import CLOSING_SECONDS
     from ember.worker.device import placement, take
     from ember.worker.evaluation import evaluate, evaluates_after
@@ -48,7 +48,8 @@ _GROUPS = {  # module -> the names of it offered here
     "ember.ps": ("ParameterServer", "PSClient", "ShardSpec", "control", "make_consistency"),
     "ember.ps.codec": ("CODECS", "codec_named"),
     "ember.algorithms.rules": ("SGDRule",),
-    "ember.wire": ("CHUNK_BYTES", "ClientConnection", "curve", "shared", "use_encryption"),
+    "ember.wire": ("CHUNK_BYTES", "ClientConnection", "bulk_cipher", "curve", "shared"),
+    "ember.wire.curve": ("use_encryption",),
     "ember.wire.endpoint": ("CLOSING_SECONDS",),
     # data and the worker's pieces timed alone (calibration, streaming, overhead)
     "ember.data": ("Dataset", "load_dataset", "shard_indices"),
