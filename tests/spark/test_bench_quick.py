@@ -57,6 +57,8 @@ def test_quick_bench_writes_a_row_for_mllib_and_every_strategy_a_report_and_plot
     for label in ("mllib", *STRATEGIES, "Tau sweep", "Model vs measurement"):
         assert label in report
     assert "Link rows were not run: not asked for" in report  # no --hosts given
+    wire = report.split("## The wire: plaintext and encrypted")[1].split("\n## ")[0]
+    assert all(f"| {name} |" in wire for name in ("plaintext", "curve", "aead")), wire
     plots = sorted(out.glob("*.png"))
     assert len(plots) >= 3, plots
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)

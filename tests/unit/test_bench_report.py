@@ -319,3 +319,21 @@ def test_no_records_give_a_report_and_no_plots(tmp_path: Path) -> None:
     assert "No rows were recorded" in text and "No tau sweep was run" in text
     assert "smoke run" not in text
     assert not list((tmp_path / "out").glob("*.png"))
+
+
+def test_the_wire_section_puts_each_cipher_beside_plaintext(tmp_path: Path) -> None:
+    wires = {
+        "plaintext": {"gbit": 8.0, "vs_plaintext": 1.0, "client_cpu_ms": 0.5, "server_cpu_ms": 0.4},
+        "curve": {"gbit": 4.0, "vs_plaintext": 0.5, "client_cpu_ms": 1.5, "server_cpu_ms": 1.2},
+        "aead": {"gbit": 6.0, "vs_plaintext": 0.75, "client_cpu_ms": 0.9, "server_cpu_ms": 0.8},
+    }
+    wire = {"task": "mlp", "floats": 269_322, "wires": wires}
+    write_report(records(), tmp_path, {**SETTINGS, "wire_run": wire})
+    text = (tmp_path / "report.md").read_text()
+    section = text.split("## The wire: plaintext and encrypted")[1].split("\n## ")[0]
+    assert "mlp's 269,322 floats" in section
+    assert "| plaintext | 8.00 | 1.00 | 0.50 | 0.40 |" in section
+    assert "| curve | 4.00 | 0.50 | 1.50 | 1.20 |" in section
+    assert "| aead | 6.00 | 0.75 | 0.90 | 0.80 |" in section
+    write_report(records(), tmp_path, SETTINGS)
+    assert "Not timed: no task was calibrated." in (tmp_path / "report.md").read_text()

@@ -24,6 +24,8 @@ from ember_lab.bench.calibrate import exchange_figures
 
 FLOATS = 2_000_000  # 8 MB each way an exchange: chunks enough to pipeline, quick to move
 EXCHANGES = 8
+# `ember bench`'s wire table: (encrypt, wire_cipher) of each wire, plaintext first
+WIRES = {"plaintext": (False, "curve"), "curve": (True, "curve"), "aead": (True, "aead")}
 
 
 def cipher_cpu_per_byte(config: RunConfig, cipher: str, repeat: int = 3) -> float:
@@ -39,6 +41,33 @@ def cipher_cpu_per_byte(config: RunConfig, cipher: str, repeat: int = 3) -> floa
         sealed = _both_ends(RunConfig(**{**config.to_dict(), "wire_cipher": cipher}), params)
         added.append(max(0.0, sealed - plain) * EXCHANGES / moved)
     return statistics.median(added)
+
+
+def wire_figures(config: RunConfig, floats: int, repeat: int = 3) -> dict[str, dict[str, float]]:
+    """Each of WIRES' push + pull of `floats` floats over the loopback socket (shared memory
+    off, as between hosts), medians of `repeat` rounds, the order rotated each round: Gbit/s
+    of both directions' bytes, that against plaintext's, and the client's and the server's
+    CPU milliseconds per exchange."""
+    params = np.zeros(max(1, floats), np.float32)
+    names = list(WIRES)
+    measured: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
+    for index in range(max(1, repeat)):
+        for name in names[index % len(names) :] + names[: index % len(names)]:
+            encrypt, cipher = WIRES[name]
+            wire = RunConfig(**{**config.to_dict(), "encrypt": encrypt, "wire_cipher": cipher})
+            with _over_the_socket(wire):
+                measured[name].append(exchange_figures(wire, params, EXCHANGES))
+    figures = {}
+    for name, runs in measured.items():
+        wall, client, server = (statistics.median(run[i] for run in runs) for i in range(3))
+        figures[name] = {
+            "gbit": 2 * params.nbytes * 8 / wall / 1e9,
+            "client_cpu_ms": client * 1e3,
+            "server_cpu_ms": server * 1e3,
+        }
+    for figure in figures.values():
+        figure["vs_plaintext"] = figure["gbit"] / figures["plaintext"]["gbit"]
+    return figures
 
 
 def _both_ends(config: RunConfig, params: np.ndarray) -> float:

@@ -256,6 +256,27 @@ def _model_section(tasks: dict[str, list[Group]]) -> list[str]:
     return [*lines, f"{share} are predicted within {100 * WITHIN:.0f}% of the measurement.", ""]
 
 
+def _wire_section(wire: dict[str, Any]) -> list[str]:
+    """Each wire's exchange side by side (cipher_probe.wire_figures), where the run timed them."""
+    lines = ["## The wire: plaintext and encrypted", ""]
+    if not wire.get("wires"):
+        return [*lines, "Not timed: no task was calibrated.", ""]
+    lines += [
+        f"One push + pull of {wire['task']}'s {wire['floats']:,} floats over the loopback"
+        " socket, shared memory off, as an exchange between hosts moves it (medians of the"
+        " repetitions; Gbit/s counts both directions' bytes). On one host a run's payloads go"
+        " through shared memory and only its headers are encrypted.",
+        "",
+    ]
+    rows = [
+        [name, f"{f['gbit']:.2f}", f"{f['vs_plaintext']:.2f}",
+         f"{f['client_cpu_ms']:.2f}", f"{f['server_cpu_ms']:.2f}"]
+        for name, f in wire["wires"].items()
+    ]  # fmt: skip
+    head = ("wire", "Gbit/s", "/ plaintext", "client CPU ms", "server CPU ms")
+    return [*lines, *_table(head, rows), ""]
+
+
 def _image(path: Path | None, what: str, missing: str) -> list[str]:
     return [f"![{what}]({path.name})", ""] if path else [f"No {what} plot: {missing}.", ""]
 
@@ -318,6 +339,7 @@ def write_report(records: list[dict[str, Any]], out: Path, settings: dict[str, A
         lines += _image(sweep_plot, "tau sweep", "no sweep row with a positive tau succeeded")
 
     lines += link_section(records, settings, out, keep, _cells, _table)
+    lines += _wire_section(settings.get("wire_run") or {})
     lines += _model_section(group_records(records))
     failures = [r for groups in tasks.values() for g in groups for r in g.failed]
     lines += ["## Failures", ""]

@@ -107,6 +107,7 @@ class BenchSettings:
     local: bool = True  # the rows on this host (off: only the link rows)
     links_run: dict[str, Any] = field(default_factory=dict)  # what the link rows measured, or
     # why they were skipped: set by the run
+    wire_run: dict[str, Any] = field(default_factory=dict)  # each wire's exchange: set by the run
 
     def diloco_period(self, task: str) -> int:
         """The diloco rows' tau on this task: a period that suits one model's curve (its

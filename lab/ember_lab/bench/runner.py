@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ember import __version__
-from ember.config import Strategy
+from ember.config import RunConfig, Strategy
 from ember.metrics import json_text, write_json
 from ember.probe import Dataset
 from ember_lab.bench.hosts import run_link_rows
@@ -55,6 +55,7 @@ def run_bench(
                 append(results, record)
                 log("  " + one_line(record))
     add_predictions(records, calibrations)
+    settings.wire_run = _wires(settings, tasks, calibrations, log)
     links: dict[str, Any] = {"skipped": NO_HOSTS}
     if settings.hosts:
         links = run_link_rows(settings, tasks, calibrations, records, log, cluster)
@@ -78,6 +79,22 @@ def run_bench(
 
 
 NO_HOSTS = "not asked for: `ember bench --hosts H --link 1gbit,100mbit` runs them, as root"
+
+
+def _wires(
+    settings: BenchSettings, tasks: dict[str, Any], calibrations: list[Any], log: Log
+) -> dict[str, Any]:
+    """The first task's exchange over the socket in plaintext and under each wire cipher,
+    side by side, as an exchange between hosts moves it: {"task", "floats", "wires"}."""
+    from ember_lab.bench.cipher_probe import wire_figures
+
+    if not calibrations or not calibrations[0]:
+        return {}
+    name = next(iter(calibrations[0]))
+    floats = calibrations[0][name].parameters
+    log(f"timing {name}'s exchange ({floats:,} floats) in plaintext, under CURVE and aead")
+    wires = wire_figures(RunConfig(seed=settings.seed), floats, settings.repeat)
+    return {"task": name, "floats": floats, "wires": wires}
 
 
 def _local(spark: Any, settings: BenchSettings) -> Execute:
