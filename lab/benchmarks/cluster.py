@@ -8,12 +8,13 @@
   a SparkSession on the cluster and calls `ember.fit(engine="spark")` twice; the second call's
   seconds, its executors and their Python workers already up.
 - link: push+pull round trips of N floats each way between host 1 (the client) and a
-  ParameterServer bound in host 0, both links shaped to 1 Gbit/s each way by tc tbf; ember with
-  --encrypt on and off (payloads on the socket), against gloo send/recv between the same hosts.
-  Gbit/s counts both directions' bytes per round trip. Targets: encrypted >= 0.9x the link's
-  rate, unencrypted >= 1.0x gloo.
-- curve: CURVE's cost on loopback TCP (one namespace, shared memory off): ember encrypted
-  against plain, the same round trips.
+  ParameterServer bound in host 0, both links shaped to each of --link-rates (default 1gbit)
+  each way by tc tbf; ember plain, under CURVE and under the aead wire cipher (payloads on the
+  socket), against gloo send/recv between the same hosts, and a bulk TCP transfer host 1 to
+  host 0 for what the shaped link carries one way. Gbit/s counts both directions' bytes per
+  round trip. Targets: encrypted >= 0.9x the link's rate, unencrypted >= 1.0x gloo.
+- curve: the wire ciphers' cost on loopback TCP (one namespace, shared memory off): ember under
+  CURVE and aead against plain, the same round trips.
 - model: the throughput model against the emulated cluster. 1-epoch MNIST mlp runs, 2 workers,
   on the Spark engine across hosts 1 and 2 (servers in host 0): easgd-async at tau 1 and 8, and
   bsp, each predicted by ember_lab.perfmodel from a calibration on this host and the link's rate as
@@ -27,8 +28,8 @@ on stdin, timing with exchange.py's time_round_trips; systems alternate in order
 Needs root, iproute2, Java and pyspark: without them it prints why and exits 0.
 
 Usage: python lab/benchmarks/cluster.py [--parts training link curve model] [--sizes 1M 25M]
-                                    [--epochs E] [--link RATE] [--repeat R] [--quick]
-                                    [--out F.json]
+                                    [--epochs E] [--link RATE] [--link-rates 1gbit 10gbit]
+                                    [--repeat R] [--quick] [--out F.json]
 """
 
 from __future__ import annotations
@@ -61,11 +62,12 @@ from exchange import TIMEOUT_MS, iterations_for, parse_size, size_label, time_ro
 PARTS = ("training", "link", "curve", "model")
 DEFAULT_PARTS = ("training", "link", "curve")
 SIZES = ("1M", "25M")
-LINK_RATE, LINK_GBIT = "1gbit", 1.0
+LINK_RATES = ("1gbit",)
 EPOCHS = 3
 COMMAND_TIMEOUT = 900.0
 WHERE = ("local", "cluster", "running")  # the training part's systems
-LINK_SYSTEMS = ("ember", "ember encrypted", "gloo")
+LINK_SYSTEMS = ("ember", "ember curve", "ember aead", "gloo")
+CIPHERS = {"ember": "off", "ember curve": "curve", "ember aead": "aead"}  # each system's wire
 GLOO_PORT = 29517
 # (strategy, tau) of the model part's rows: the overlapped exchange at its two extremes of
 # interest, and the synchronous baseline
@@ -85,13 +87,14 @@ def encryption_available() -> bool:
     return hasattr(ember.probe, "use_encryption")
 
 
-def _encryption(flag: bool) -> None:
+def _encryption(cipher: str) -> None:
+    """This peer's wire: "off", or encrypted by the wire cipher `cipher`."""
     import ember.probe
 
     if encryption_available():
-        ember.probe.use_encryption(flag)
-    elif flag:
-        raise RuntimeError("this ember has no CURVE encryption (--encrypt)")
+        ember.probe.use_encryption(cipher != "off", None if cipher == "off" else cipher)
+    elif cipher != "off":
+        raise RuntimeError("this ember has no wire encryption (--encrypt)")
 
 
 def _ember_server(spec: dict[str, Any]) -> None:
@@ -99,7 +102,7 @@ def _ember_server(spec: dict[str, Any]) -> None:
 
     from ember.probe import ParameterServer, SGDRule, ShardSpec, make_consistency
 
-    _encryption(spec["encrypt"])
+    _encryption(spec["cipher"])
     server = ParameterServer(
         ShardSpec(0, 1, 0, spec["size"]),
         np.zeros(spec["size"], dtype=np.float32),
@@ -119,7 +122,7 @@ def _ember_client(spec: dict[str, Any]) -> None:
     from ember.probe import PSClient, control, shared
 
     os.environ[shared.DISABLE_VARIABLE] = "0"  # every payload on the socket, as across hosts
-    _encryption(spec["encrypt"])
+    _encryption(spec["cipher"])
     secret = bytes.fromhex(spec["secret"])
     client = PSClient([spec["address"]], secret, worker=0, timeout=TIMEOUT_MS / 1000)
     client.register()
@@ -222,7 +225,7 @@ def round_trip_seconds(hosts: Hosts, system: str, size: int, iterations: int) ->
         finally:
             _end(*ranks)
         return statistics.median(seconds)
-    spec = {**common, "encrypt": system.endswith("encrypted"), "secret": os.urandom(32).hex()}
+    spec = {**common, "cipher": CIPHERS[system], "secret": os.urandom(32).hex()}
     server = hosts.start(0, {**spec, "role": "server", "bind": hosts.address(0)})
     try:
         address = _answer(server, "ember server")["address"]
@@ -388,12 +391,17 @@ def model_check(cluster: Any, rate: str | None, epochs: int) -> dict[str, Any]:
 
 
 def link(
-    cluster: Any, sizes: list[str], repeat: int, quick: bool, systems: tuple[str, ...]
+    cluster: Any, rate: str, sizes: list[str], repeat: int, quick: bool, systems: tuple[str, ...]
 ) -> dict[str, Any]:
-    cluster.shape(0, LINK_RATE)
-    cluster.shape(1, LINK_RATE)
+    """The systems' round trips on links shaped to `rate`: Gbit/s, and each encrypted
+    system's against the rate, per size; "tcp": a bulk transfer's Gbit/s one way."""
+    from ember_lab.perfmodel import parse_bandwidth
+
+    link_gbit = parse_bandwidth(rate) * 8 / 1e9
+    cluster.shape(0, rate)
+    cluster.shape(1, rate)
     try:
-        results = {}
+        results: dict[str, Any] = {"tcp": link_bytes_per_second(cluster, rate) * 8 / 1e9}
         for label in sizes:
             gbit = compare(Hosts(cluster), systems, parse_size(label), repeat, quick)
             results[label] = {
@@ -402,9 +410,9 @@ def link(
                     [e / g for e, g in zip(gbit["ember"], gbit["gloo"], strict=True)]
                 ),
             }
-            if "ember encrypted" in gbit:
-                vs_link = [g / LINK_GBIT for g in gbit["ember encrypted"]]
-                results[label]["encrypted_vs_link"] = spread(vs_link)
+            for name in (n for n in ("ember curve", "ember aead") if n in gbit):
+                vs_link = [g / link_gbit for g in gbit[name]]
+                results[label][f"{CIPHERS[name]}_vs_link"] = spread(vs_link)
         return results
     finally:
         cluster.shape(0, None)
@@ -413,14 +421,13 @@ def link(
 
 def curve(sizes: list[str], repeat: int, quick: bool) -> dict[str, Any]:
     results = {}
+    systems = ("ember", "ember curve", "ember aead")
     for label in sizes:
-        gbit = compare(Hosts(), ("ember", "ember encrypted"), parse_size(label), repeat, quick)
-        results[label] = {
-            "gbit": {k: spread(v) for k, v in gbit.items()},
-            "encrypted_vs_plain": spread(
-                [e / p for e, p in zip(gbit["ember encrypted"], gbit["ember"], strict=True)]
-            ),
-        }
+        gbit = compare(Hosts(), systems, parse_size(label), repeat, quick)
+        results[label] = {"gbit": {k: spread(v) for k, v in gbit.items()}}
+        for name in systems[1:]:
+            ratios = [e / p for e, p in zip(gbit[name], gbit["ember"], strict=True)]
+            results[label][f"{CIPHERS[name]}_vs_plain"] = spread(ratios)
     return results
 
 
@@ -445,22 +452,26 @@ def tables(results: dict[str, Any]) -> str:
             ])  # fmt: skip
         heads = ["3-epoch MNIST easgd-async, 2 workers", "seconds", "test accuracy"]
         parts.append(markdown_table([*heads, "ratio (<= 1.3)"], rows))
-    if "link" in results:
+    for rate, by_size in results.get("link", {}).items():
         rows = [
             [label, *(_cell(r["gbit"], name) for name in LINK_SYSTEMS),
-             _cell(r, "encrypted_vs_link"), fmt(r["plain_vs_gloo"])]
-            for label, r in results["link"].items()
+             _cell(r, "curve_vs_link"), _cell(r, "aead_vs_link"), fmt(r["plain_vs_gloo"])]
+            for label, r in by_size.items() if label != "tcp"
         ]  # fmt: skip
         heads = ["floats each way", *(f"{n} Gbit/s" for n in LINK_SYSTEMS)]
-        heads += ["encrypted / link (>= 0.9)", "ember / gloo (>= 1.0)"]
-        parts.append(f"hosts 0 and 1 on a {LINK_RATE} tbf link:\n\n" + markdown_table(heads, rows))
+        heads += ["curve / link (>= 0.9)", "aead / link (>= 0.9)", "ember / gloo (>= 1.0)"]
+        tcp = f"a bulk TCP transfer moved {by_size['tcp']:.2f} Gbit/s one way"
+        parts.append(
+            f"hosts 0 and 1 on a {rate} tbf link ({tcp}):\n\n" + markdown_table(heads, rows)
+        )
     if "curve" in results:
         rows = [
-            [label, fmt(r["gbit"]["ember"]), fmt(r["gbit"]["ember encrypted"]),
-             fmt(r["encrypted_vs_plain"])]
+            [label, fmt(r["gbit"]["ember"]), fmt(r["gbit"]["ember curve"]),
+             fmt(r["gbit"]["ember aead"]), fmt(r["curve_vs_plain"]), fmt(r["aead_vs_plain"])]
             for label, r in results["curve"].items()
         ]  # fmt: skip
-        heads = ["floats each way", "plain Gbit/s", "CURVE Gbit/s", "CURVE / plain"]
+        heads = ["floats each way", "plain Gbit/s", "CURVE Gbit/s", "aead Gbit/s"]
+        heads += ["CURVE / plain", "aead / plain"]
         parts.append("loopback TCP, shared memory off:\n\n" + markdown_table(heads, rows))
     if "model" in results:
         r = results["model"]
@@ -504,6 +515,9 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", type=size_label, default=None)
     parser.add_argument("--epochs", type=positive_int, default=EPOCHS)
     parser.add_argument("--link", default=None, help="a tc rate for the training and model parts")
+    parser.add_argument(
+        "--link-rates", nargs="+", default=list(LINK_RATES), help="tc rates for the link part"
+    )
     args = parser.parse_args()
     reason = unavailable()
     if reason:
@@ -518,7 +532,7 @@ def main() -> None:
     systems = LINK_SYSTEMS
     if not encryption_available():
         print("cluster: this ember has no --encrypt: no encrypted figures, no curve part")
-        systems = tuple(name for name in systems if name != "ember encrypted")
+        systems = tuple(name for name in systems if name in ("ember", "gloo"))
     elif "curve" in args.parts:
         results["curve"] = curve(sizes, repeat, quick)
     if {"training", "link", "model"} & set(args.parts):
@@ -532,9 +546,12 @@ def main() -> None:
             if "model" in args.parts:
                 results["model"] = model_check(cluster, args.link, 1)
             if "link" in args.parts:
-                results["link"] = link(cluster, sizes, repeat, quick, systems)
+                rates = args.link_rates[:1] if quick else args.link_rates
+                results["link"] = {
+                    rate: link(cluster, rate, sizes, repeat, quick, systems) for rate in rates
+                }
     settings = {"parts": args.parts, "sizes": sizes, "repeat": repeat, "epochs": epochs}
-    settings.update(link_rate=LINK_RATE, training_link=args.link or "unlimited", quick=quick)
+    settings.update(link_rates=args.link_rates, training_link=args.link or "unlimited", quick=quick)
     print()
     report("cluster", tables(results), settings, results, args.out)
 
