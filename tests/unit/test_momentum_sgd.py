@@ -16,18 +16,23 @@ def _model(seed: int) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
 
 
-@pytest.mark.parametrize(("momentum", "nesterov"), [(0.0, False), (0.9, False), (0.5, True)])
-def test_it_takes_torch_sgd_steps_exactly(momentum: float, nesterov: bool) -> None:
+@pytest.mark.parametrize(
+    ("momentum", "nesterov", "decay"), [(0.0, False, 0.0), (0.9, False, 0.0), (0.5, True, 0.0),
+                                        (0.9, False, 0.01), (0.0, False, 0.01)]
+)  # fmt: skip
+def test_it_takes_torch_sgd_steps_exactly(momentum: float, nesterov: bool, decay: float) -> None:
     ours, theirs = _model(0), _model(0)
-    mine = MomentumSGD(ours.parameters(), lr=0.1, momentum=momentum, nesterov=nesterov)
-    reference = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=momentum, nesterov=nesterov)
+    mine = MomentumSGD(ours.parameters(), 0.1, momentum, nesterov, weight_decay=decay)
+    reference = torch.optim.SGD(
+        theirs.parameters(), lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=decay
+    )
     generator = torch.Generator().manual_seed(1)
     for step in range(6):
         x = torch.randn(8, 5, generator=generator)
         for model in (ours, theirs):
             model.zero_grad(set_to_none=True)
             model(x).square().sum().backward()
-            if step == 2:  # a parameter without a gradient this step is left alone
+            if step in (0, 2):  # left alone without a gradient; its buffer starts after the rest
                 model[2].bias.grad = None
         mine.step()
         reference.step()
