@@ -88,7 +88,7 @@ def main() -> None:
     parser = make_parser(__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=int, default=MEGABYTES)
     args = parser.parse_args()
-    repeat, megabytes = (1, 32) if args.quick else (args.repeat, args.megabytes)
+    repeat, megabytes = (1, 128) if args.quick else (args.repeat, args.megabytes)
     seal(sealers(1)[0], 8)  # the cipher's first use out of the figures
     scaling = spread([threads_scaling(megabytes) for _ in range(repeat)])
     progress = spread([beside(megabytes) for _ in range(repeat)])
