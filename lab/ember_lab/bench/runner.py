@@ -55,7 +55,7 @@ def run_bench(
                 append(results, record)
                 log("  " + one_line(record))
     add_predictions(records, calibrations)
-    settings.wire_run = _wires(settings, tasks, calibrations, log)
+    settings.wire_run = _wires(settings, calibrations, log)
     links: dict[str, Any] = {"skipped": NO_HOSTS}
     if settings.hosts:
         links = run_link_rows(settings, tasks, calibrations, records, log, cluster)
@@ -81,9 +81,7 @@ def run_bench(
 NO_HOSTS = "not asked for: `ember bench --hosts H --link 1gbit,100mbit` runs them, as root"
 
 
-def _wires(
-    settings: BenchSettings, tasks: dict[str, Any], calibrations: list[Any], log: Log
-) -> dict[str, Any]:
+def _wires(settings: BenchSettings, calibrations: list[Any], log: Log) -> dict[str, Any]:
     """The first task's exchange over the socket in plaintext and under each wire cipher,
     side by side, as an exchange between hosts moves it: {"task", "floats", "wires"}."""
     from ember_lab.bench.cipher_probe import wire_figures
