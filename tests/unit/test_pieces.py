@@ -350,34 +350,3 @@ def test_a_member_reading_a_laid_out_copy_cuts_the_pieces_as_one_reading_the_fil
     for piece in range(cut.pieces):
         ours = [b()[0][:, 0].tolist() for b in laid_out.cut((0, piece), cut)]
         assert ours == [b()[0][:, 0].tolist() for b in files.cut((0, piece), cut)]
-
-
-def test_a_dead_members_piece_counts_the_rows_its_folded_steps_trained() -> None:
-    """The holder said its batch size, and the clock table says its steps: a piece of 10
-    rows started at step 10 by a member of batch 4 that died at step 12 had 8 rows trained;
-    one that did not say its batch size counts the whole piece, an upper bound."""
-    steps = {1: 10, 2: 0}
-    queue = PieceQueue(CUT, lease_seconds=60, waits=True)
-    queue.steps_of = steps.get
-    first = queue.take(1, 0, 0)
-    second = queue.take(2, 0, 0)
-    assert isinstance(first, tuple) and isinstance(second, tuple)
-    queue.start(1, 0, first, batch=4)
-    queue.start(2, 0, second)
-    steps[1], steps[2] = 12, 3
-    queue.lost(1)
-    queue.lost(2)
-    again = [queue.take(3, 0, 0), queue.take(3, 0, 0)]
-    assert sorted(again) == sorted([first, second])  # dealt again at once
-    assert queue.rows_trained_twice == 8 + 10
-    assert queue.reissued == 2
-
-
-def test_a_piece_request_says_its_batch_size_within_the_cut() -> None:
-    request = Take(worker=1, incarnation=0, seq=1, epoch=0, geometry=CUT, batch=4)
-    assert Take.from_header(request.header()).batch == 4
-    for bad in (0, CUT.piece_rows + 1, "4", True):
-        with pytest.raises(ProtocolError, match="batch"):
-            Take.from_header({**request.header(), "batch": bad})
-    silent = {k: v for k, v in request.header().items() if k != "batch"}
-    assert Take.from_header(silent).batch == 0

@@ -24,7 +24,6 @@ class Take:
     epoch: int
     geometry: Geometry
     take: bool = True
-    batch: int = 0  # the member's batch size: rows a step (0: not said)
     started: Key | None = None
     finished: Key | None = None
     returned: Key | None = None
@@ -40,8 +39,6 @@ class Take:
             "cut": [g.rows, g.piece_rows, g.epochs],
             "take": self.take,
         }
-        if self.batch:
-            fields["batch"] = self.batch
         for name in ("started", "finished", "returned"):
             key = getattr(self, name)
             if key is not None:
@@ -67,7 +64,6 @@ class Take:
             epoch=epoch,
             geometry=geometry,
             take=header_bool(header, "take"),
-            batch=header_int(header, "batch", 1, geometry.piece_rows) if "batch" in header else 0,
             **keys,
         )
 

@@ -180,7 +180,6 @@ class PieceSource:
             seq=self._seq,
             epoch=epoch,
             geometry=self.geometry,
-            batch=self.batch_size,
             **fields,  # type: ignore[arg-type]
         )
         self._connection.send(request.header())
