@@ -344,9 +344,9 @@ def render(args: argparse.Namespace, data: str, results: dict[str, Any]) -> str:
             " server and the launcher) oversubscribe them, so samples/s cannot grow past 2.",
             "- The compared runs alternate so that both sides meet the same load, but on 2"
             " cores single figures are noisy (see the ranges).",
-            "- rows_trained_twice counts every row of a piece that a killed member had started"
-            " (the servers hear of a piece's start and end): an upper bound, of up to 16"
-            " batches (1,024 rows) a fault.",
+            "- rows_trained_twice counts the rows of a killed member's piece whose updates the"
+            " servers folded (its steps since it started the piece times its batch size):"
+            " up to 16 batches (1,024 rows) a fault.",
             "- A join's time is the launcher's first `membership` record counting it; the"
             " launcher asks every second, so it can be up to 1 s late, inside the window.",
             "- `ember join` writes its progress to its console, not to metrics.jsonl: the"

@@ -142,8 +142,8 @@ def test_a_member_dying_inside_a_piece_of_several_batches_has_it_trained_again_w
 ) -> None:
     """Batches of 2: 50 an epoch, dealt in pieces of 2 batches (piece_batches at MAX 3). A
     worker dying after 22 rows is inside its sixth piece: the piece is dealt again whole, so
-    its first batch is trained twice, and the servers, who hear of a piece's start and end
-    only, count the whole piece's 4 rows."""
+    its first batch is trained twice, and the servers count those 2 rows: the steps they
+    folded from it since it started the piece, times its batch size."""
     summary, counts = run_collected(tmp_path, {1: [22]}, batch_size=2)
     assert summary["pieces_per_epoch"] == 25
     twice = 0
@@ -152,7 +152,7 @@ def test_a_member_dying_inside_a_piece_of_several_batches_has_it_trained_again_w
         twice += sum(n - 1 for n in counts[epoch].values())
     assert summary["epoch_rows"] == [ROWS] * EPOCHS
     assert twice == 2  # the dead worker's half of its piece
-    assert (summary["rows_trained_twice"], summary["pieces_reissued"]) == (4, 1)
+    assert (summary["rows_trained_twice"], summary["pieces_reissued"]) == (2, 1)
 
 
 def test_a_range_resumed_from_its_last_checkpoint_goes_on_mid_epoch(tmp_path: Path) -> None:

@@ -350,3 +350,53 @@ def test_a_member_reading_a_laid_out_copy_cuts_the_pieces_as_one_reading_the_fil
     for piece in range(cut.pieces):
         ours = [b()[0][:, 0].tolist() for b in laid_out.cut((0, piece), cut)]
         assert ours == [b()[0][:, 0].tolist() for b in files.cut((0, piece), cut)]
+
+
+def test_a_dead_members_piece_counts_the_rows_its_folded_steps_trained() -> None:
+    """The holder said its step and batch size when it started the piece, and the clock
+    table says its steps folded: a piece of 10 rows started at step 10 by a member of batch
+    4 that died with step 12 folded had 8 rows trained, whether its first push of the piece
+    was folded before its word that it started it (the two travel on two connections) or
+    after; one that did not say its step counts the whole piece, an upper bound."""
+    folded = {1: 11, 2: 0, 3: 10}  # worker 1's first push of the piece is folded already
+    queue = PieceQueue(CUT, lease_seconds=60, waits=True)
+    queue.steps_of = folded.get
+    first, second, third = (queue.take(w, 0, 0) for w in (1, 2, 3))
+    assert isinstance(first, tuple) and isinstance(second, tuple) and isinstance(third, tuple)
+    queue.start(1, 0, first, step=10, batch=4)
+    queue.start(2, 0, second, batch=4)
+    queue.start(3, 0, third, step=10, batch=4)
+    folded[1], folded[2], folded[3] = 12, 3, 11
+    for worker in (1, 2, 3):
+        queue.lost(worker)
+    again = [queue.take(4, 0, 0) for _ in range(3)]
+    assert sorted(again) == sorted([first, second, third])  # dealt again at once
+    assert queue.rows_trained_twice == 8 + 10 + 4
+    assert queue.reissued == 3
+
+
+def test_a_live_member_giving_back_a_started_piece_counts_up_to_the_step_it_says() -> None:
+    """A member leaving an epoch inside a piece says its step: its pushes of the piece may
+    not be folded yet, but the rows it trained count (batch 4, steps 5 to 7: 8 rows)."""
+    queue = PieceQueue(CUT, lease_seconds=60, waits=True)
+    queue.steps_of = lambda worker: 5
+    piece = queue.take(1, 0, 0)
+    assert isinstance(piece, tuple)
+    queue.start(1, 0, piece, step=5, batch=4)
+    queue.give_back(1, 0, piece, step=7)
+    assert queue.take(2, 0, 0) == piece
+    assert (queue.rows_trained_twice, queue.reissued) == (8, 1)
+
+
+def test_a_piece_request_says_its_batch_size_within_the_cut_and_its_step() -> None:
+    request = Take(worker=1, incarnation=0, seq=1, epoch=0, geometry=CUT, batch=4, step=9)
+    read = Take.from_header(request.header())
+    assert (read.batch, read.step) == (4, 9)
+    for name, bad in [("batch", 0), ("batch", CUT.piece_rows + 1), ("batch", "4")]:
+        with pytest.raises(ProtocolError, match=name):
+            Take.from_header({**request.header(), name: bad})
+    for bad in (-1, 1 << 63, 2.0, True, None):
+        with pytest.raises(ProtocolError, match="step"):
+            Take.from_header({**request.header(), "step": bad})
+    silent = {k: v for k, v in request.header().items() if k not in ("batch", "step")}
+    assert (Take.from_header(silent).batch, Take.from_header(silent).step) == (0, None)

@@ -11,6 +11,8 @@ from ember.errors import ProtocolError
 from ember.ps.pieces import MAX_EPOCHS, MAX_PIECES, Geometry, Key, count
 from ember.ps.protocol import MAX_WORKER_ID, FieldError, header_bool, header_int
 
+MAX_STEP = (1 << 63) - 1  # the clock table's int64 step column
+
 
 @dataclass(frozen=True, kw_only=True)
 class Take:
@@ -24,6 +26,8 @@ class Take:
     epoch: int
     geometry: Geometry
     take: bool = True
+    batch: int = 0  # the member's batch size: rows a step (0: not said)
+    step: int | None = None  # with `started`: the member's own steps done before the piece
     started: Key | None = None
     finished: Key | None = None
     returned: Key | None = None
@@ -39,6 +43,10 @@ class Take:
             "cut": [g.rows, g.piece_rows, g.epochs],
             "take": self.take,
         }
+        if self.batch:
+            fields["batch"] = self.batch
+        if self.step is not None:
+            fields["step"] = self.step
         for name in ("started", "finished", "returned"):
             key = getattr(self, name)
             if key is not None:
@@ -64,6 +72,8 @@ class Take:
             epoch=epoch,
             geometry=geometry,
             take=header_bool(header, "take"),
+            batch=header_int(header, "batch", 1, geometry.piece_rows) if "batch" in header else 0,
+            step=header_int(header, "step", 0, MAX_STEP) if "step" in header else None,
             **keys,
         )
 

@@ -2,9 +2,12 @@
 the last taking the rows left over) and handed to members from a queue the servers keep, as
 Spark hands out tasks. A member leases a piece, says it started it when it serves the rows,
 and says it finished it when it asks for the next; a member that leaves gives back what it
-had not started; one that died has its pieces handed out again (and the rows it had served
-counted as trained twice). Which rows a piece holds is the worker's to compute from the
-run's seed (worker/pieces.py): only piece numbers cross the wire (piece_protocol.py).
+had not started; one that died has its pieces handed out again, and the rows whose updates
+the servers had folded count as trained twice: the holder's steps from the one it said it
+started the piece at to its last the servers folded (`steps_of`, the clock table's record),
+times the batch size it said; else the whole piece, an upper bound. Which rows a piece holds
+is the worker's to compute from the run's seed (worker/pieces.py): only piece numbers cross
+the wire (piece_protocol.py).
 
 Bounded whatever a peer says: pieces per epoch and epochs are capped, one epoch opens only
 once the one before has handed out every piece, and leases are one per piece.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import base64
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +53,8 @@ class Lease:
     incarnation: int
     started: bool = False  # its rows were served
     renewed: float = field(default_factory=time.monotonic)
+    step: int | None = None  # the holder's own steps done when it started the piece
+    batch: int = 0  # rows a step of the holder's: its batch size (0: not said)
 
 
 @dataclass
@@ -75,7 +81,10 @@ class PieceQueue:
         self.open: dict[int, _Epoch] = {}
         self.frontier = -1  # the newest epoch opened
         self.leases: dict[Key, Lease] = {}
-        self.served_before: set[Key] = set()  # given back after their rows were served
+        # given back after rows of them were trained: how many, to count when dealt again
+        self.served_before: dict[Key, int] = {}
+        # a member's steps the servers have folded (the clock table's), None: not known
+        self.steps_of: Callable[[int], int | None] = lambda worker: None
         self.epoch_rows = [0] * geometry.epochs  # rows trained, each once
         self.rows_trained_twice = 0
         self.reissued = 0  # pieces handed out again after a member died or fell silent
@@ -105,10 +114,15 @@ class PieceQueue:
         others = any(lease.worker != worker for lease in self.leases.values())
         return "wait" if self.waits and last and others else None
 
-    def start(self, worker: int, incarnation: int, key: Key) -> None:
+    def start(
+        self, worker: int, incarnation: int, key: Key, step: int | None = None, batch: int = 0
+    ) -> None:
+        """The holder serves the piece's rows from its own `step` on (the count of steps it
+        had done: where it said it), `batch` rows a step (where it said it)."""
         lease = self._held(worker, incarnation, key)
         if lease is not None:
             lease.started, lease.renewed = True, time.monotonic()
+            lease.step, lease.batch = step, batch
 
     def finish(self, worker: int, incarnation: int, key: Key) -> None:
         """The holder trained the piece; a piece it lost meanwhile (its lease ran out, or a
@@ -117,19 +131,20 @@ class PieceQueue:
         opened = self.open.get(key[0])
         if lease is None and opened is not None and key[1] in opened.returned:
             opened.returned.remove(key[1])  # given back or restored, then done after all
-            self.served_before.discard(key)
+            self.served_before.pop(key, None)
         elif lease is None:
             return
         else:
             del self.leases[key]
         self._done(key)
 
-    def give_back(self, worker: int, incarnation: int, key: Key) -> None:
+    def give_back(self, worker: int, incarnation: int, key: Key, step: int | None = None) -> None:
         """The holder will not finish the piece: one it started goes back as a dead
-        member's does (its rows count as trained twice once handed out again)."""
+        member's does (the rows it trained of it, up to its own `step` where it said it,
+        count as trained twice once handed out again)."""
         lease = self._held(worker, incarnation, key)
         if lease is not None:
-            self._requeue(key, served=lease.started)
+            self._requeue(key, served=lease.started, step=step)
 
     def renew(self, worker: int, incarnation: int) -> None:
         now = time.monotonic()
@@ -207,8 +222,7 @@ class PieceQueue:
 
     def _lease(self, key: Key, worker: int, incarnation: int) -> Key:
         if key in self.served_before:
-            self.served_before.discard(key)
-            self.rows_trained_twice += self.geometry.rows_of(key[1])
+            self.rows_trained_twice += self.served_before.pop(key)
         self.leases[key] = Lease(worker, incarnation)
         return key
 
@@ -225,12 +239,23 @@ class PieceQueue:
             if lease.worker == worker and incarnations(lease.incarnation)
         ]
 
-    def _requeue(self, key: Key, served: bool) -> None:
-        del self.leases[key]
+    def _requeue(self, key: Key, served: bool, step: int | None = None) -> None:
+        lease = self.leases.pop(key)
         self.open[key[0]].returned.appendleft(key[1])
         if served:
-            self.served_before.add(key)
+            self.served_before[key] = self._trained(key, lease, step)
             self.reissued += 1
+
+    def _trained(self, key: Key, lease: Lease, step: int | None) -> int:
+        """Rows of the piece trained before its holder gave it up: its steps from the one
+        it started the piece at to `step` (a live holder's word), else to its last step the
+        servers folded (a dead one's), times its batch size; the whole piece where any of
+        these is not known."""
+        whole = self.geometry.rows_of(key[1])
+        now = step if step is not None else self.steps_of(lease.worker)
+        if lease.step is None or now is None or lease.batch < 1:
+            return whole
+        return min(whole, max(0, now - lease.step) * lease.batch)
 
     def _done(self, key: Key) -> None:
         epoch, piece = key

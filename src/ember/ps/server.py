@@ -267,6 +267,7 @@ class ParameterServer:
             # only a run whose members never wait on each other may have one wait for pieces
             waits = isinstance(self.consistency, Asynchronous)
             self.pieces = PieceQueue(message.geometry, self._lease_seconds, waits)
+            self.pieces.steps_of = self._steps_folded
             saved = self._promoted_cursor()
             if saved is not None and saved.geometry == message.geometry:
                 self.pieces.restore(saved)
@@ -288,9 +289,9 @@ class ParameterServer:
         if message.finished is not None:
             queue.finish(worker, incarnation, message.finished)
         if message.returned is not None:
-            queue.give_back(worker, incarnation, message.returned)
+            queue.give_back(worker, incarnation, message.returned, message.step)
         if message.started is not None:
-            queue.start(worker, incarnation, message.started)
+            queue.start(worker, incarnation, message.started, message.step, message.batch)
         hold = message.take and self._below_min()
         dealt = queue.take(worker, incarnation, message.epoch, hold) if message.take else None
         reply = Dealt(
@@ -299,6 +300,11 @@ class ParameterServer:
             wait=dealt == "wait",
         )
         self.endpoint.reply(request, reply.header())
+
+    def _steps_folded(self, worker: int) -> int | None:
+        """The worker's own step at its last push this server folded (its clock entry's)."""
+        entry = self.clocks.entries.get(worker)
+        return entry.step if entry is not None else None
 
     def _bounded_cursor(self) -> dict[str, Any] | None:
         """The data cursor for a checkpoint or a backup's copy, if there is one that fits a

@@ -18,13 +18,20 @@ from ember.worker.spec import WorkerSpec
 from ember.worker.streamed import StreamedPieces
 
 
+class Stepping(Protocol):
+    steps: int  # steps done
+
+
 class Where(Protocol):
     """What the data tells its worker context, and reads of it: the epoch and rows served,
-    and the step this incarnation began at."""
+    the step this incarnation began at, and its optimizer's steps once it has one."""
 
     epoch: int
     samples: int
     start_step: int
+
+    @property
+    def optimizer(self) -> Stepping | None: ...
 
 
 class Held(Protocol):
@@ -70,7 +77,12 @@ class WorkerData:
         self.steps_per_epoch = self.shard.rows // self.batch_size
         if self.pieces is not None:  # a member's share, as far as the run's MIN members go
             self.steps_per_epoch = max(1, self.pieces.steps_per_epoch // spec.world)
+            self.pieces.steps = self._steps_done  # said as it starts or gives back a piece
         self._ctx = ctx
+
+    def _steps_done(self) -> int | None:
+        optimizer = self._ctx.optimizer
+        return optimizer.steps if optimizer is not None else None
 
     @property
     def between_pieces(self) -> bool:

@@ -112,6 +112,9 @@ class PieceSource:
         self._connection: ClientConnection | None = None
         self._seq = 0
         self._awaiting = False  # a request sent, its reply not read
+        # the member's own steps done (its Optimizer's, once connected): said when it starts
+        # or gives back a piece, so that the servers count what it trained of one it lost
+        self.steps: Callable[[], int | None] = lambda: None
 
     @property
     def steps_per_epoch(self) -> int:
@@ -137,7 +140,7 @@ class PieceSource:
                     break
                 waited_since, wait = None, FIRST_WAIT_SECONDS
                 piece = dealt.piece
-                self._send(epoch, take=True, started=piece, finished=current)
+                self._send(epoch, take=True, started=piece, finished=current, step=self.steps())
                 current = piece
                 cuts = self.source.cut(piece, self.geometry)
                 for index, batch in enumerate(cuts, 1):
@@ -159,16 +162,16 @@ class PieceSource:
         half-trained (whose rows are then trained twice in part)."""
         ahead = self._reply().piece if self._awaiting else None
         if current is not None and not self.between_pieces:  # left inside it: not finished
-            self._ask(epoch, take=False, returned=current)
+            self._ask(epoch, take=False, returned=current, step=self.steps())
             current = None
         if current is not None or ahead is not None:
             self._ask(epoch, take=False, finished=current, returned=ahead)
 
-    def _ask(self, epoch: int, **fields: Key | bool | None) -> Dealt:
+    def _ask(self, epoch: int, **fields: Key | bool | int | None) -> Dealt:
         self._send(epoch, **fields)
         return self._reply()
 
-    def _send(self, epoch: int, **fields: Key | bool | None) -> None:
+    def _send(self, epoch: int, **fields: Key | bool | int | None) -> None:
         if self._connection is None:
             self._connection = ClientConnection(self.server, self.secret, self.timeout, watch=True)
         if self._awaiting:
@@ -180,6 +183,7 @@ class PieceSource:
             seq=self._seq,
             epoch=epoch,
             geometry=self.geometry,
+            batch=self.batch_size,
             **fields,  # type: ignore[arg-type]
         )
         self._connection.send(request.header())
