@@ -155,11 +155,17 @@ def test_a_member_dying_inside_a_piece_of_several_batches_has_it_trained_again_w
     assert (summary["rows_trained_twice"], summary["pieces_reissued"]) == (2, 1)
 
 
-def test_a_range_resumed_from_its_last_checkpoint_goes_on_mid_epoch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("data_mode", ["memory", "stream"])
+def test_a_range_resumed_from_its_last_checkpoint_goes_on_mid_epoch(
+    tmp_path: Path, data_mode: str
+) -> None:
     """SIGTERM writes a last checkpoint with the data cursor; --resume deals only the pieces
-    that were not done, so each epoch's rows add up to the set once over both runs."""
+    that were not done, so each epoch's rows add up to the set once over both runs, whether
+    the members hold the rows or stream them from disk (the cursor counts pieces, not where
+    their rows are kept)."""
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "ember", "train", "--data", "digits", "--strategy", "async"]
+    argv += ["--data-mode", data_mode]
     argv += ["--workers", "2:3", "--epochs", "6", "--log-every", "10", "--out", str(out)]
     launcher = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -184,6 +190,7 @@ def test_a_range_resumed_from_its_last_checkpoint_goes_on_mid_epoch(tmp_path: Pa
     done = [r for r in read_metrics(out / "metrics.jsonl") if r.get("kind") == "done"]
     trained_after = sum(r["samples"] for r in done)
     assert trained_after == 6 * rows - sum(cursor["epoch_rows"])  # mid-epoch, not from 0
+    assert {r["data_mode"] for r in done} == {data_mode}
 
 
 def test_a_streamed_range_deals_row_groups_and_trains_each_row_once_an_epoch(
