@@ -4,6 +4,7 @@ member dies, the served rows of a dead member's pieces counted twice, and bounde
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -355,7 +356,7 @@ def test_a_member_reading_a_laid_out_copy_cuts_the_pieces_as_one_reading_the_fil
 def test_a_dead_members_piece_counts_the_rows_its_folded_steps_trained() -> None:
     """The holder said its step and batch size when it started the piece, and the clock
     table says its steps folded: a piece of 10 rows started at step 10 by a member of batch
-    4 that died with step 12 folded had 8 rows trained, whether its first push of the piece
+    2 that died with step 12 folded had 4 rows trained, whether its first push of the piece
     was folded before its word that it started it (the two travel on two connections) or
     after; one that did not say its step counts the whole piece, an upper bound."""
     folded = {1: 11, 2: 0, 3: 10}  # worker 1's first push of the piece is folded already
@@ -363,29 +364,61 @@ def test_a_dead_members_piece_counts_the_rows_its_folded_steps_trained() -> None
     queue.steps_of = folded.get
     first, second, third = (queue.take(w, 0, 0) for w in (1, 2, 3))
     assert isinstance(first, tuple) and isinstance(second, tuple) and isinstance(third, tuple)
-    queue.start(1, 0, first, step=10, batch=4)
-    queue.start(2, 0, second, batch=4)
-    queue.start(3, 0, third, step=10, batch=4)
+    queue.start(1, 0, first, step=10, batch=2)
+    queue.start(1, 0, first, step=11, batch=2)  # said again: the first word stands
+    queue.start(2, 0, second, batch=2)
+    queue.start(3, 0, third, step=10, batch=2)
     folded[1], folded[2], folded[3] = 12, 3, 11
     for worker in (1, 2, 3):
         queue.lost(worker)
     again = [queue.take(4, 0, 0) for _ in range(3)]
     assert sorted(again) == sorted([first, second, third])  # dealt again at once
-    assert queue.rows_trained_twice == 8 + 10 + 4
+    assert queue.rows_trained_twice == 4 + 10 + 2
     assert queue.reissued == 3
+
+
+def test_a_pieces_last_batch_counts_the_rows_left_over_with_it() -> None:
+    """Batches of 4 cut a 10-row piece into 4 and 6 rows: one step counts 4, two the 10."""
+    for steps, rows in ((1, 4), (2, 10)):
+        queue = PieceQueue(CUT, lease_seconds=60, waits=True)
+        queue.steps_of = lambda worker, steps=steps: steps
+        piece = queue.take(1, 0, 0)
+        assert isinstance(piece, tuple)
+        queue.start(1, 0, piece, step=0, batch=4)
+        queue.lost(1)
+        assert queue.take(2, 0, 0) == piece
+        assert queue.rows_trained_twice == rows
+
+
+def test_a_holder_whose_lease_ran_out_but_finishes_after_all_counts_its_whole_piece() -> None:
+    """A silent holder's lease runs out with one of its five steps folded (2 rows); the
+    piece is dealt to another, and then the first finishes it: both trained all 10 rows."""
+    queue = PieceQueue(CUT, lease_seconds=5, waits=True)
+    queue.steps_of = lambda worker: 1
+    piece = queue.take(1, 0, 0)
+    assert isinstance(piece, tuple)
+    queue.start(1, 0, piece, step=0, batch=2)
+    queue.expire(now=time.monotonic() + 10)
+    assert queue.take(2, 0, 0) == piece
+    assert queue.rows_trained_twice == 2
+    queue.finish(1, 0, piece)
+    queue.finish(1, 0, piece)  # said twice: counted once
+    assert queue.rows_trained_twice == 10
+    queue.finish(2, 0, piece)
+    assert queue.epoch_rows[0] == 10 and queue.rows_trained_twice == 10
 
 
 def test_a_live_member_giving_back_a_started_piece_counts_up_to_the_step_it_says() -> None:
     """A member leaving an epoch inside a piece says its step: its pushes of the piece may
-    not be folded yet, but the rows it trained count (batch 4, steps 5 to 7: 8 rows)."""
+    not be folded yet, but the rows it trained count (batch 2, steps 5 to 7: 4 rows)."""
     queue = PieceQueue(CUT, lease_seconds=60, waits=True)
     queue.steps_of = lambda worker: 5
     piece = queue.take(1, 0, 0)
     assert isinstance(piece, tuple)
-    queue.start(1, 0, piece, step=5, batch=4)
+    queue.start(1, 0, piece, step=5, batch=2)
     queue.give_back(1, 0, piece, step=7)
     assert queue.take(2, 0, 0) == piece
-    assert (queue.rows_trained_twice, queue.reissued) == (8, 1)
+    assert (queue.rows_trained_twice, queue.reissued) == (4, 1)
 
 
 def test_a_piece_request_says_its_batch_size_within_the_cut_and_its_step() -> None:
@@ -395,7 +428,7 @@ def test_a_piece_request_says_its_batch_size_within_the_cut_and_its_step() -> No
     for name, bad in [("batch", 0), ("batch", CUT.piece_rows + 1), ("batch", "4")]:
         with pytest.raises(ProtocolError, match=name):
             Take.from_header({**request.header(), name: bad})
-    for bad in (-1, 1 << 63, 2.0, True, None):
+    for bad in (-1, (1 << 53) + 1, 2.0, True, None):
         with pytest.raises(ProtocolError, match="step"):
             Take.from_header({**request.header(), "step": bad})
     silent = {k: v for k, v in request.header().items() if k not in ("batch", "step")}

@@ -9,9 +9,7 @@ from typing import Any
 
 from ember.errors import ProtocolError
 from ember.ps.pieces import MAX_EPOCHS, MAX_PIECES, Geometry, Key, count
-from ember.ps.protocol import MAX_WORKER_ID, FieldError, header_bool, header_int
-
-MAX_STEP = (1 << 63) - 1  # the clock table's int64 step column
+from ember.ps.protocol import MAX_STEP, MAX_WORKER_ID, FieldError, header_bool, header_int
 
 
 @dataclass(frozen=True, kw_only=True)

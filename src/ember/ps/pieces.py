@@ -83,6 +83,9 @@ class PieceQueue:
         self.leases: dict[Key, Lease] = {}
         # given back after rows of them were trained: how many, to count when dealt again
         self.served_before: dict[Key, int] = {}
+        # pieces taken from a holder that had started them: who, and the rows counted then
+        # (if it was alive after all and finishes one dealt again, the rest counts too)
+        self.lost_by: dict[Key, tuple[int, int, int]] = {}
         # a member's steps the servers have folded (the clock table's), None: not known
         self.steps_of: Callable[[int], int | None] = lambda worker: None
         self.epoch_rows = [0] * geometry.epochs  # rows trained, each once
@@ -120,7 +123,7 @@ class PieceQueue:
         """The holder serves the piece's rows from its own `step` on (the count of steps it
         had done: where it said it), `batch` rows a step (where it said it)."""
         lease = self._held(worker, incarnation, key)
-        if lease is not None:
+        if lease is not None and not lease.started:  # the first word stands
             lease.started, lease.renewed = True, time.monotonic()
             lease.step, lease.batch = step, batch
 
@@ -129,10 +132,15 @@ class PieceQueue:
         promoted backup's cursor had it pending) counts too where nobody has taken it again."""
         lease = self._held(worker, incarnation, key)
         opened = self.open.get(key[0])
+        lost = self.lost_by.pop(key, None)
+        if lost is not None and lost[:2] != (worker, incarnation):
+            self.lost_by[key], lost = lost, None  # another holder's: kept
         if lease is None and opened is not None and key[1] in opened.returned:
             opened.returned.remove(key[1])  # given back or restored, then done after all
             self.served_before.pop(key, None)
         elif lease is None:
+            if lost is not None:  # alive after all, and dealt again: it trained all of it
+                self.rows_trained_twice += self.geometry.rows_of(key[1]) - lost[2]
             return
         else:
             del self.leases[key]
@@ -215,7 +223,7 @@ class PieceQueue:
     def _open_next(self) -> None:
         before = self.open.get(self.frontier)
         if before is not None and before.done.all():  # a finished epoch keeps only its count
-            del self.open[self.frontier]
+            self._close(self.frontier)
         if self.frontier + 1 < self.geometry.epochs:
             self.frontier += 1
             self.open[self.frontier] = _Epoch(np.zeros(self.geometry.pieces, bool))
@@ -243,7 +251,8 @@ class PieceQueue:
         lease = self.leases.pop(key)
         self.open[key[0]].returned.appendleft(key[1])
         if served:
-            self.served_before[key] = self._trained(key, lease, step)
+            trained = self.served_before[key] = self._trained(key, lease, step)
+            self.lost_by[key] = (lease.worker, lease.incarnation, trained)
             self.reissued += 1
 
     def _trained(self, key: Key, lease: Lease, step: int | None) -> int:
@@ -255,7 +264,8 @@ class PieceQueue:
         now = step if step is not None else self.steps_of(lease.worker)
         if lease.step is None or now is None or lease.batch < 1:
             return whole
-        return min(whole, max(0, now - lease.step) * lease.batch)
+        done = max(0, now - lease.step)  # the piece's last batch takes the rows left over
+        return whole if done >= max(1, whole // lease.batch) else done * lease.batch
 
     def _done(self, key: Key) -> None:
         epoch, piece = key
@@ -265,7 +275,14 @@ class PieceQueue:
         opened.done[piece] = True
         self.epoch_rows[epoch] += self.geometry.rows_of(piece)
         if epoch != self.frontier and opened.done.all():  # a finished epoch keeps its count
-            del self.open[epoch]
+            self._close(epoch)
+
+    def _close(self, epoch: int) -> None:
+        """Forget a finished epoch but its count: a former holder that finishes one of its
+        pieces after this (alive after all) is not counted, which keeps what is held
+        bounded by the open epochs."""
+        del self.open[epoch]
+        self.lost_by = {key: lost for key, lost in self.lost_by.items() if key[0] != epoch}
 
 
 RESTORED = ("epoch_rows", "rows_trained_twice", "reissued")
