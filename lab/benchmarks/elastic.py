@@ -339,7 +339,10 @@ def render(args: argparse.Namespace, data: str, results: dict[str, Any]) -> str:
             f"- A range that nobody joins or leaves ran at {_range_ratios(results)} of the"
             " fixed run's samples/s (the medians above): its members lease pieces of up to 16"
             " batches from shard 0, a request every 16 steps (docs/running.md), which the"
-            " fixed run does not make.",
+            " fixed run does not make, and the run ends with its last piece trained by one"
+            " member while the others, out of pieces, wait for it: up to 16 steps of one"
+            " member alone, a few percent of a 1-epoch run's seconds, paid once a run, not"
+            " once an epoch (a fixed run's members each end with their own last batch).",
             f"- {env['cpus']} cores: 3 and 4 members (each a 1-thread process, beside the"
             " server and the launcher) oversubscribe them, so samples/s cannot grow past 2.",
             "- The compared runs alternate so that both sides meet the same load, but on 2"
