@@ -13,6 +13,7 @@ import zmq
 from ember.algorithms.rules import EASGDRule, SGDRule
 from ember.errors import ProtocolError, ServerUnavailable
 from ember.ps import PSClient, control, fetch_state
+from ember.ps.shard import BLOCK
 from ember.wire import (
     CHUNK_BYTES,
     ClientConnection,
@@ -320,7 +321,8 @@ def test_a_multi_chunk_push_is_folded_and_answered_chunk_by_chunk_exactly() -> N
 )
 def test_over_the_socket_each_streamed_reply_chunk_is_the_folds_result(monkeypatch, rule) -> None:
     """Chunk k's reply leaves while chunk k + 1 is still arriving, and lands straight in the
-    caller's array: it must be exactly what the fold made of chunk k, a refused chunk included."""
+    caller's array: it must be exactly what the fold made of chunk k, a refused block of it
+    included (the fold commits and checks BLOCK keys at a time)."""
     monkeypatch.setenv(shared.DISABLE_VARIABLE, "0")  # every payload and reply on the socket
     chunk = CHUNK_BYTES // 4
     size = 2 * chunk + 777  # three chunks
@@ -334,12 +336,12 @@ def test_over_the_socket_each_streamed_reply_chunk_is_the_folds_result(monkeypat
         for step in range(3):
             values = np.linspace(2, -2, size, dtype=np.float32) * np.float32(step + 1)
             if step == 1:
-                values[chunk + 5] = np.nan  # the middle chunk is refused, the others apply
+                values[chunk + 5] = np.nan  # its block of the middle chunk is refused alone
             out = np.full(size, np.inf, np.float32)
             client.push(values, reply_into=out, pull=not easgd)
             expected = np.zeros(size, np.float32) if easgd else model
-            for start in range(0, size, chunk):
-                keys = slice(start, start + chunk)
+            for start in range(0, size, BLOCK):
+                keys = slice(start, start + BLOCK)
                 if not np.isfinite(values[keys]).all():
                     if not easgd:
                         expected[keys] = model[keys]

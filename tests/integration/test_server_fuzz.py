@@ -21,6 +21,7 @@ from ember.algorithms.rules import EASGDRule, SGDRule
 from ember.errors import ProtocolError, ServerUnavailable
 from ember.ps import PSClient, control, fetch_state
 from ember.ps.server import ParameterServer
+from ember.ps.shard import BLOCK
 from ember.wire import CHUNK_BYTES, ClientConnection, curve
 from ember.wire.channel import CHALLENGE, DENIED, HELLO, NONCE_BYTES, PROOF, WELCOME
 from ember.wire.frames import DTYPES, frame_sizes, mac, seal, unseal
@@ -313,6 +314,9 @@ CHUNK = CHUNK_BYTES // 4  # float32 keys per payload chunk
 def test_a_nan_or_inf_chunk_contributes_nothing_is_counted_and_the_server_serves_on(
     consistency: str, rule: SGDRule | EASGDRule, size: int
 ) -> None:
+    """Refused where NaN or Inf is: a push folded as it streams (async) loses the BLOCK keys
+    around it, one held for a round (bsp) the chunk, checked before it joins the sum."""
+    part = BLOCK if consistency == "async" else CHUNK
     params = np.linspace(-1, 1, size, dtype=np.float32)
     nan_push = np.full(size, 2.0, np.float32)
     nan_push[5] = np.nan  # chunk 0
@@ -328,8 +332,8 @@ def test_a_nan_or_inf_chunk_contributes_nothing_is_counted_and_the_server_serves
             reply = np.full(size, np.nan, np.float32)
             client.push(values, reply_into=reply if isinstance(rule, EASGDRule) else None)
             expected_reply = np.zeros(size, np.float32)
-            for start in range(0, size, CHUNK):
-                keys = slice(start, start + CHUNK)
+            for start in range(0, size, part):
+                keys = slice(start, start + part)
                 if not np.isfinite(values[keys]).all():
                     continue  # refused: its part of the parameters and of the reply unchanged
                 if isinstance(rule, SGDRule):
@@ -365,6 +369,10 @@ def test_finite_pushes_that_would_overflow_a_parameter_are_refused_and_leave_it_
     pushes = [np.full(size, 1.0 + i, np.float32) for i in range(3)]
     pushes[0][CHUNK + 7] = 3e38
     pushes[1][CHUNK + 7] = 3e38 if isinstance(rule, SGDRule) else -3e38
+    # Refused: the BLOCK keys around it, where the commit finds the overflow; a round's
+    # easgd difference overflows before it joins the round, which refuses its whole chunk.
+    whole_chunk = isinstance(rule, EASGDRule) and consistency == "bsp"
+    refused = slice(CHUNK, 2 * CHUNK if whole_chunk else CHUNK + BLOCK)
     with running_servers(params, rule, consistency) as (server,):
         client = PSClient([server.address], SECRET, worker=0, timeout=10)
         client.register()
@@ -375,16 +383,17 @@ def test_finite_pushes_that_would_overflow_a_parameter_are_refused_and_leave_it_
             state, _ = fetch_state([server.address], SECRET)
             held.append(state)
             if isinstance(rule, EASGDRule) and values is pushes[1]:
-                middle = slice(CHUNK, 2 * CHUNK)
-                assert not reply[middle].any()  # the refused chunk's reply is a step not taken
+                assert not reply[refused].any()  # the refused part's reply is a step not taken
         stats = control([server.address], SECRET, "stats")[0]
         client.close()
     for state in held:
         assert all(np.isfinite(value).all() for value in state.values())
-    middle = slice(CHUNK, 2 * CHUNK)
-    for name in held[0]:  # the refused push left its chunk, and only it, as it was
-        np.testing.assert_array_equal(held[1][name][middle], held[0][name][middle])
+    for name in held[0]:  # the refused push left that part, and only it, as it was
+        np.testing.assert_array_equal(held[1][name][refused], held[0][name][refused])
         assert not np.array_equal(held[1][name][:CHUNK], held[0][name][:CHUNK])
+        if not whole_chunk:
+            rest = slice(refused.stop, 2 * CHUNK)
+            assert not np.array_equal(held[1][name][rest], held[0][name][rest])
     # with momentum the buffer still carries 1.5e38 into the third push, which overflows too
     overflows = 2 if isinstance(rule, SGDRule) and rule.momentum else 1
     assert stats["rejected"] == {"nonfinite": overflows}

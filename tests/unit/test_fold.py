@@ -42,21 +42,46 @@ def test_a_commit_across_blocks_moves_every_key_as_sgd_with_momentum_does() -> N
     assert not rejected
 
 
-def test_a_commit_refused_in_a_late_block_puts_back_the_blocks_before_it() -> None:
+def test_a_block_holding_inf_is_put_back_alone_and_the_blocks_around_it_are_committed() -> None:
     params = np.ones(SIZE, F32)
     fold, shard, rejected = _fold(SGDRule(lr=1.0, momentum=0.5), params)
     fold.chunk(slice(0, SIZE), _read_only(np.ones(SIZE, F32)), None)
-    params_before = shard.params.copy()
-    momentum_before = shard.rule_state["momentum"].copy()
+    params_before = shard.params.copy()  # 0 everywhere: 1 - 1.0 * 1
+    momentum_before = shard.rule_state["momentum"].copy()  # 1 everywhere
     grad = np.ones(SIZE, F32)
     grad[2 * BLOCK + 5] = np.inf  # the first two blocks are committed before it is met
     fold.chunk(slice(0, SIZE), _read_only(grad), None)
     assert rejected["nonfinite"] == 1
-    np.testing.assert_array_equal(shard.params, params_before)
-    np.testing.assert_array_equal(shard.rule_state["momentum"], momentum_before)
+    refused = slice(2 * BLOCK, 3 * BLOCK)
+    np.testing.assert_array_equal(shard.params[refused], params_before[refused])
+    np.testing.assert_array_equal(shard.rule_state["momentum"][refused], momentum_before[refused])
+    others = np.ones(SIZE, bool)
+    others[refused] = False
+    np.testing.assert_array_equal(shard.rule_state["momentum"][others], 1.5)  # 0.5 * 1 + 1
+    np.testing.assert_array_equal(shard.params[others], -1.5)
 
 
-def test_a_refused_easgd_chunk_answers_zero_and_leaves_the_center() -> None:
+def test_a_block_that_overflows_from_finite_inputs_alone_is_put_back() -> None:
+    """Finite pushes can still overflow (3e38 twice): only that block keeps its parameters
+    and momentum, the others are committed, and the commit is counted as refused once."""
+    params = np.ones(SIZE, F32)
+    params[2 * BLOCK + 5] = 3e38
+    fold, shard, rejected = _fold(SGDRule(lr=1.0, momentum=0.5), params)
+    grad = np.ones(SIZE, F32)
+    grad[2 * BLOCK + 5] = -3e38  # finite, but params - grad is not
+    with np.errstate(over="ignore"):
+        fold.chunk(slice(0, SIZE), _read_only(grad), None)
+    assert rejected["nonfinite"] == 1
+    overflowed = slice(2 * BLOCK, 3 * BLOCK)
+    np.testing.assert_array_equal(shard.params[overflowed], params[overflowed])
+    np.testing.assert_array_equal(shard.rule_state["momentum"][overflowed], 0)
+    others = np.ones(SIZE, bool)
+    others[overflowed] = False
+    np.testing.assert_array_equal(shard.params[others], 0)  # 1 - 1.0 * (0.5 * 0 + 1)
+    np.testing.assert_array_equal(shard.rule_state["momentum"][others], 1)
+
+
+def test_a_refused_easgd_block_answers_zero_and_leaves_the_center() -> None:
     fold, shard, rejected = _fold(EASGDRule(alpha=0.5), np.zeros(SIZE, F32))
     out = np.empty(SIZE, F32)
     worker = np.full(SIZE, 2.0, F32)
@@ -66,8 +91,13 @@ def test_a_refused_easgd_chunk_answers_zero_and_leaves_the_center() -> None:
     worker[BLOCK + 2] = np.nan
     fold.chunk(slice(0, SIZE), _read_only(worker), out)
     assert rejected["nonfinite"] == 1
-    np.testing.assert_array_equal(out, 0.0)
-    np.testing.assert_array_equal(shard.params, 1.0)
+    refused = slice(BLOCK, 2 * BLOCK)
+    np.testing.assert_array_equal(out[refused], 0.0)  # x_i -= 0: that block moves nothing
+    np.testing.assert_array_equal(shard.params[refused], 1.0)
+    others = np.ones(SIZE, bool)
+    others[refused] = False
+    np.testing.assert_array_equal(out[others], 0.5)  # 0.5 * (2 - 1)
+    np.testing.assert_array_equal(shard.params[others], 1.5)
 
 
 def _fold_with_buffers(

@@ -62,12 +62,14 @@ class Fold:
             if contribution is not values and not self._finite(contribution, out):
                 return params
             self.shard.add_to_round(keys, contribution)
-        elif not self._commit(keys, contribution) and out is not None:
-            # A refused chunk is a step the worker does not take: its part of the reply reads
+        else:
+            # A refused part is a step the worker does not take: its part of the reply reads
             # zero (easgd's x_i -= e moves nothing), like an input chunk refused by _finite.
             # A streamed push's earlier chunks are already applied and answered, so the push
-            # as a whole is still acknowledged; only this chunk's keys are left as they were.
-            out.fill(0)
+            # as a whole is still acknowledged; only the refused keys are left as they were.
+            for part in self._commit(keys, contribution):
+                if out is not None:
+                    out[part].fill(0)
         return params
 
     def payload(
@@ -92,12 +94,13 @@ class Fold:
         shard.commit_push(worker, worker_step)
         return out
 
-    def _commit(self, keys: slice, contribution: np.ndarray) -> bool:
-        """One push's contribution committed at once (asynchronously), counted if refused."""
-        if self.shard.commit(keys, contribution, 1):
-            return True
-        self.shard.rejected["nonfinite"] += 1
-        return False
+    def _commit(self, keys: slice, contribution: np.ndarray) -> list[slice]:
+        """One push's contribution committed at once (asynchronously), counted if refused
+        (in part or whole): the parts of `keys` left as they were."""
+        refused = self.shard.commit(keys, contribution, 1)
+        if refused:
+            self.shard.rejected["nonfinite"] += 1
+        return refused
 
     def _read_once(self, values: np.ndarray) -> np.ndarray:
         if self._payload.size < values.size:

@@ -196,26 +196,30 @@ class Shard:
         held = self.round_sum[keys]
         np.add(held, contribution, out=held)
 
-    def commit(self, keys: slice, contribution: np.ndarray, count: int) -> bool:
-        """Commit `contribution` (the sum of `count` workers') to `keys` by the rule, unless
-        the result holds NaN or Inf (then False): finite inputs can still overflow (two
-        pushes of 3e38). A refused commit puts back the slice's parameters and rule state.
-        The work goes block by block (BLOCK keys): the copy kept for that, the rule's passes
-        and the check, a sum of what was just written, all read the block from cache, so
-        the passes NumPy cannot fuse cost about one trip through memory."""
+    def commit(self, keys: slice, contribution: np.ndarray, count: int) -> list[slice]:
+        """Commit `contribution` (the sum of `count` workers') to `keys` by the rule, block by
+        block (BLOCK keys); returns the blocks (as offsets into `keys`) left as they were: a
+        block whose result holds NaN or Inf (a NaN or Inf in its input, or finite inputs
+        that overflow, as two pushes of 3e38 do) gets its parameters and rule state put
+        back, and the others are committed. The copy kept of the block, the rule's passes
+        and the check, a sum of what was just written, all read the block from cache, so the
+        passes NumPy cannot fuse cost about one trip through memory, and the kept copy never
+        leaves the cache (a copy of the whole slice, to put it all back, cost the exchange
+        through shared memory about a sixth of its rate)."""
         rule, params, state = self.rule, self.params[keys], self.state_at(keys)
-        kept = [(value, self._scratch(name, params.size)) for name, value in state.items()]
-        kept.append((params, self._scratch("params", params.size)))
         scratch, size = self._rule_scratch, params.size
+        kept = [(value, self._scratch(name, BLOCK)) for name, value in state.items()]
+        kept.append((params, self._scratch("params", BLOCK)))
+        refused: list[slice] = []
         # keys from `split` on hold the model's buffers, which the rule folds in its own way
         split = min(max(self._buffers_from - keys.start, 0), size)
         step = self.step + 1  # this commit's number, for Adam and schedules
         for start in range(0, size, BLOCK):  # a short loop: its overhead is a few percent
             block = slice(start, start + BLOCK)
-            for value, before in kept:
-                np.copyto(before[block], value[block])
             written = params[block]
             stop = start + written.size
+            for value, before in kept:
+                np.copyto(before[: written.size], value[block])
             for part, buffers in (
                 (slice(start, min(stop, split)), False),
                 (slice(max(start, split), stop), True),
@@ -231,14 +235,14 @@ class Shard:
                     rule.commit(*args, step=step)
             if not math.isfinite(written.sum()):
                 for value, before in kept:
-                    np.copyto(value[:stop], before[:stop])
-                return False
-        return True
+                    np.copyto(value[block], before[: written.size])
+                refused.append(slice(start, stop))
+        return refused
 
     def _scratch(self, name: str, size: int) -> np.ndarray:
         buffer = self._before.get(name)
         if buffer is None or buffer.size < size:
-            buffer = self._before[name] = np.empty(max(size, SLICE), np.float32)
+            buffer = self._before[name] = np.empty(size, np.float32)
         return buffer[:size]
 
     def commit_round(self) -> None:
@@ -249,7 +253,7 @@ class Shard:
         with np.errstate(over="ignore", invalid="ignore"):
             for start in range(0, self.params.size, SLICE):
                 keys = slice(start, start + SLICE)
-                if not self.commit(keys, self.round_sum[keys], self.round_count):
+                if self.commit(keys, self.round_sum[keys], self.round_count):
                     self.rejected["nonfinite"] += 1
         self.step += 1
         self.round_sum.fill(0)
