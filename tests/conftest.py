@@ -12,7 +12,7 @@ import pytest
 
 from ember.ps import ParameterServer, ShardSpec, control, make_consistency, shard_ranges
 from ember.ps.server import UpdateRule
-from ember.wire import curve
+from ember.wire import curve, use_wire_lanes, wire_lanes
 from tests import rogue_peers
 from tests.processes import kill_stray_children
 
@@ -128,6 +128,17 @@ def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("EMBER_CACHE_DIR", str(tmp_path_factory.mktemp("ember-cache")))
         yield
+
+
+@pytest.fixture(autouse=True)
+def one_lane() -> Iterator[None]:
+    """This process's connections stripe over one socket unless a test says otherwise: a
+    probe's choice (--wire-lanes auto) varies with the machine's load. Runs in processes of
+    their own keep the run's setting, auto by default."""
+    before = wire_lanes()
+    use_wire_lanes("1")
+    yield
+    use_wire_lanes(before)
 
 
 @pytest.fixture(autouse=True)

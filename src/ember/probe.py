@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from ember.ps import ParameterServer, PSClient, ShardSpec, control, make_consistency
     from ember.ps.codec import CODECS, codec_named
     from ember.wire import CHUNK_BYTES, ClientConnection, bulk_cipher, curve, shared, use_encryption
-    from ember.wire.endpoint import CLOSING_SECONDS
+    from ember.wire.sessions import CLOSING_SECONDS
+    from ember.wire.sockets import server_io_threads, use_io_threads
+    from ember.wire.striping import use_wire_lanes
     from ember.worker.device import placement, take
     from ember.worker.evaluation import evaluate, evaluates_after
     from ember.worker.loop import make_model
@@ -49,8 +51,10 @@ _GROUPS = {  # module -> the names of it offered here
     "ember.ps.codec": ("CODECS", "codec_named"),
     "ember.algorithms.rules": ("SGDRule",),
     "ember.wire": ("CHUNK_BYTES", "ClientConnection", "bulk_cipher", "curve", "shared"),
+    "ember.wire.striping": ("use_wire_lanes",),
+    "ember.wire.sockets": ("server_io_threads", "use_io_threads"),
     "ember.wire.curve": ("use_encryption",),
-    "ember.wire.endpoint": ("CLOSING_SECONDS",),
+    "ember.wire.sessions": ("CLOSING_SECONDS",),
     # data and the worker's pieces timed alone (calibration, streaming, overhead)
     "ember.data": ("Dataset", "load_dataset", "shard_indices"),
     "ember.data.batches": ("MemoryBatches",),

@@ -15,9 +15,10 @@ import pytest
 import zmq
 
 from ember.wire import ClientConnection, peers
-from ember.wire.endpoint import CLOSING_SECONDS, ServerEndpoint
+from ember.wire.endpoint import ServerEndpoint
 from ember.wire.frames import mac
 from ember.wire.handshake import CHALLENGE, HELLO, NONCE_BYTES, PROOF, WELCOME
+from ember.wire.sessions import CLOSING_SECONDS
 from tests.conftest import SECRET, endpoint_process
 from tests.rogue_peers import (
     MiB,

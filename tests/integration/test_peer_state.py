@@ -13,8 +13,9 @@ import zmq
 from ember.algorithms.rules import SGDRule
 from ember.ps import PSClient
 from ember.wire import CHUNK_BYTES, ClientConnection, shared
-from ember.wire.endpoint import CLOSING_SECONDS, Chunk, Request, ServerEndpoint
+from ember.wire.endpoint import Chunk, Request, ServerEndpoint
 from ember.wire.frames import seal
+from ember.wire.sessions import CLOSING_SECONDS
 from tests.conftest import SECRET, endpoint_process, running_servers
 from tests.rogue_peers import Polling, open_fds
 

@@ -42,6 +42,7 @@ COMM = {
     "exchanges": 3,
     "staleness_max": 2,
     "staleness_mean": 1.0,
+    "lanes": 1,
 }
 DATA = {  # how a worker got its rows (data/streaming.py's DataCounters)
     "data_mode": "memory",

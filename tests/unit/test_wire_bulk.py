@@ -82,11 +82,11 @@ def test_a_new_session_seals_the_same_chunk_at_the_same_counter_to_another_frame
 def test_a_server_sends_no_chunk_in_clear_for_a_peer_whose_keys_are_gone() -> None:
     channels = bulk.ServerChannels(CIPHER)
     channels.opened(b"peer", os.urandom(32))
-    channels.reply_started(b"peer", HEADER)
-    assert len(channels.seal(b"peer", memoryview(b"\x02" * 10)) or b"") == 10 + OVERHEAD
+    binding = HEADER[:32]
+    assert len(channels.seal(b"peer", memoryview(b"\x02" * 10), binding, 0) or b"") == 10 + OVERHEAD
     channels.drop(b"peer")
-    gone = channels.seal(b"peer", memoryview(b"\x02" * 10))
+    gone = channels.seal(b"peer", memoryview(b"\x02" * 10), binding, 1)
     assert gone is not None and gone.nbytes == 0
-    assert bulk.ServerChannels(None).seal(b"peer", memoryview(b"\x02")) is None
+    assert bulk.ServerChannels(None).seal(b"peer", memoryview(b"\x02"), binding, 0) is None
     with pytest.raises(BulkFrameRefused, match="keys are gone"):
         channels.open(b"peer", memoryview(bytes(10 + OVERHEAD)), HEADER, 0)

@@ -64,6 +64,7 @@ class CommStats:
     exchanges: int = 0
     staleness_sum: int = 0
     staleness_max: int = 0
+    lanes: int = 1  # the most sockets an exchange was striped over (--wire-lanes)
 
     def record(self, result: ExchangeResult, blocked: float) -> None:
         self.t_comm += result.seconds
@@ -73,6 +74,7 @@ class CommStats:
         self.exchanges += 1
         self.staleness_sum += result.staleness
         self.staleness_max = max(self.staleness_max, result.staleness)
+        self.lanes = max(self.lanes, result.lanes)
 
     def as_record(self) -> dict[str, float | int]:
         return {
@@ -83,6 +85,7 @@ class CommStats:
             "exchanges": self.exchanges,
             "staleness_max": self.staleness_max,
             "staleness_mean": self.staleness_sum / max(1, self.exchanges),
+            "lanes": self.lanes,
         }
 
 

@@ -121,6 +121,9 @@ HELP = {
     "wire_cipher": "what encrypts the connections under --encrypt: curve (ZeroMQ CURVE, every"
     " frame) or aead (the HMAC handshake, then AES-GCM or ChaCha20 on the payloads alone;"
     " headers readable, see docs/hardening.md)",
+    "wire_lanes": "sockets (each with its own I/O thread) a worker's connection to a shard"
+    " stripes its payloads over when it does not share memory with it: auto (a probe at"
+    " connect picks 1, 2 or 4, see docs/wire.md) or 1 to 8",
     "log_every": "steps between a worker's records (loss, samples/s, T_comp, T_comm) in"
     " metrics.jsonl",
     "eval_every": "steps between worker 0's test-set evaluations; 0: only at each epoch's end",

@@ -100,6 +100,7 @@ class ServersPart(Part):
     request_timeout: float
     encrypt: bool
     wire_cipher: str
+    wire_lanes: str
     checkpoint_seconds: float
     checkpoint_steps: int
     keep_checkpoints: int

@@ -29,6 +29,7 @@ RESUME_MAY_CHANGE = (
     "request_timeout",
     "encrypt",
     "wire_cipher",
+    "wire_lanes",
     "log_every",
     "eval_every",
     "eval_deferred",

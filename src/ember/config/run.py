@@ -132,6 +132,7 @@ class RunConfig(StrategyNamed):
     request_timeout: float = 60.0  # a server that does not answer within this is an error
     encrypt: bool = True  # CURVE on every connection; off: plain TCP, for a trusted network
     wire_cipher: str = "curve"  # what encrypts: curve (every frame) | aead (payloads, bulk.py)
+    wire_lanes: str = "auto"  # sockets per connection off shared memory: auto (probed) | 1..8
     log_every: int = 50  # steps between metrics records
     eval_every: int = 0  # steps between worker 0's test evaluations (0: at each epoch's end)
     eval_deferred: bool = False  # copy the parameters at each evaluation, evaluate after training
@@ -203,6 +204,7 @@ class RunConfig(StrategyNamed):
         check_optimizer_args(self.optimizer_args, self.optimizer, not self.mode.local_optimizer)
         _one_of("data_mode", self.data_mode, DATA_MODES)
         _one_of("wire_cipher", self.wire_cipher, ("curve", "aead"))
+        _one_of("wire_lanes", str(self.wire_lanes), ("auto", *map(str, range(1, 9))))
         _at_least("shuffle_buffer", self.shuffle_buffer, 1)
         if self.weight_decay < 0:
             raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay!r}")

@@ -357,15 +357,15 @@ def _describe(event: dict[str, Any]) -> str:
 
 
 def _wire_stats(stats: list[dict[str, Any]], encrypt: bool) -> dict[str, Any]:
-    """Whether the servers' endpoints were encrypted (`encrypt` when none answered, and
-    false for a strategy without servers), and the payloads and replies that went through
-    shared memory rather than TCP, summed over the primaries."""
-    shared = [s.get("shared_memory", {}) for s in stats]
+    """Encrypted (`encrypt` when no server answered), shared-memory payloads, requests striped."""
+    shared = (s.get("shared_memory", {}) for s in stats)
+    lanes = [s.get("striping", {}) for s in stats]
+    carried = sum(int(m.get("payloads", 0)) + int(m.get("replies", 0)) for m in shared)
     return {
         "encrypted": all(bool(s.get("encrypted")) for s in stats) if stats else encrypt,
-        "shared_memory_payloads": sum(
-            int(m.get("payloads", 0)) + int(m.get("replies", 0)) for m in shared
-        ),
+        "shared_memory_payloads": carried,
+        "striped_requests": sum(int(m.get("striped_requests", 0)) for m in lanes),
+        "lanes": max((int(m.get("most_lanes", 1)) for m in lanes), default=1),
     }
 
 

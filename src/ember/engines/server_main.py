@@ -24,7 +24,7 @@ from ember.engines.addresses import bind_first
 from ember.engines.process import _die_with_parent
 from ember.ps import ParameterServer, ShardSpec, make_consistency
 from ember.ps.pieces import parse_cursor
-from ember.wire import use_encryption
+from ember.wire import server_io_threads, use_encryption, use_io_threads
 
 
 def main() -> None:
@@ -51,8 +51,9 @@ def main() -> None:
 
 def serve(message: dict[str, Any], tell: Callable[[str], None]) -> None:
     config = ServerSettings.from_dict(message["settings"])  # the run's servers' part alone
-    # every socket of this process, before the first opens
+    # every socket of this process, before the first opens: its transport and I/O threads
     use_encryption(config.encrypt, config.wire_cipher)
+    use_io_threads(server_io_threads())
     shard, role = ShardSpec(**message["shard"]), message["role"]
     # rebuilt here: ps never imports the algorithms
     rule = make_update_rule(config, message.get("steps_per_worker", 0))

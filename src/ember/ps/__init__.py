@@ -15,8 +15,9 @@ Map:
   and errors only)
 - ShardLink, Views -> compress.py: a worker's error feedback and mirror per shard, a server's
   per-worker views; CodedExchanges -> coded.py: the server's encoded replies
-- PSClient, ExchangeResult, fetch_state, control -> client.py: push/pull/exchange across shards,
-  failing over to a shard's replica or restart
+- PSClient, ExchangeResult -> client.py: push/pull/exchange across shards, failing over to a
+  shard's replica or restart, striped over the lanes --wire-lanes says
+- fetch_state, control -> snapshot.py: one request to every shard, outside any membership
 - Replication, Replicator, Role -> replica.py: a primary's copies to its backup, their apply
   on the backup, and promotion
 - ClockTable -> clocks.py: per-worker clocks, incarnations and liveness of one shard, pruned
@@ -27,7 +28,7 @@ Map:
 imports: errors, wire
 """
 
-from ember.ps.client import ExchangeResult, PSClient, control, fetch_state
+from ember.ps.client import ExchangeResult, PSClient
 from ember.ps.consistency import (
     Asynchronous,
     BulkSynchronous,
@@ -37,6 +38,7 @@ from ember.ps.consistency import (
 )
 from ember.ps.server import ParameterServer
 from ember.ps.shard import ShardSpec, UpdateRule, shard_ranges
+from ember.ps.snapshot import control, fetch_state
 
 __all__ = [
     "Asynchronous",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -9,7 +10,6 @@ from typing import Any
 import numpy as np
 
 from ember.errors import NotPrimary, ProtocolError, ServerGone, ServerUnavailable
-from ember.ps.clockrows import COLUMNS, MAX_TABLE_ROWS, read_rows, rows_to_table
 from ember.ps.codec import IDENTITY, Codec, codec_named
 from ember.ps.compress import ShardLink
 from ember.ps.protocol import (
@@ -20,12 +20,20 @@ from ember.ps.protocol import (
     Joined,
     Op,
     Register,
-    Snapshot,
     WorkerRequest,
 )
-from ember.wire import ClientConnection, gather, shared, tensors_from_frames
+from ember.wire import (
+    ClientConnection,
+    LaneChoice,
+    gather,
+    probe,
+    shared,
+    tensors_from_frames,
+    wire_lanes,
+)
 
 CONNECT_TIMEOUT = 2.0  # per attempt while a shard fails over or restarts
+PROBED_LANES = 4  # the most lanes "auto" tries (lanes.py)
 BACKOFF = (0.05, 1.0)  # first and longest pause between attempts
 
 
@@ -36,6 +44,7 @@ class ExchangeResult:
     bytes_pulled: int
     staleness: int  # largest, over shards, of server updates between this worker's read and write
     tau: int | None = None  # the period the servers' round names (diloco's --tau auto), if any
+    lanes: int = 1  # the most sockets a shard's payloads were striped over (wire/lanes.py)
 
 
 class PSClient:
@@ -71,6 +80,7 @@ class PSClient:
         self.candidates = [a.split(",") for a in addresses]
         self._current = [0] * len(addresses)  # which replica of each shard we talk to
         self.failovers = 0
+        self.lanes: dict[int, LaneChoice] = {}  # shard -> what its probe chose (--wire-lanes auto)
         self.connections = [
             ClientConnection(c[0], secret, timeout, watch=True) if len(c) == 1 else self._open(i)
             for i, c in enumerate(self.candidates)
@@ -91,10 +101,15 @@ class PSClient:
             self.links = [ShardLink(self.codec, b - a, self.differences) for a, b in self.ranges]
         for index in range(len(self.connections)):
             self._share_memory(index)
+            self._stripe(index)
         self.clock = min(j.clock for j in joined)
         self.step = min(j.step for j in joined)
         self.run_step = max(j.run_step for j in joined)  # shards answer at moments apart
         return {"clock": self.clock, "step": self.step, "run_step": self.run_step}
+
+    @property
+    def lane_count(self) -> int:
+        return max(c.lane_count for c in self.connections)
 
     @property
     def size(self) -> int:
@@ -136,6 +151,7 @@ class PSClient:
             pulled,
             max(a.staleness for a in answers),
             answers[0].tau,
+            self.lane_count,
         )
 
     def pull(self, out: np.ndarray) -> ExchangeResult:
@@ -146,7 +162,7 @@ class PSClient:
         # a compressed pull's replies say how to apply them; a plain one's carry values
         answers = None if self.links is None else [Answer.from_header(h) for h, _ in replies]
         pulled = self._scatter(replies, answers, out, push=False)
-        return ExchangeResult(time.perf_counter() - started, 0, pulled, 0)
+        return ExchangeResult(time.perf_counter() - started, 0, pulled, 0, lanes=self.lane_count)
 
     def done(self) -> None:
         """Leave the clock table so synchronous peers stop waiting for this worker."""
@@ -229,6 +245,7 @@ class PSClient:
                     connection.send(self._message("register", index, None, {}).header())
                     connection.recv()
                     self._share_memory(index)
+                    self._stripe(index)
                 connection.send(
                     self._message(op, index, part, extra).header(),
                     [part] if part is not None else [],
@@ -244,6 +261,21 @@ class PSClient:
         if shared.enabled():
             start, stop = self.ranges[index]
             self.connections[index].share_memory(4 * (stop - start), owner=self.worker)
+
+    def _stripe(self, index: int) -> None:
+        """Off shared memory, the shard's payloads go over as many sockets as --wire-lanes
+        says, or its probe chose (once per shard: a reconnection keeps the choice)."""
+        connection, setting = self.connections[index], wire_lanes()
+        if connection.shared:
+            return
+        if setting != "auto":
+            connection.set_lanes(int(setting))
+        elif index in self.lanes:
+            connection.set_lanes(self.lanes[index].lanes)
+        else:
+            self.lanes[index] = choice = probe(connection, PROBED_LANES)
+            note = f"ember: worker {self.worker}, shard {index}: {choice.describe()}"
+            print(note, file=sys.stderr, flush=True)  # the worker's log
 
     def _open(self, index: int, backoff: _Backoff | None = None) -> ClientConnection:
         """Connect to the shard's current replica, trying the others in turn."""
@@ -303,74 +335,3 @@ class _Backoff:
             ) from None
         time.sleep(self.pause)
         self.pause = min(2 * self.pause, BACKOFF[1])
-
-
-def fetch_state(
-    addresses: list[str], secret: bytes, timeout: float = 60.0
-) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Gather every shard's parameters and rule state into full flat arrays (for checkpoints and
-    the final model), plus step and per-worker clocks from shard 0."""
-    connections = [
-        ClientConnection(a, secret, timeout, watch=True, connect_timeout=CONNECT_TIMEOUT)
-        for a in addresses
-    ]
-    try:
-        for connection in connections:
-            connection.send({"op": "snapshot", "seq": 0})
-        parts = [connection.recv() for connection in connections]
-    finally:
-        for connection in connections:
-            connection.close()
-    snapshots = [Snapshot.from_header(h) for h, _ in parts]
-    names = snapshots[0].names
-    sizes = [_shard_size(h) for h, _ in parts]
-    full = {name: np.empty(sum(sizes), dtype=np.float32) for name in names}
-    offset = 0
-    workers: dict[str, dict[str, int]] = {}
-    for (header, frames), size in zip(parts, sizes, strict=True):
-        # the shard's tensors, then its clock table (see clockrows.py)
-        limit = 4 * size * len(names) + 8 * len(COLUMNS) * MAX_TABLE_ROWS
-        *tensors, table = tensors_from_frames(header["tensors"], frames, max_bytes=limit)
-        for name, chunks in zip(names, tensors, strict=True):
-            gather(chunks, full[name][offset : offset + size])
-        offset += size
-        rows = read_rows(header["tensors"][-1], table, MAX_TABLE_ROWS)
-        # Shards answer at slightly different moments; resuming from the least advanced clock
-        # and step of each worker over all shards never skips work.
-        for worker, entry in rows_to_table(rows).items():
-            seen = workers.setdefault(worker, dict(entry))
-            seen["clock"] = min(seen["clock"], entry["clock"])
-            seen["step"] = min(seen["step"], entry["step"])
-    meta: dict[str, Any] = {"step": min(s.step for s in snapshots), "workers": workers}
-    if "pieces" in parts[0][0]:  # a worker range's data cursor, shard 0's (ps/pieces.py)
-        meta["pieces"] = parts[0][0]["pieces"]
-    return full, meta
-
-
-def control(
-    addresses: list[str],
-    secret: bytes,
-    op: str,
-    timeout: float = 10.0,
-    fields: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """Send a payload-free op (`stats`, `stop`, `promote`) to every shard; return their reply
-    headers."""
-    out = []
-    for address in addresses:
-        connection = ClientConnection(
-            address, secret, timeout, watch=True, connect_timeout=min(CONNECT_TIMEOUT, timeout)
-        )
-        try:
-            connection.send({"op": op, "seq": 0, **(fields or {})})
-            out.append(connection.recv()[0])
-        finally:
-            connection.close()
-    return out
-
-
-def _shard_size(header: dict[str, Any]) -> int:
-    table = header.get("tensors")
-    if not isinstance(table, list) or not table or not isinstance(table[0], list):
-        raise ProtocolError("snapshot reply carries no tensor table")
-    return int(table[0][1][0])

@@ -383,6 +383,7 @@ class ParameterServer:
             "workers": self.clocks.summary(),
             "live_workers": self.clocks.live_sample(),  # the lowest ids only: bounded
             "shared_memory": self.endpoint.shared_memory,
+            "striping": self.endpoint.lanes.usage(),
             "encrypted": self.endpoint.encrypted,
             **({"pieces": self.pieces.stats()} if self.pieces is not None else {}),
         }

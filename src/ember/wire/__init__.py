@@ -8,11 +8,14 @@ Map:
 - ServerHandshake / open_session -> handshake.py: HMAC handshake and per-connection session key
 - use_encryption / warn_if_exposed -> curve.py: CURVE keys from the run's secret, the ZAP handler
 - endpoint_is_local -> hosts.py: whether an address stays on this host (loopback, ipc)
-- new_socket        -> sockets.py: socket options and the largest frame a socket accepts
+- new_socket / use_io_threads -> sockets.py: socket options, the largest frame a socket
+  accepts, and a process's I/O threads
 - seal / unseal     -> frames.py: HMAC-SHA256 + msgpack header frames
 - BulkSealer / BulkOpener -> bulk_cipher.py: AEAD bulk frames, keys from the session key
 - BulkChannel / ServerChannels -> bulk.py: a connection's sealer, opener and buffers (aead)
 - use_wire_cipher   -> curve.py: "curve" or "aead", what encrypts when encryption is on
+- lanes.py: a connection striped over several sockets; use_wire_lanes / probe -> striping.py:
+  how many
 - tensors_from_frames / gather -> frames.py: validated zero-copy tensor chunk views
 - shared            -> shared.py: same-host payloads through a shared-memory region
 - SendTicket        -> ticket.py: when a zero-copy reply no longer reads its buffers
@@ -27,6 +30,8 @@ from ember.wire.curve import use_encryption, warn_if_exposed
 from ember.wire.endpoint import Chunk, Request, ServerEndpoint
 from ember.wire.frames import CHUNK_BYTES, gather, seal, tensors_from_frames, unseal
 from ember.wire.hosts import endpoint_is_local
+from ember.wire.sockets import server_io_threads, use_io_threads
+from ember.wire.striping import LaneChoice, probe, use_wire_lanes, wire_lanes
 from ember.wire.ticket import SendTicket
 
 __all__ = [
@@ -34,15 +39,21 @@ __all__ = [
     "CONNECTION_ERRORS",
     "Chunk",
     "ClientConnection",
+    "LaneChoice",
     "Request",
     "SendTicket",
     "ServerEndpoint",
     "endpoint_is_local",
     "gather",
+    "probe",
     "seal",
+    "server_io_threads",
     "shared",
     "tensors_from_frames",
     "unseal",
     "use_encryption",
+    "use_io_threads",
+    "use_wire_lanes",
     "warn_if_exposed",
+    "wire_lanes",
 ]

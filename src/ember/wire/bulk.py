@@ -75,13 +75,11 @@ class BulkChannel:
 
 
 class ServerChannels:
-    """A server's BulkChannel per authenticated peer, and the header of the reply each peer's
-    chunks are being sealed for."""
+    """A server's BulkChannel per authenticated peer."""
 
     def __init__(self, cipher: str | None) -> None:
         self.cipher = cipher
         self._channels: dict[bytes, BulkChannel] = {}
-        self._replying: dict[bytes, tuple[bytes, int]] = {}  # peer -> (header frame, chunks)
 
     @property
     def overhead(self) -> int:
@@ -105,26 +103,20 @@ class ServerChannels:
             self.drop(peer)
             raise
 
-    def binding(self, header_frame: memoryview) -> bytes:
+    def binding(self, header_frame: bytes | memoryview) -> bytes:
         """What of a request's header frame its bulk frames are bound to (its MAC)."""
         return b"" if self.cipher is None else bytes(header_frame[:MAC_BYTES])
 
-    def reply_started(self, peer: bytes, header_frame: bytes) -> None:
-        if self.cipher is not None:
-            self._replying[peer] = (bytes(header_frame[:MAC_BYTES]), 0)
-
-    def seal(self, peer: bytes, chunk: memoryview) -> memoryview | None:
-        """The next chunk of `peer`'s reply sealed in a buffer of its own, for a zero-copy
-        send; None when chunks go as they are, and empty when the peer's keys are gone."""
+    def seal(self, peer: bytes, chunk: memoryview, binding: bytes, index: int) -> memoryview | None:
+        """Chunk `index` of a reply whose header's MAC is `binding`, sealed for `peer` in a
+        buffer of its own, for a zero-copy send; None when chunks go as they are, and empty
+        when the peer's keys are gone."""
         if self.cipher is None:
             return None
         channel = self._channels.get(peer)
         if channel is None:
             return memoryview(b"")
-        header, index = self._replying.get(peer, (bytes(MAC_BYTES), 0))
-        self._replying[peer] = (header, index + 1)
-        return channel.seal_new(chunk, chunk_aad(header, index))
+        return channel.seal_new(chunk, chunk_aad(binding, index))
 
     def drop(self, peer: bytes) -> None:
         self._channels.pop(peer, None)
-        self._replying.pop(peer, None)

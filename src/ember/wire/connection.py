@@ -17,6 +17,7 @@ from ember.wire.bulk_cipher import BulkFrameRefused
 from ember.wire.frames import MAX_REPLY_BYTES, chunk_frames, describe, frame_sizes, seal, unseal
 from ember.wire.handshake import open_session
 from ember.wire.hosts import endpoint_is_local
+from ember.wire.lanes import MAX_LANES
 from ember.wire.shared import Region, SharedFrame, fits
 from ember.wire.sockets import new_socket
 
@@ -60,6 +61,9 @@ class ClientConnection:
         self.timeout = timeout
         self.encrypted = curve.encrypting(encrypt)
         self.bulk_cipher = bulk_cipher(self.encrypted, cipher)
+        self._secret, self._cipher = secret, cipher  # for lanes, which open sessions alike
+        self._lanes: list[tuple[ClientConnection, zmq.Context]] = []  # lanes.py
+        self._lane_token: str | None = None
         self._bulk: BulkChannel | None = None
         self._context = context or zmq.Context.instance()
         self._sock = new_socket(self._context, zmq.DEALER)
@@ -138,27 +142,72 @@ class ClientConnection:
             return False  # another user's server, or none: the socket carries everything
         return True
 
+    @property
+    def lane_count(self) -> int:
+        """Sockets a request's chunks are striped over (lanes.py): this one and its lanes."""
+        return 1 + len(self._lanes)
+
+    def set_lanes(self, count: int) -> None:
+        """Stripe the chunks of requests and replies over `count` sockets from now on: lanes
+        beyond it close, new ones open their own sessions (and I/O threads) and join."""
+        if not 1 <= count <= MAX_LANES:
+            raise ValueError(f"lanes must be 1 to {MAX_LANES}, not {count}")
+        while len(self._lanes) >= count:
+            lane, context = self._lanes.pop()
+            lane.close()
+            context.term()
+        if count > self.lane_count and self._lane_token is None:
+            self.send({"op": "lanes", "seq": 0})
+            self._lane_token = str(self.recv()[0].get("token"))
+        while self.lane_count < count:
+            context = zmq.Context(io_threads=1)
+            try:
+                lane = ClientConnection(
+                    self.address,
+                    self._secret,
+                    self.timeout,
+                    context,
+                    watch=True,
+                    encrypt=self.encrypted,
+                    cipher=self._cipher,
+                )
+                lane.send(
+                    {"op": "lane", "seq": 0, "token": self._lane_token, "index": self.lane_count}
+                )
+                lane.recv()
+            except BaseException:
+                context.destroy(linger=0)
+                raise
+            self._lanes.append((lane, context))
+
     def send(self, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> None:
         """Send the header, then each chunk as a message of its own, zero-copy: the arrays must
         stay alive and unmodified until the reply arrives. With a shared-memory region and no
         other request in flight, the arrays are copied into the region instead, and the reply
-        may come back through it."""
+        may come back through it. With lanes, chunk i goes on socket i % lane_count."""
         region = self._region if self._in_flight == 0 else None
         if arrays:
             header = {**header, "tensors": describe(arrays)}
+        lanes = [self]
         if region is not None:
             header = {**header, "reply_shm": True}
             if fits(arrays, region):
                 region.write_all(False, arrays)
                 header["shm"], arrays = True, ()
+        elif self._lanes:
+            header = {**header, "lanes": self.lane_count}
+            lanes += [lane for lane, _ in self._lanes]
         sealed = seal(self._key, header)
         self._sock.send(sealed, copy=False)
         self._in_flight += 1
         for index, frame in enumerate(chunk_frames(arrays)):
-            if self._bulk is None:
-                self._sock.send(frame, copy=False)
-            else:  # sealed into a buffer of its own, which zmq sends without a copy
-                self._sock.send(self._bulk.seal_new(frame, chunk_aad(sealed, index)), copy=False)
+            lanes[index % len(lanes)]._send_chunk(frame, sealed, index)
+
+    def _send_chunk(self, frame: memoryview, sealed: bytes, index: int) -> None:
+        if self._bulk is None:
+            self._sock.send(frame, copy=False)
+        else:  # sealed into a buffer of its own, which zmq sends without a copy
+            self._sock.send(self._bulk.seal_new(frame, chunk_aad(sealed, index)), copy=False)
 
     def notify(self, header: dict[str, Any], timeout: float) -> bool:
         """Send a header that gets no reply, if the socket takes it within `timeout`; False
@@ -185,6 +234,8 @@ class ClientConnection:
         header = unseal(self._key, header_frame)
         self._in_flight = max(0, self._in_flight - 1)
         if header["op"] == "error":
+            if header.get("lanes_ended"):  # its chunks are still coming: they would be out of step
+                self.close()
             if header.get("not_primary"):
                 raise NotPrimary(f"server at {self.address} is not the primary of its shard")
             raise ProtocolError(
@@ -202,12 +253,20 @@ class ClientConnection:
         # Copying each frame while it is still in cache, then dropping it, keeps one frame
         # alive instead of the whole reply: zmq's receive buffers are reused, not new pages.
         target = _landing(header, into)
+        lanes = self._reply_lanes(header)
         frames: list[Any] = []
         offset = 0
         for index, size in enumerate(sizes):
-            frame = self._next_frame(deadline - time.monotonic())
-            if self._bulk is not None:  # into scratch when it is then copied to `target`
-                frame = self._opened(frame, chunk_aad(header_frame, index), target is not None)
+            lane = lanes[index % len(lanes)]
+            try:
+                frame = lane._next_frame(deadline - time.monotonic())
+                if lane._bulk is not None:  # into scratch when it is then copied to `target`
+                    aad = chunk_aad(header_frame, index)
+                    frame = lane._opened(frame, aad, target is not None)
+            except CONNECTION_ERRORS:
+                if self._lanes:  # a lane lost: the rest of the reply cannot come, nor later ones
+                    self.close()
+                raise
             if len(frame) != size:
                 raise ProtocolError(
                     f"server at {self.address} sent a {len(frame)}-byte frame, its header "
@@ -221,6 +280,17 @@ class ClientConnection:
             frames.append(SharedFrame(view.data))
             offset += size
         return header, frames
+
+    def _reply_lanes(self, header: dict[str, Any]) -> list[ClientConnection]:
+        """The sockets a reply's chunks come on: the lanes its header names, which must be
+        this connection's."""
+        count = header.get("lanes", 1)
+        if count != self.lane_count and count != 1:
+            raise ProtocolError(
+                f"server at {self.address} striped a reply over {count!r} lanes; "
+                f"this connection has {self.lane_count}"
+            )
+        return [self, *(lane for lane, _ in self._lanes)] if count != 1 else [self]
 
     def _opened(self, frame: Any, aad: bytes, scratch: bool) -> Any:
         """A bulk frame checked and decrypted, never into the caller's arrays (the cipher
@@ -280,6 +350,10 @@ class ClientConnection:
             return
         self._closed = True
         self._region = None  # unmapped once no reply view refers to it
+        for lane, context in self._lanes:
+            lane.close()
+            context.term()
+        self._lanes = []
         self._unwatch()
         self._sock.close(linger=int(linger * 1000))
 

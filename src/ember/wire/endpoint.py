@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
@@ -19,44 +18,17 @@ from ember.wire.frames import MAX_REPLY_BYTES, chunk_frames, describe, frame_siz
 from ember.wire.handshake import ServerHandshake
 from ember.wire.hosts import LOCAL_TRANSPORTS, is_loopback
 from ember.wire.identity import Identities
+from ember.wire.lanes import PROBE_BYTES, ServerLanes
 from ember.wire.peers import SCAN_SECONDS, PeerConnections, framed
+from ember.wire.request import Chunk, Request, peer_address, reason, source_fd
+from ember.wire.sessions import Sessions
 from ember.wire.shared import ServerRegions
 from ember.wire.sockets import ReplyBacklog, new_socket, raise_open_file_limit
 from ember.wire.ticket import COPIED, SendTicket
 
-# A closed connection's messages read after its close keep their session this long (a record
-# or `done` sent just before closing); headers are sealed, so nobody else can use it.
-CLOSING_SECONDS = 2.0
 # Reply bytes a peer may leave unread before its requests are refused (see ReplyBacklog); a
 # ParameterServer sets a few copies of its shard instead.
 UNREAD_BYTES = 64 << 20
-
-
-@dataclass
-class Request:
-    """An authenticated request. Its payload streams in after the header, one message per
-    chunk: `frames` fills as they arrive, and `sizes` says what each must hold."""
-
-    peer: bytes
-    header: dict[str, Any]
-    frames: list[Any] = field(default_factory=list)
-    sizes: list[int] = field(default_factory=list)  # declared byte size of each payload frame
-    sealed: bytes = b""  # its header frame's MAC, which the bulk frames' tags bind
-    dropped: bool = False  # refused: its AEAD chunks are still opened, to keep the counters
-
-    @property
-    def complete(self) -> bool:
-        return len(self.frames) == len(self.sizes)
-
-
-@dataclass
-class Chunk:
-    """One payload frame of a streaming request has arrived (it is request.frames[index]), or
-    the stream broke (`error` says why; the request gets no more chunks)."""
-
-    request: Request
-    index: int
-    error: str | None = None
 
 
 class ServerEndpoint:
@@ -107,15 +79,14 @@ class ServerEndpoint:
         self.max_payload_bytes = max_payload_bytes
         self._payload_ops = payload_ops
         self._handshake = ServerHandshake(secret, self._sock)
-        self._sessions: dict[bytes, bytes] = {}  # peer -> session key
-        self._session_fds: dict[bytes, int] = {}  # peer -> the connection it was made on
+        self._sessions = Sessions()
         self.identities = Identities()
         self._streams: dict[bytes, Request] = {}  # peer -> request whose payload is arriving
         region = max_payload_bytes if max_region_bytes is None else max_region_bytes
         self._regions = ServerRegions(region)  # same-host peers' shared memory
         self._connections = PeerConnections(self._sock, self._curve)
         self._broken: deque[Chunk] = deque()  # streams whose connection closed, to report
-        self._closing: dict[bytes, float] = {}  # peer -> when its session goes
+        self.lanes = ServerLanes()  # connections striped over several sockets (lanes.py)
         self._backlog = ReplyBacklog(max_unread_bytes)
         self.rejected: Counter[str] = Counter()
 
@@ -127,6 +98,10 @@ class ServerEndpoint:
             self._drop_closed()
             if self._broken:
                 return self._broken.popleft()
+            if self.lanes.ready:  # a striped request's chunks, handed on in order
+                request, frame = self.lanes.ready.popleft()
+                request.frames.append(frame)
+                return Chunk(request, len(request.frames) - 1)
             queued = self._regions.next_chunk()
             if queued is not None:  # a payload in shared memory is handed out as the socket's is
                 request, frame = queued
@@ -141,33 +116,33 @@ class ServerEndpoint:
         # A closed connection's state goes before anything read after it is handled: once
         # the close is processed its routing id is free, and a new peer may present it.
         self._drop_closed()
-        peer, fd = frames[0].bytes, _source_fd(frames[-1])
+        peer, fd = frames[0].bytes, source_fd(frames[-1])
         handed = sum(framed(len(frame), self._curve) for frame in frames[1:])
         try:
             live = self._connections.arrived(fd, peer, handed)
-            if not live and self._session_fds.get(peer) != fd:  # a closing session's is kept
+            if not live and not self._sessions.made_on(peer, fd):  # a closing session's is kept
                 raise ProtocolError("unauthenticated: its connection closed")
             if len(frames) != 2:
                 raise ProtocolError(f"message of {len(frames) - 1} frames; ember sends one")
             return self._accept(peer, frames[1], fd)
         except ProtocolError as exc:
-            self.rejected[_reason(exc)] += 1
+            self.rejected[reason(exc)] += 1
             stream = self._streams.pop(peer, None)
             return None if stream is None else Chunk(stream, len(stream.frames), str(exc))
 
     def _accept(self, peer: bytes, frame: Any, fd: int) -> Request | Chunk | None:
-        key = self._sessions.get(peer)
-        if key is not None and self._session_fds[peer] != fd:
-            key = None  # another connection presenting the id: the session is not its
+        key = self._sessions.key(peer, fd)
         if key is None:
             key = self._handshake.admit(peer, frame.bytes)
             if key is not None:
-                self._sessions[peer] = key
-                self._session_fds[peer] = fd
+                self._sessions.open(peer, key, fd)
                 self._connections.authenticate(peer)
                 self.bulk.opened(peer, key)
             return None
         self._regions.opened(peer)
+        if self.lanes.carries(peer):
+            self._lane_frames(peer, lambda: self.lanes.take(peer, frame, self._opened))
+            return None
         stream = self._streams.get(peer)
         if stream is not None:
             index = len(stream.frames)
@@ -181,6 +156,7 @@ class ServerEndpoint:
             stream.frames.append(b"" if stream.dropped else frame)
             if stream.complete:
                 del self._streams[peer]
+                self._answer_probe(stream)
             return None if stream.dropped else Chunk(stream, index)
         header = unseal(key, frame.buffer)
         if header["op"] == "bind":  # an older client naming its port: SRCFD says it now
@@ -189,36 +165,81 @@ class ServerEndpoint:
             answer = {"op": "ok", "seq": header.get("seq"), **self._attach(peer, header, frame)}
             self._sock.send_multipart([peer, seal(key, answer)])
             return None
+        if header["op"] in ("lanes", "lane"):
+            answer = {"op": "ok", "seq": header.get("seq"), **self.lanes.register(peer, header)}
+            self._sock.send_multipart([peer, seal(key, answer)])
+            return None
         if self._backlog.over_budget(peer):
-            self._refuse_slow_reader(peer, key, header)
-        limit = self._payload_limit(header["op"])
+            # Serve nothing more to a peer that leaves replies unread: what it would be sent
+            # next stays here until it reads (a reply's buffer may be a copy of its own).
+            self._refuse(peer, key, header, self._backlog.refusal(peer))
+        limit = PROBE_BYTES if header["op"] == "probe" else self._payload_limit(header["op"])
         try:
             sizes = frame_sizes(header.get("tensors", []), limit)
         except ProtocolError as exc:
             self._refuse(
                 peer, key, header, str(exc) if limit else f"{header['op']!r} takes no payload"
             )
-        if sizes and peer in self._closing:
+        if sizes and self._sessions.is_closing(peer):
             raise ProtocolError("connection closed: its payload is not taken")
         request = Request(peer, header, [], sizes, self.bulk.binding(frame.buffer))
-        if sizes and header.get("shm"):
+        request.dropped = header["op"] == "probe"  # read and let go: only its time counts
+        if "lanes" in header and not header.get("shm"):
+            try:
+                self.lanes.stripe(request, header["lanes"])
+            except ProtocolError as exc:
+                self._refuse(peer, key, header, str(exc))
+            self._lane_frames(peer, lambda: self.lanes.flush(request, self._opened))
+        elif sizes and header.get("shm"):
             try:
                 self._regions.queue_payload(request)
             except ProtocolError as exc:  # e.g. a newer connection of its worker took over
                 self._refuse(peer, key, header, str(exc))
         elif sizes:
             self._streams[peer] = request
-        return request
+        if request.dropped and not sizes:
+            self._answer_probe(request)
+        return None if request.dropped else request
+
+    def _lane_frames(self, peer: bytes, take: Callable[[], Request | None]) -> None:
+        """Chunks of a striped request taken; one that fails ends the connection and lanes."""
+        try:
+            finished = take()
+        except ProtocolError as exc:
+            self._end_lanes(peer, str(exc))
+            raise
+        if finished is not None:
+            self._answer_probe(finished)
+
+    def _end_lanes(self, peer: bytes, why: str, closed: bool = False) -> None:
+        """Forget `peer`'s lanes and report what they carried; cut them, and `peer` unless
+        `closed` (its connection went or stays), where a failure or a half-done request ends
+        them: between requests its client closes them itself."""
+        broken, others = self.lanes.closed(peer)
+        if closed and not broken:
+            others = []
+        for member in others if closed else (peer, *others):
+            self._connections.cut(member, "lane")
+            self._sessions.end(member)  # nothing more is answered on a connection cut
+        self._broken.extend(Chunk(r, len(r.frames), why) for r in broken)
+
+    def _answer_probe(self, request: Request) -> None:
+        """A probe's payload is all in: tell its sender, who times it (lanes.probe)."""
+        key = self._sessions.key(request.peer)
+        if request.header["op"] == "probe" and key is not None:
+            answer = {"op": "ok", "seq": request.header.get("seq")}
+            self._sock.send_multipart([request.peer, seal(key, answer)])
 
     def _opened(self, peer: bytes, frame: Any, stream: Request, index: int) -> Any:
         """A bulk frame checked and decrypted; a refused one ends the peer's connection and
         session at once, so nothing more of it is taken."""
+        if self.bulk.cipher is None:
+            return frame
         try:
             return self.bulk.open(peer, frame.buffer, stream.sealed, index)
         except BulkFrameRefused:
             self._connections.cut(peer, "forged")
-            self._sessions.pop(peer, None)
-            self._session_fds.pop(peer, None)
+            self._sessions.end(peer)
             raise
 
     def _payload_limit(self, op: str) -> int:
@@ -227,22 +248,15 @@ class ServerEndpoint:
         return 0
 
     def _refuse(self, peer: bytes, key: bytes, header: dict[str, Any], message: str) -> NoReturn:
-        """Answer a request refused at its header with one error, and count it."""
+        """Answer a request refused at its header with one error, and count it. A striped
+        one's chunks are on their way on its lanes, which end (its client then closes)."""
         reply = {"op": "error", "seq": header.get("seq"), "message": message}
+        if "lanes" in header:
+            reply["lanes_ended"] = True
         self._sock.send_multipart([peer, seal(key, reply)])
+        if "lanes" in header:
+            self._end_lanes(peer, message, closed=True)
         raise ProtocolError(message)
-
-    def _refuse_slow_reader(self, peer: bytes, key: bytes, header: dict[str, Any]) -> None:
-        """Serve nothing more to a peer that leaves replies unread: what it would be sent
-        next stays with the server until it reads (a reply's buffer may be a copy of its own).
-        The refusal is one small header, and the high-water mark drops those past it."""
-        unread, budget = self._backlog.unread(peer) >> 20, self._backlog.budget >> 20
-        message = (
-            f"slow reader: {unread} MiB of this connection's replies are unread, more than "
-            f"the {budget} MiB a server queues for one connection; read each reply before "
-            "sending more requests"
-        )
-        self._refuse(peer, key, header, message)
 
     def _attach(self, peer: bytes, header: dict[str, Any], frame: Any) -> dict[str, Any]:
         """Map a peer's region only when the peer is on this host's loopback: hosts emulated
@@ -264,9 +278,8 @@ class ServerEndpoint:
         (the stream's request is reported broken, so the server lets go of it too), its
         session after CLOSING_SECONDS. Payload chunks carry no MAC, so a closing peer starts
         no payload: a new connection presenting its routing id continues nothing."""
-        now = time.monotonic()
         for peer in self._connections.closed():
-            self._closing[peer] = now + CLOSING_SECONDS
+            self._sessions.closing(peer)
             self._handshake.forget(peer)
             self.identities.release(peer)
             self._regions.drop(peer)
@@ -274,18 +287,16 @@ class ServerEndpoint:
             stream = self._streams.pop(peer, None)
             if stream is not None:
                 self._broken.append(Chunk(stream, len(stream.frames), "connection closed"))
-        for peer, until in list(self._closing.items()):
-            if until <= now:
-                del self._closing[peer]
-                self._sessions.pop(peer, None)
-                self._session_fds.pop(peer, None)
-                self.bulk.drop(peer)
+            self._end_lanes(peer, "connection closed", closed=True)
+        for peer in self._sessions.expired():
+            self.bulk.drop(peer)
         self._connections.police()
 
     def forget_stream(self, peer: bytes) -> None:
         """Drop the frames kept for a request whose payload will never complete."""
         self._streams.pop(peer, None)
         self._regions.forget(peer)
+        self.lanes.drop(peer)
 
     def reply(
         self,
@@ -306,7 +317,7 @@ class ServerEndpoint:
     ) -> bool:
         """Start a reply whose payload chunks follow through reply_chunk; False if the peer
         never authenticated."""
-        key = self._sessions.get(request.peer)
+        key = self._sessions.key(request.peer)
         if key is None:
             return False
         if header.get("op") == "error" and self._streams.get(request.peer) is request:
@@ -317,12 +328,16 @@ class ServerEndpoint:
             if self.bulk.cipher is not None and not request.complete:
                 request.dropped, request.frames[:] = True, [b""] * len(request.frames)
                 self._streams[request.peer] = request
+        if header.get("op") == "error" and request.lanes and not request.complete:
+            self.lanes.drop(request.peer)
         if table:
             header = {**header, "tensors": table}
             if self._regions.start_reply(request, header, frame_sizes(table, MAX_REPLY_BYTES)):
                 return True  # the header follows the payload's last byte into shared memory
+            if request.lanes:
+                header["lanes"] = len(request.lanes)
         sealed = seal(key, header)
-        self.bulk.reply_started(request.peer, sealed)
+        request.reply_binding = self.bulk.binding(sealed)
         self._sock.send_multipart([request.peer, sealed], copy=False)
         return True
 
@@ -331,14 +346,17 @@ class ServerEndpoint:
         A reply through shared memory is copied at once, so its ticket is already done."""
         if self._regions.replying(request.peer):
             header = self._regions.write_reply(request.peer, frame)
-            if header is not None:
-                sealed = seal(self._sessions[request.peer], header)
-                self._sock.send_multipart([request.peer, sealed])
+            key = self._sessions.key(request.peer)
+            if header is not None and key is not None:
+                self._sock.send_multipart([request.peer, seal(key, header)])
             return COPIED
-        boxed = self.bulk.seal(request.peer, memoryview(frame))  # None: unsealed, as it is
+        index, lanes = request.replied, request.lanes or (request.peer,)
+        request.replied += 1
+        peer = lanes[index % len(lanes)]
+        boxed = self.bulk.seal(peer, memoryview(frame), request.reply_binding, index)  # None: as is
         if boxed is not None and not boxed:
             return COPIED  # the peer's keys went with its connection: nothing goes in clear
-        self._sock.send(request.peer, zmq.SNDMORE)
+        self._sock.send(peer, zmq.SNDMORE)
         tracker = self._sock.send(frame if boxed is None else boxed, 0, copy=False, track=True)
         self._backlog.sent(request.peer, memoryview(frame).nbytes, tracker)
         return SendTicket(tracker) if boxed is None else COPIED
@@ -356,6 +374,7 @@ class ServerEndpoint:
         sizes["backlogged"] = self._backlog.peers()
         sizes["handshaking"] = self._handshake.pending
         sizes["identities"] = len(self.identities)
+        sizes.update(self.lanes.stats())
         shed = {f"shed_{reason}": count for reason, count in self._connections.shed.items()}
         return {**sizes, "regions": regions, **self._connections.stats(), **shed}
 
@@ -371,29 +390,3 @@ class ServerEndpoint:
         if self._domain is not None:
             curve.release_server(self._context, self._domain)
             self._domain = None
-
-
-def peer_address(frame: Any) -> str:
-    """The IP address a frame came from (zmq's "Peer-Address"); "" when the transport has
-    none, as inproc."""
-    try:
-        return str(frame.get("Peer-Address"))
-    except (zmq.ZMQError, AttributeError):
-        return ""
-
-
-def _source_fd(frame: Any) -> int:
-    """The descriptor of the connection a frame came on (zmq's SRCFD); -1 without one."""
-    try:
-        return int(frame.get(zmq.SRCFD))
-    except (zmq.ZMQError, AttributeError, TypeError):
-        return -1
-
-
-def _reason(exc: ProtocolError) -> str:
-    text = str(exc)
-    reasons = ("bulk frame", "unauthenticated", "HMAC", "msgpack", "size", "map", "slow reader")
-    for reason in reasons:
-        if reason in text:
-            return reason.lower().replace(" ", "_")
-    return "malformed"

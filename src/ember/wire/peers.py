@@ -117,7 +117,14 @@ class PeerConnections:
         self._fd_by_peer: dict[bytes, int] = {}
         self._scanned = 0.0
         self._gone: list[bytes] = []  # peers whose connections are known to be gone
-        self.shed: dict[str, int] = {"size": 0, "count": 0, "time": 0, "unseen": 0, "forged": 0}
+        self.shed: dict[str, int] = {
+            "size": 0,
+            "count": 0,
+            "time": 0,
+            "unseen": 0,
+            "forged": 0,
+            "lane": 0,
+        }
 
     def closed(self) -> list[bytes]:
         """Read the monitor's news; the peers whose connections closed since the last call.

@@ -4,6 +4,7 @@ replies a server lets one peer leave unread."""
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
 import time
 from collections import deque
@@ -45,6 +46,18 @@ def new_socket(context: zmq.Context, kind: int) -> zmq.Socket:
     return sock
 
 
+def server_io_threads() -> int:
+    """A server process's I/O threads: one per two cores, up to 4, for lanes to spread over."""
+    return min(4, max(1, (os.cpu_count() or 1) // 2))
+
+
+def use_io_threads(count: int) -> None:
+    """Give this process's shared context `count` I/O threads, which libzmq spreads its
+    connections over (a lane's chunks then copy in parallel with another's); only before
+    the process opens its first socket, after which the count is fixed."""
+    zmq.Context.instance(io_threads=count)
+
+
 def raise_open_file_limit() -> None:
     """Raise this process's soft limit on open files to its hard limit: a server holds a
     descriptor per connection, and the common default of 1,024 is soon reached."""
@@ -83,6 +96,16 @@ class ReplyBacklog:
         """Bytes of `peer`'s replies zmq still holds."""
         self._prune(peer)
         return self._bytes.get(peer, 0)
+
+    def refusal(self, peer: bytes) -> str:
+        """What a peer over budget is told (one small header; the high-water mark drops
+        those past it)."""
+        unread, budget = self.unread(peer) >> 20, self.budget >> 20
+        return (
+            f"slow reader: {unread} MiB of this connection's replies are unread, more than "
+            f"the {budget} MiB a server queues for one connection; read each reply before "
+            "sending more requests"
+        )
 
     def over_budget(self, peer: bytes) -> bool:
         if self.unread(peer) <= self.budget:

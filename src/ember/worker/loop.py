@@ -24,7 +24,7 @@ from ember.data.streaming import data_wait_fraction
 from ember.metrics.records import Divergence, Evaluation, Record, WorkerDone, WorkerProgress
 from ember.models import build_model
 from ember.models.losses import make_loss
-from ember.wire import use_encryption
+from ember.wire import use_encryption, use_wire_lanes
 from ember.worker.device import forward_precision, loss_scaler, on_device
 from ember.worker.evaluation import ends_epoch, evaluate, evaluate_with, evaluates_after
 from ember.worker.spec import Layout, WorkerSpec, checkpoint_meta
@@ -69,6 +69,7 @@ def run_worker(
     parts = spec.parts
     # this process's connections speak the run's transport
     use_encryption(parts.servers.encrypt, parts.servers.wire_cipher)
+    use_wire_lanes(parts.servers.wire_lanes)
     torch.set_num_threads(parts.training.threads)
     function, args = spec.train_fn or builtin_loop, spec.train_args
     with worker_context(spec, report, dataset, stop) as ctx:
