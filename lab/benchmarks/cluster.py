@@ -12,7 +12,9 @@
   each way by tc tbf; ember plain, under CURVE and under the aead wire cipher (payloads on the
   socket), against gloo send/recv between the same hosts, and a bulk TCP transfer host 1 to
   host 0 for what the shaped link carries one way. Gbit/s counts both directions' bytes per
-  round trip. Targets: encrypted >= 0.9x the link's rate, unencrypted >= 1.0x gloo.
+  round trip. Targets: encrypted >= 0.9x the link's rate, unencrypted >= 1.0x gloo. With
+  --lanes 2 auto, each ember wire also runs striped over 2 sockets, and over what its probe
+  chose (--wire-lanes; the client reports the count).
 - curve: the wire ciphers' cost on loopback TCP (one namespace, shared memory off): ember under
   CURVE and aead against plain, the same round trips.
 - model: the throughput model against the emulated cluster. 1-epoch MNIST mlp runs, 2 workers,
@@ -29,7 +31,7 @@ Needs root, iproute2, Java and pyspark: without them it prints why and exits 0.
 
 Usage: python lab/benchmarks/cluster.py [--parts training link curve model] [--sizes 1M 25M]
                                     [--epochs E] [--link RATE] [--link-rates 1gbit 10gbit]
-                                    [--repeat R] [--quick] [--out F.json]
+                                    [--lanes 1 2 auto] [--repeat R] [--quick] [--out F.json]
 """
 
 from __future__ import annotations
@@ -97,9 +99,35 @@ def _encryption(cipher: str) -> None:
         raise RuntimeError("this ember has no wire encryption (--encrypt)")
 
 
+def wire_of(system: str) -> tuple[str, str]:
+    """(cipher, lane setting) of an ember system: "ember aead", or "ember aead, 2 lanes"."""
+    base, _, lanes = system.partition(", ")
+    return CIPHERS[base], lanes.split()[0] if lanes else "1"
+
+
+def with_lanes(systems: tuple[str, ...], lanes: list[str]) -> tuple[str, ...]:
+    """`systems`, and each ember one again per lane setting other than 1."""
+    striped = [f"{s}, {n} lanes" for n in lanes if n != "1" for s in systems if s in CIPHERS]
+    return (*systems, *striped)
+
+
+def _lanes(setting: str, server: bool = False) -> None:
+    """This peer's lanes (wire/lanes.py) where its ember has them, and a server's I/O
+    threads as a server process sets them."""
+    import ember.probe
+
+    if hasattr(ember.probe, "use_wire_lanes"):
+        ember.probe.use_wire_lanes(setting)
+        if server:
+            ember.probe.use_io_threads(ember.probe.server_io_threads())
+    elif setting != "1":
+        raise RuntimeError("this ember has no lanes (--wire-lanes)")
+
+
 def _ember_server(spec: dict[str, Any]) -> None:
     import numpy as np
 
+    _lanes(spec["lanes"], server=True)  # before any socket: the first fixes the I/O threads
     from ember.probe import ParameterServer, SGDRule, ShardSpec, make_consistency
 
     _encryption(spec["cipher"])
@@ -122,10 +150,12 @@ def _ember_client(spec: dict[str, Any]) -> None:
     from ember.probe import PSClient, control, shared
 
     os.environ[shared.DISABLE_VARIABLE] = "0"  # every payload on the socket, as across hosts
+    _lanes(spec["lanes"])
     _encryption(spec["cipher"])
     secret = bytes.fromhex(spec["secret"])
     client = PSClient([spec["address"]], secret, worker=0, timeout=TIMEOUT_MS / 1000)
     client.register()
+    lanes = getattr(client.connections[0], "lane_count", 1)
     grad = np.random.default_rng(0).standard_normal(spec["size"], dtype=np.float32)
     params = np.empty(spec["size"], dtype=np.float32)
     seconds = time_round_trips(
@@ -133,7 +163,7 @@ def _ember_client(spec: dict[str, Any]) -> None:
     )
     client.close()
     control([spec["address"]], secret, "stop")
-    print(json.dumps({"seconds": seconds}), flush=True)
+    print(json.dumps({"seconds": seconds, "lanes": lanes}), flush=True)
 
 
 def _gloo_rank(spec: dict[str, Any]) -> None:
@@ -212,8 +242,9 @@ def _end(*processes: subprocess.Popen[str]) -> None:
             process.stdout.close()
 
 
-def round_trip_seconds(hosts: Hosts, system: str, size: int, iterations: int) -> float:
-    """Median seconds of one round trip of `size` floats each way, client on host 1 (or here)."""
+def round_trip_seconds(hosts: Hosts, system: str, size: int, iterations: int) -> tuple[float, int]:
+    """Median seconds of one round trip of `size` floats each way, client on host 1 (or
+    here), and the lanes its connection used (1 for gloo)."""
     common = {"size": size, "iterations": iterations}
     if system == "gloo":
         ranks = [
@@ -224,30 +255,36 @@ def round_trip_seconds(hosts: Hosts, system: str, size: int, iterations: int) ->
             seconds = _answer(ranks[0], "gloo rank 0")["seconds"]
         finally:
             _end(*ranks)
-        return statistics.median(seconds)
-    spec = {**common, "cipher": CIPHERS[system], "secret": os.urandom(32).hex()}
+        return statistics.median(seconds), 1
+    cipher, lanes = wire_of(system)
+    spec = {**common, "cipher": cipher, "lanes": lanes, "secret": os.urandom(32).hex()}
     server = hosts.start(0, {**spec, "role": "server", "bind": hosts.address(0)})
     try:
         address = _answer(server, "ember server")["address"]
         client = hosts.start(1, {**spec, "role": "client", "address": address})
         try:
-            seconds = _answer(client, "ember client")["seconds"]
+            answer = _answer(client, "ember client")
         finally:
             _end(client)
     finally:
         _end(server)
-    return statistics.median(seconds)
+    return statistics.median(answer["seconds"]), int(answer.get("lanes", 1))
 
 
-def compare(hosts: Hosts, systems: tuple[str, ...], size: int, repeat: int, quick: bool) -> Any:
-    """Gbit/s per system, per repeat, the order rotated so that no system always goes first."""
+def compare(
+    hosts: Hosts, systems: tuple[str, ...], size: int, repeat: int, quick: bool
+) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """Gbit/s per system, per repeat, the order rotated so that no system always goes
+    first; and the lanes each used."""
     gbit: dict[str, list[float]] = {name: [] for name in systems}
+    lanes: dict[str, list[int]] = {name: [] for name in systems}
     for index in range(repeat):
         order = systems[index % len(systems) :] + systems[: index % len(systems)]
         for name in order:
-            seconds = round_trip_seconds(hosts, name, size, iterations_for(size, quick))
+            seconds, used = round_trip_seconds(hosts, name, size, iterations_for(size, quick))
             gbit[name].append(2 * size * 4 * 8 / seconds / 1e9)
-    return gbit
+            lanes[name].append(used)
+    return gbit, lanes
 
 
 # ---- the three parts ----------------------------------------------------------------------------
@@ -403,31 +440,34 @@ def link(
     try:
         results: dict[str, Any] = {"tcp": link_bytes_per_second(cluster, rate) * 8 / 1e9}
         for label in sizes:
-            gbit = compare(Hosts(cluster), systems, parse_size(label), repeat, quick)
+            gbit, lanes = compare(Hosts(cluster), systems, parse_size(label), repeat, quick)
             results[label] = {
                 "gbit": {k: spread(v) for k, v in gbit.items()},
+                "lanes": lanes,
                 "plain_vs_gloo": spread(
                     [e / g for e, g in zip(gbit["ember"], gbit["gloo"], strict=True)]
                 ),
+                "vs_link": {
+                    name: spread([g / link_gbit for g in gbit[name]])
+                    for name in gbit
+                    if name != "gloo"
+                },
             }
-            for name in (n for n in ("ember curve", "ember aead") if n in gbit):
-                vs_link = [g / link_gbit for g in gbit[name]]
-                results[label][f"{CIPHERS[name]}_vs_link"] = spread(vs_link)
         return results
     finally:
         cluster.shape(0, None)
         cluster.shape(1, None)
 
 
-def curve(sizes: list[str], repeat: int, quick: bool) -> dict[str, Any]:
+def curve(sizes: list[str], repeat: int, quick: bool, systems: tuple[str, ...]) -> dict[str, Any]:
     results = {}
-    systems = ("ember", "ember curve", "ember aead")
     for label in sizes:
-        gbit = compare(Hosts(), systems, parse_size(label), repeat, quick)
-        results[label] = {"gbit": {k: spread(v) for k, v in gbit.items()}}
-        for name in systems[1:]:
-            ratios = [e / p for e, p in zip(gbit[name], gbit["ember"], strict=True)]
-            results[label][f"{CIPHERS[name]}_vs_plain"] = spread(ratios)
+        gbit, used = compare(Hosts(), systems, parse_size(label), repeat, quick)
+        results[label] = {"gbit": {k: spread(v) for k, v in gbit.items()}, "lanes": used}
+        results[label]["vs_plain"] = {
+            name: spread([e / p for e, p in zip(gbit[name], gbit["ember"], strict=True)])
+            for name in systems[1:]
+        }
     return results
 
 
@@ -453,26 +493,31 @@ def tables(results: dict[str, Any]) -> str:
         heads = ["3-epoch MNIST easgd-async, 2 workers", "seconds", "test accuracy"]
         parts.append(markdown_table([*heads, "ratio (<= 1.3)"], rows))
     for rate, by_size in results.get("link", {}).items():
+        sizes = {label: r for label, r in by_size.items() if label != "tcp"}
+        systems = list(next(iter(sizes.values()))["gbit"]) if sizes else []
+        encrypted = [n for n in systems if n != "gloo" and wire_of(n)[0] != "off"]
         rows = [
-            [label, *(_cell(r["gbit"], name) for name in LINK_SYSTEMS),
-             _cell(r, "curve_vs_link"), _cell(r, "aead_vs_link"), fmt(r["plain_vs_gloo"])]
-            for label, r in by_size.items() if label != "tcp"
+            [label, *(_cell(r["gbit"], n) for n in systems),
+             *(_cell(r["vs_link"], n) for n in encrypted), fmt(r["plain_vs_gloo"])]
+            for label, r in sizes.items()
         ]  # fmt: skip
-        heads = ["floats each way", *(f"{n} Gbit/s" for n in LINK_SYSTEMS)]
-        heads += ["curve / link (>= 0.9)", "aead / link (>= 0.9)", "ember / gloo (>= 1.0)"]
+        heads = ["floats each way", *(f"{n} Gbit/s" for n in systems)]
+        heads += [*(f"{n} / link (>= 0.9)" for n in encrypted), "ember / gloo (>= 1.0)"]
         tcp = f"a bulk TCP transfer moved {by_size['tcp']:.2f} Gbit/s one way"
-        parts.append(
-            f"hosts 0 and 1 on a {rate} tbf link ({tcp}):\n\n" + markdown_table(heads, rows)
-        )
+        table = markdown_table(heads, rows) + _chosen(sizes)
+        parts.append(f"hosts 0 and 1 on a {rate} tbf link ({tcp}):\n\n" + table)
     if "curve" in results:
+        by_size = results["curve"]
+        systems = list(next(iter(by_size.values()))["gbit"])
         rows = [
-            [label, fmt(r["gbit"]["ember"]), fmt(r["gbit"]["ember curve"]),
-             fmt(r["gbit"]["ember aead"]), fmt(r["curve_vs_plain"]), fmt(r["aead_vs_plain"])]
-            for label, r in results["curve"].items()
+            [label, *(fmt(r["gbit"][n]) for n in systems),
+             *(fmt(r["vs_plain"][n]) for n in systems[1:])]
+            for label, r in by_size.items()
         ]  # fmt: skip
-        heads = ["floats each way", "plain Gbit/s", "CURVE Gbit/s", "aead Gbit/s"]
-        heads += ["CURVE / plain", "aead / plain"]
-        parts.append("loopback TCP, shared memory off:\n\n" + markdown_table(heads, rows))
+        heads = ["floats each way", *(f"{n} Gbit/s" for n in systems)]
+        heads += [f"{n} / plain" for n in systems[1:]]
+        table = markdown_table(heads, rows) + _chosen(by_size)
+        parts.append("loopback TCP, shared memory off:\n\n" + table)
     if "model" in results:
         r = results["model"]
         rows = [
@@ -491,6 +536,17 @@ def tables(results: dict[str, Any]) -> str:
             + markdown_table(heads, rows)
         )
     return "\n\n".join(parts)
+
+
+def _chosen(by_size: dict[str, Any]) -> str:
+    """What the probes of the auto systems chose, per size and repeat."""
+    lines = [
+        f"- {label}, {name}: {', '.join(map(str, used))}"
+        for label, r in by_size.items()
+        for name, used in r.get("lanes", {}).items()
+        if name.endswith("auto lanes")
+    ]
+    return "\n\nlanes each auto probe chose:\n\n" + "\n".join(lines) if lines else ""
 
 
 def _cell(figures: dict[str, Any], name: str) -> str:
@@ -518,6 +574,9 @@ def main() -> None:
     parser.add_argument(
         "--link-rates", nargs="+", default=list(LINK_RATES), help="tc rates for the link part"
     )
+    parser.add_argument(
+        "--lanes", nargs="+", default=["1"], help="lane settings for the link and curve parts"
+    )
     args = parser.parse_args()
     reason = unavailable()
     if reason:
@@ -529,12 +588,12 @@ def main() -> None:
     repeat, epochs = (1, 1) if quick else (args.repeat, args.epochs)
     sizes = args.sizes or (["1M"] if quick else list(SIZES))
     results: dict[str, Any] = {}
-    systems = LINK_SYSTEMS
+    systems = with_lanes(LINK_SYSTEMS, args.lanes)
     if not encryption_available():
         print("cluster: this ember has no --encrypt: no encrypted figures, no curve part")
-        systems = tuple(name for name in systems if name in ("ember", "gloo"))
+        systems = tuple(name for name in systems if name == "gloo" or wire_of(name)[0] == "off")
     elif "curve" in args.parts:
-        results["curve"] = curve(sizes, repeat, quick)
+        results["curve"] = curve(sizes, repeat, quick, with_lanes(LINK_SYSTEMS[:3], args.lanes))
     if {"training", "link", "model"} & set(args.parts):
         with (
             tempfile.TemporaryDirectory(prefix="ember-bench-hosts-") as logs,
@@ -552,6 +611,7 @@ def main() -> None:
                 }
     settings = {"parts": args.parts, "sizes": sizes, "repeat": repeat, "epochs": epochs}
     settings.update(link_rates=args.link_rates, training_link=args.link or "unlimited", quick=quick)
+    settings["lanes"] = args.lanes
     print()
     report("cluster", tables(results), settings, results, args.out)
 
