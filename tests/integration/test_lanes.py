@@ -257,3 +257,16 @@ def test_a_run_reports_the_lanes_its_workers_striped_over(tmp_path: Path) -> Non
     assert summary["wire"]["lanes"] == 2 and summary["wire"]["striped_requests"] > 0
     assert summary["wire"]["shared_memory_payloads"] == 0
     assert summary["test_accuracy"] > 0.8
+
+
+def test_a_connection_that_shares_memory_is_not_probed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(shared.DISABLE_VARIABLE, "1")
+    with running_servers(np.ones(8, np.float32), SGDRule(lr=1.0)) as (server,):
+        connection = ClientConnection(server.address, SECRET, timeout=10)
+        try:
+            assert connection.share_memory(32)  # the shard's 8 floats
+            with pytest.raises(ValueError, match="shares memory"):
+                probe(connection, 4)
+            assert connection.lane_count == 1
+        finally:
+            connection.close()

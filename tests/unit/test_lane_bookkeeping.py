@@ -132,6 +132,8 @@ def test_a_dropped_request_still_takes_its_chunks_and_hands_none_on() -> None:
 class _Timed:
     """A connection whose probe rates are given, by lane count."""
 
+    shared = False  # on the socket: a connection sharing memory is not probed
+
     def __init__(self, rates: dict[int, float]) -> None:
         self.rates, self.lane_count, self.counts = rates, 1, [1]
 
@@ -150,7 +152,7 @@ class _Timed:
         ({1: 10.0, 2: 9.0, 4: 30.0}, 4),
     ],
 )
-def test_a_probe_keeps_the_fewest_lanes_within_its_gain_of_the_best(
+def test_a_probe_takes_more_lanes_only_for_its_gain_over_the_count_kept(
     rates: dict[int, float], chosen: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     connection = _Timed(rates)

@@ -53,6 +53,8 @@ class LaneChoice:
 def probe(connection: ClientConnection, most: int, payload_bytes: int = PROBE_BYTES) -> LaneChoice:
     """Time `payload_bytes` sent over 1, 2, 4... lanes (up to `most`), best of two tries
     each, and leave the connection on the count chosen (see the module's docstring)."""
+    if connection.shared:
+        raise ValueError("a connection that shares memory has nothing to stripe: not probed")
     payload = np.zeros(payload_bytes // 4, np.float32)
     rates: dict[int, float] = {}
     count = 1
