@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from ember.algorithms.rules import SGDRule
-from ember.errors import ProtocolError
+from ember.errors import ProtocolError, ServerGone
 from ember.ps import PSClient
 from ember.ps.server import ParameterServer
 from ember.wire import (
@@ -185,8 +185,8 @@ def test_a_lane_joins_only_with_its_connections_token() -> None:
             with pytest.raises(ProtocolError, match="unknown lane token"):
                 stranger.recv()
             stranger.send({"op": "pull", "seq": 0, "lanes": 2})  # lanes it never opened
-            with pytest.raises(ProtocolError, match="lanes this connection has not opened"):
-                stranger.recv()
+            with pytest.raises(ServerGone, match="lanes this connection has not opened"):
+                stranger.recv()  # as for a lane lost: the caller connects anew
         finally:
             stranger.close()
 
@@ -222,6 +222,32 @@ def test_a_lane_that_dies_mid_request_breaks_it_and_nothing_is_applied() -> None
         with pytest.raises(CONNECTION_ERRORS, match="closed the connection"):
             connection.recv()
         assert server.endpoint.peer_state["shed_lane"] >= 1
+
+
+def test_a_lane_lost_between_requests_makes_the_worker_connect_anew() -> None:
+    """The server forgets a lane that closed while idle; the worker's next request names it
+    and is refused as one whose connection is gone, so the worker reconnects and sends it
+    again, applied once."""
+    use_wire_lanes("2")
+    grad = np.ones(FLOATS, dtype=np.float32)
+    with running_servers(np.zeros(FLOATS, np.float32), SGDRule(lr=1.0)) as (server,):
+        client = PSClient([server.address], SECRET, worker=0, timeout=10)
+        try:
+            client.register()
+            client.push(grad)
+            connection = client.connections[0]
+            lane, context = connection._lanes[0]
+            lane.close()  # in its place, a connection the server never saw join
+            stranger = ClientConnection(server.address, SECRET, 5, context, watch=True)
+            connection._lanes[0] = (stranger, context)
+            _wait_for(lambda: server.endpoint.lanes.stats()["lanes"] == 0)
+            client.push(grad)
+            out = np.empty(FLOATS, dtype=np.float32)
+            client.pull(out)
+            assert client.failovers == 1 and client.connections[0].lane_count == 2
+        finally:
+            client.close()
+    np.testing.assert_array_equal(out, -2.0)
 
 
 def test_a_probe_times_payloads_the_server_discards() -> None:

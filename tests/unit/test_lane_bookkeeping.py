@@ -89,11 +89,12 @@ def test_frames_a_lane_sends_ahead_of_their_header_wait_for_it_within_a_budget(
     assert server.take(CONNECTION, _frame(0), _as_is) is None
     assert server.take(CONNECTION, _frame(2), _as_is) is request
     assert [frame for _, frame in server.ready] == [_frame(i) for i in range(4)]
-    monkeypatch.setattr(lanes, "EARLY_BYTES", 10)
-    server.take(LANE_1, _frame(0), _as_is)
-    server.take(LANE_1, _frame(1), _as_is)
+    # Every frame is charged beyond its bytes, so frames of none are bounded too.
+    monkeypatch.setattr(lanes, "EARLY_BYTES", 2 * lanes.EARLY_FRAME_COST)
+    server.take(LANE_1, b"", _as_is)
+    server.take(LANE_1, b"", _as_is)
     with pytest.raises(ProtocolError, match="lane ran 0 MiB ahead"):
-        server.take(LANE_1, _frame(2), _as_is)
+        server.take(LANE_1, b"", _as_is)
 
 
 def test_a_chunk_of_another_size_than_declared_is_refused() -> None:
@@ -115,6 +116,12 @@ def test_a_lane_closing_between_requests_goes_alone_and_mid_request_ends_every_l
     assert [r is request for r in broken] == [True] and others == [CONNECTION]
     assert not server.ready and server.stats() == {"lanes": 0, "early_frames": 0}
     assert not server.carries(CONNECTION)
+
+
+def test_a_lane_that_fails_between_requests_ends_the_connection_and_every_lane() -> None:
+    server = _joined(3)
+    assert server.closed(LANE_1, failed=True) == ([], [CONNECTION, LANE_2])
+    assert server.stats()["lanes"] == 0 and not server.carries(LANE_2)
 
 
 def test_a_dropped_request_still_takes_its_chunks_and_hands_none_on() -> None:

@@ -236,6 +236,9 @@ class ClientConnection:
         if header["op"] == "error":
             if header.get("lanes_ended"):  # its chunks are still coming: they would be out of step
                 self.close()
+            if header.get("lanes_lost"):  # a lane dropped between requests: connect anew
+                why = header.get("message", "a lane it names is gone")
+                raise ServerGone(f"parameter server at {self.address} lost a lane: {why}")
             if header.get("not_primary"):
                 raise NotPrimary(f"server at {self.address} is not the primary of its shard")
             raise ProtocolError(
@@ -252,21 +255,31 @@ class ClientConnection:
             return header, list(self._region.frames(True, sizes))
         # Copying each frame while it is still in cache, then dropping it, keeps one frame
         # alive instead of the whole reply: zmq's receive buffers are reused, not new pages.
+        try:
+            return header, self._chunks(header, header_frame, sizes, into, deadline)
+        except CONNECTION_ERRORS:
+            if self._lanes:  # what is left of the reply on its lanes would be read as the next's
+                self.close()
+            raise
+
+    def _chunks(
+        self,
+        header: dict[str, Any],
+        header_frame: Any,
+        sizes: list[int],
+        into: np.ndarray | None,
+        deadline: float,
+    ) -> list[Any]:
+        """A reply's payload frames off the socket, each checked (and opened) in turn."""
         target = _landing(header, into)
         lanes = self._reply_lanes(header)
         frames: list[Any] = []
         offset = 0
         for index, size in enumerate(sizes):
             lane = lanes[index % len(lanes)]
-            try:
-                frame = lane._next_frame(deadline - time.monotonic())
-                if lane._bulk is not None:  # into scratch when it is then copied to `target`
-                    aad = chunk_aad(header_frame, index)
-                    frame = lane._opened(frame, aad, target is not None)
-            except CONNECTION_ERRORS:
-                if self._lanes:  # a lane lost: the rest of the reply cannot come, nor later ones
-                    self.close()
-                raise
+            frame = lane._next_frame(deadline - time.monotonic())
+            if lane._bulk is not None:  # into scratch when it is then copied to `target`
+                frame = lane._opened(frame, chunk_aad(header_frame, index), target is not None)
             if len(frame) != size:
                 raise ProtocolError(
                     f"server at {self.address} sent a {len(frame)}-byte frame, its header "
@@ -279,7 +292,7 @@ class ClientConnection:
             view[...] = np.frombuffer(frame.buffer, dtype=np.uint8)
             frames.append(SharedFrame(view.data))
             offset += size
-        return header, frames
+        return frames
 
     def _reply_lanes(self, header: dict[str, Any]) -> list[ClientConnection]:
         """The sockets a reply's chunks come on: the lanes its header names, which must be

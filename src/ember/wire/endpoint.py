@@ -187,8 +187,8 @@ class ServerEndpoint:
         if "lanes" in header and not header.get("shm"):
             try:
                 self.lanes.stripe(request, header["lanes"])
-            except ProtocolError as exc:
-                self._refuse(peer, key, header, str(exc))
+            except ProtocolError as exc:  # a lane it names is gone: it connects anew
+                self._refuse(peer, key, header, str(exc), lanes_lost=True)
             self._lane_frames(peer, lambda: self.lanes.flush(request, self._opened))
         elif sizes and header.get("shm"):
             try:
@@ -215,7 +215,7 @@ class ServerEndpoint:
         """Forget `peer`'s lanes and report what they carried; cut them, and `peer` unless
         `closed` (its connection went or stays), where a failure or a half-done request ends
         them: between requests its client closes them itself."""
-        broken, others = self.lanes.closed(peer)
+        broken, others = self.lanes.closed(peer, failed=not closed)
         if closed and not broken:
             others = []
         for member in others if closed else (peer, *others):
@@ -247,10 +247,12 @@ class ServerEndpoint:
             return self.max_payload_bytes
         return 0
 
-    def _refuse(self, peer: bytes, key: bytes, header: dict[str, Any], message: str) -> NoReturn:
+    def _refuse(
+        self, peer: bytes, key: bytes, header: dict[str, Any], message: str, **fields: bool
+    ) -> NoReturn:
         """Answer a request refused at its header with one error, and count it. A striped
         one's chunks are on their way on its lanes, which end (its client then closes)."""
-        reply = {"op": "error", "seq": header.get("seq"), "message": message}
+        reply = {"op": "error", "seq": header.get("seq"), "message": message, **fields}
         if "lanes" in header:
             reply["lanes_ended"] = True
         self._sock.send_multipart([peer, seal(key, reply)])

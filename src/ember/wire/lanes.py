@@ -31,6 +31,7 @@ MAX_LANES = 8
 # Frames a lane may deliver before its request's header is read: the header leaves first,
 # but on another connection, which the server may read a little later.
 EARLY_BYTES = 64 << 20
+EARLY_FRAME_COST = 4096  # what an early frame is charged beyond its bytes: a frame of none costs
 PROBE_BYTES = 16 << 20  # a probe's payload, at most: the server reads and discards it
 
 # Opens (checks and decrypts) a frame of `request` at `index` that came on lane `peer`.
@@ -100,7 +101,8 @@ class ServerLanes:
         if not _count(count, 2, MAX_LANES) or any(j not in lanes for j in range(1, count)):
             raise ProtocolError(f"lane count {count!r} names lanes this connection has not opened")
         request.lanes = (request.peer, *(lanes[j] for j in range(1, count)))
-        self.striped, self.most = self.striped + 1, max(self.most, count)
+        if request.header["op"] != "probe":  # the counts say what carried the run
+            self.striped, self.most = self.striped + 1, max(self.most, count)
         striped = _Striped(request, [0] * count)
         for index, lane in enumerate(request.lanes):
             if striped.share(index):
@@ -114,7 +116,7 @@ class ServerLanes:
             early = self._early.get(lane)
             while early and self._expected.get(lane):
                 frame = early.popleft()
-                self._early_bytes[request.peer] -= len(frame)
+                self._early_bytes[request.peer] -= len(frame) + EARLY_FRAME_COST
                 finished = self.take(lane, frame, opener) or finished
         return finished
 
@@ -124,7 +126,7 @@ class ServerLanes:
         queue = self._expected.get(peer)
         if not queue:
             owner = self._owner[peer]
-            self._early_bytes[owner] += len(frame)
+            self._early_bytes[owner] += len(frame) + EARLY_FRAME_COST
             if self._early_bytes[owner] > EARLY_BYTES:
                 raise ProtocolError(f"lane ran {EARLY_BYTES >> 20} MiB ahead of its requests")
             self._early.setdefault(peer, deque()).append(frame)
@@ -159,10 +161,10 @@ class ServerLanes:
                 striped.request.frames[:] = [b""] * len(striped.request.frames)
         self.ready = deque(item for item in self.ready if not item[0].dropped)
 
-    def closed(self, peer: bytes) -> tuple[list[Request], list[bytes]]:
-        """`peer`'s connection closed (or failed): the requests it leaves unfinished, and the
-        connections to end with it. A lane that closes between requests goes alone; one that
-        closes mid-request, or the connection itself, ends every lane."""
+    def closed(self, peer: bytes, failed: bool = False) -> tuple[list[Request], list[bytes]]:
+        """`peer`'s connection closed, or `failed` (sent what was refused): the requests it
+        leaves unfinished, and the connection and lanes that go with it. A lane that closes
+        between requests goes alone; otherwise the connection's lanes are all forgotten."""
         owner = self._owner.get(peer, peer)
         members = [owner, *self._lanes.get(owner, {}).values()]
         broken: list[Request] = []
@@ -170,7 +172,7 @@ class ServerLanes:
             for striped in self._expected.get(lane, ()):
                 if peer in striped.request.lanes and all(r is not striped.request for r in broken):
                     broken.append(striped.request)
-        if peer != owner and not broken:
+        if peer != owner and not broken and not failed:
             self._forget_lane(owner, peer)
             return [], []
         for lane in members:
@@ -188,7 +190,9 @@ class ServerLanes:
         for index in [i for i, p in lanes.items() if p == lane]:
             del lanes[index]
         self._owner.pop(lane, None)
-        self._early_bytes[owner] -= sum(len(f) for f in self._early.pop(lane, ()))
+        self._expected.pop(lane, None)
+        early = self._early.pop(lane, ())
+        self._early_bytes[owner] -= sum(len(f) + EARLY_FRAME_COST for f in early)
 
     def stats(self) -> dict[str, int]:
         """Lanes open now, and frames that arrived ahead of their header."""
