@@ -21,7 +21,7 @@ MAX_LINES = 400
 # Lines of Python under each folder, the lab's benchmarks included. A ratchet: the count may
 # fall, and the number follows it down (it may stand at most SLACK above the count); it rises
 # only in a commit that raises the number here.
-LINE_BUDGET = {"src/ember": 24600, "lab": 10120}
+LINE_BUDGET = {"src/ember": 24600, "lab": 10140}
 SLACK = 0.02
 SPARK_PARTS = ("engines/spark/", "data/spark.py", "spark_ml/")
 DECLARATION = re.compile(r"^imports: (?P<names>[^;\n]*(?:\n  [^;\n]*)*)", re.MULTILINE)
